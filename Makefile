@@ -1,0 +1,68 @@
+# toolbatch: developer and CI entry points. `make help` is not a target;
+# read the comment above each one.
+
+# Recipes run in bash with errexit, nounset and pipefail, so a failing
+# command inside a pipe or a multi-line recipe fails the target.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+
+GO ?= go
+# ARGS are passed to the engine by `make run`, e.g. make run ARGS='--nats-url nats://host:4222'.
+ARGS ?=
+# FUZZTIME is how long `make fuzz` runs each Fuzz target.
+FUZZTIME ?= 30s
+
+# GOFMT_CHECK fails when gofmt would change any file (or cannot parse one)
+# and lists the offending files on stderr.
+define GOFMT_CHECK
+unformatted="$$(gofmt -l .)"; \
+if [ -n "$$unformatted" ]; then \
+	echo "gofmt: these files need formatting (run gofmt -w):" >&2; \
+	echo "$$unformatted" >&2; \
+	exit 1; \
+fi
+endef
+
+.PHONY: build test run bench lint fuzz chaos
+
+# build: compile every package and program.
+build:
+	$(GO) build ./...
+
+# test: vet, check formatting, then run all tests with the race detector
+# (the race detector needs cgo, so a C compiler such as gcc must be installed).
+test:
+	$(GO) vet ./...
+	@$(GOFMT_CHECK)
+	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 15m ./...
+
+# run: run the engine (embedded NATS unless ARGS say otherwise).
+run:
+	$(GO) run ./cmd/engine $(ARGS)
+
+# bench: benchmarks are not written yet; say so and fail.
+bench:
+	@echo "bench: not built yet (issue 7)" >&2; exit 1
+
+# lint: gofmt must list nothing, and go vet must pass.
+lint:
+	@$(GOFMT_CHECK)
+	$(GO) vet ./...
+
+# fuzz: run each Fuzz target in ./events for FUZZTIME (go test -fuzz takes
+# one target at a time, so the targets are listed first).
+fuzz:
+	@listing="$$($(GO) test -list '^Fuzz' ./events)"; \
+	targets="$$(printf '%s\n' "$$listing" | grep '^Fuzz' || true)"; \
+	if [ -z "$$targets" ]; then \
+		echo "fuzz: no Fuzz targets found in ./events" >&2; \
+		exit 1; \
+	fi; \
+	for t in $$targets; do \
+		echo "fuzz: $$t for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime "$(FUZZTIME)" ./events; \
+	done
+
+# chaos: the crash/restart chaos suite is not written yet; say so and fail.
+chaos:
+	@echo "chaos: not built yet (issue 6)" >&2; exit 1

@@ -1,0 +1,155 @@
+package aggregate
+
+import (
+	"time"
+
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// Command asks the aggregate to decide one transition. Commands carry
+// everything the decision needs that is not in the state: the time, new
+// ids, the catalog's descriptors and the live capabilities. The engine
+// gathers those (that is its IO) and the aggregate decides.
+type Command interface{ command() }
+
+// Submit accepts or refuses a batch. Tools holds the descriptor pinned for
+// each call, in call order (Kind unknown for a tool the catalog lacks).
+type Submit struct {
+	Submit     *events.Submit
+	Tools      []events.Descriptor
+	SnapshotID string
+	At         time.Time
+}
+
+// Gate applies gate decisions. Normally it holds one decision, for the call
+// Next names. For a batch eligible for the parallel branch it holds one
+// decision per call, in model order: if every one allows, all calls enter
+// executing in one commit; otherwise only the first call's decision is
+// applied and the batch goes on one call at a time (the other calls are
+// gated again when their turn comes).
+type Gate struct {
+	Decisions []Decision
+	At        time.Time
+}
+
+// Decision is the gate chain's outcome for one call.
+type Decision struct {
+	CallID  string
+	Outcome events.GateOutcome
+	Stage   string // narrowing, policy, external or default
+	Rule    string // the rule that decided, for the audit
+	Reason  string // block
+	Output  *events.Output
+	// CorrelationID names the new ticket (require_confirmation, schedule).
+	CorrelationID string
+	Deadline      *time.Time // require_confirmation: when the ticket expires
+	Due           *time.Time // schedule: when the engine performs it
+	ActionKind    string     // schedule
+	// Capability is the executor's live recovery capability (allow).
+	Capability events.Capability
+}
+
+// ParkClient parks a client-executed call on an external_result ticket.
+type ParkClient struct {
+	CallID        string
+	CorrelationID string
+	Deadline      *time.Time
+	At            time.Time
+}
+
+// Claim grants an attempt of a sandbox call to a worker: the dispatch
+// boundary.
+type Claim struct {
+	CallID   string
+	Attempt  int
+	WorkerID string
+	Token    string
+	LeaseMS  int64
+	At       time.Time
+}
+
+// Complete reports an attempt's outcome: an output, or an error. A sandbox
+// outcome carries the claim token (fencing); the engine's own
+// unavailable_before_dispatch for an unclaimed attempt carries none.
+type Complete struct {
+	CallID     string
+	Attempt    int
+	ClaimToken string
+	Output     *events.Output
+	Error      *events.ToolError
+	At         time.Time
+}
+
+// Resume answers the run's ticket. Principal is who decided, when known.
+// Capability is the live capability of the ticket's tool (for approval).
+type Resume struct {
+	Resume     *events.Resume
+	Principal  string
+	Capability events.Capability
+	At         time.Time
+}
+
+// Perform performs a scheduled ticket: explicitly (a control message), or at
+// its due time when Timer is set.
+type Perform struct {
+	CorrelationID string
+	Principal     string
+	Timer         bool
+	Capability    events.Capability
+	At            time.Time
+}
+
+// Expire resolves a ticket whose deadline has passed.
+type Expire struct {
+	CorrelationID string
+	At            time.Time
+}
+
+// DelegationAwait reports that a delegated child awaits input.
+type DelegationAwait struct {
+	CallID        string
+	Attempt       int
+	CorrelationID string
+	Deadline      *time.Time
+	At            time.Time
+}
+
+// LeaseExpired reports that an attempt's owner was lost: a sandbox claim's
+// lease ran out without a heartbeat (ClaimToken names it), or a delegation
+// answered with a retryable error. The recovery table decides.
+type LeaseExpired struct {
+	CallID     string
+	Attempt    int
+	ClaimToken string
+	Capability events.Capability
+	At         time.Time
+}
+
+// Recover takes over a run whose batch is not finalized (after a restart,
+// or from another engine): every executing call is decided by the recovery
+// table, with the live capability of its tool (a call missing from
+// Capabilities is taken as non_recoverable).
+type Recover struct {
+	Capabilities map[string]events.Capability
+	At           time.Time
+}
+
+// End ends the run: cancel or interrupt.
+type End struct {
+	Cause  events.EndCause
+	Reason string
+	At     time.Time
+}
+
+func (Submit) command()          {}
+func (Gate) command()            {}
+func (ParkClient) command()      {}
+func (Claim) command()           {}
+func (Complete) command()        {}
+func (Resume) command()          {}
+func (Perform) command()         {}
+func (Expire) command()          {}
+func (DelegationAwait) command() {}
+func (LeaseExpired) command()    {}
+func (Recover) command()         {}
+func (End) command()             {}

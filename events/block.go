@@ -1,0 +1,276 @@
+package events
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// field is one key of an encoded map, in the order it is written.
+type field struct {
+	key string
+	val any
+}
+
+// fields returns the keys a block of this type carries, in a fixed order.
+func (b ContentBlock) fields() []field {
+	switch b.Type {
+	case BlockText:
+		return []field{{"type", string(b.Type)}, {"text", b.Text}}
+	case BlockImage:
+		return []field{{"type", string(b.Type)}, {"source", b.Source}}
+	case BlockToolUse:
+		in := b.Input
+		if len(in) == 0 {
+			in = RawJSON("null")
+		}
+		return []field{{"type", string(b.Type)}, {"id", b.ID}, {"name", b.Name}, {"input", in}}
+	case BlockToolResult:
+		content := b.Content
+		if content == nil {
+			content = []ContentBlock{}
+		}
+		return []field{{"type", string(b.Type)}, {"tool_use_id", b.ToolUseID}, {"content", content}, {"is_error", b.IsError}}
+	case BlockJSON:
+		v := b.Value
+		if len(v) == 0 {
+			v = RawJSON("null")
+		}
+		return []field{{"type", string(b.Type)}, {"value", v}}
+	default:
+		return []field{{"type", string(b.Type)}}
+	}
+}
+
+func (s *ImageSource) fields() []field {
+	if s == nil {
+		return nil
+	}
+	if s.Type == "url" {
+		return []field{{"type", s.Type}, {"url", s.URL}}
+	}
+	return []field{{"type", s.Type}, {"media_type", s.MediaType}, {"data", s.Data}}
+}
+
+func encodeFields(enc *msgpack.Encoder, fs []field) error {
+	if err := enc.EncodeMapLen(len(fs)); err != nil {
+		return err
+	}
+	for _, f := range fs {
+		if err := enc.EncodeString(f.key); err != nil {
+			return err
+		}
+		if err := enc.Encode(f.val); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func marshalFields(fs []field) ([]byte, error) {
+	var buf bytes.Buffer
+	buf.WriteByte('{')
+	for i, f := range fs {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		k, _ := json.Marshal(f.key)
+		buf.Write(k)
+		buf.WriteByte(':')
+		v, err := json.Marshal(f.val)
+		if err != nil {
+			return nil, err
+		}
+		buf.Write(v)
+	}
+	buf.WriteByte('}')
+	return buf.Bytes(), nil
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (b ContentBlock) EncodeMsgpack(enc *msgpack.Encoder) error { return encodeFields(enc, b.fields()) }
+
+// DecodeMsgpack implements msgpack.CustomDecoder; it is strict.
+func (b *ContentBlock) DecodeMsgpack(dec *msgpack.Decoder) error {
+	v, err := decodeValue(dec, 0)
+	if err != nil {
+		return err
+	}
+	blk, err := parseBlock(v, "block")
+	if err != nil {
+		return err
+	}
+	*b = blk
+	return nil
+}
+
+// MarshalJSON implements json.Marshaler.
+func (b ContentBlock) MarshalJSON() ([]byte, error) { return marshalFields(b.fields()) }
+
+// UnmarshalJSON implements json.Unmarshaler; it is strict.
+func (b *ContentBlock) UnmarshalJSON(data []byte) error {
+	v, err := jsonToValue(data)
+	if err != nil {
+		return err
+	}
+	blk, err := parseBlock(v, "block")
+	if err != nil {
+		return err
+	}
+	*b = blk
+	return nil
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (s *ImageSource) EncodeMsgpack(enc *msgpack.Encoder) error {
+	if s == nil {
+		return enc.EncodeNil()
+	}
+	return encodeFields(enc, s.fields())
+}
+
+// DecodeMsgpack implements msgpack.CustomDecoder.
+func (s *ImageSource) DecodeMsgpack(dec *msgpack.Decoder) error {
+	v, err := decodeValue(dec, 0)
+	if err != nil {
+		return err
+	}
+	src, err := parseImageSource(v, "source")
+	if err != nil {
+		return err
+	}
+	*s = *src
+	return nil
+}
+
+// MarshalJSON implements json.Marshaler.
+func (s *ImageSource) MarshalJSON() ([]byte, error) {
+	if s == nil {
+		return []byte("null"), nil
+	}
+	return marshalFields(s.fields())
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (s *ImageSource) UnmarshalJSON(data []byte) error {
+	v, err := jsonToValue(data)
+	if err != nil {
+		return err
+	}
+	src, err := parseImageSource(v, "source")
+	if err != nil {
+		return err
+	}
+	*s = *src
+	return nil
+}
+
+// parseBlock reads a content block from a generic value, strictly: a block
+// carries exactly the keys of its type.
+func parseBlock(v any, path string) (ContentBlock, error) {
+	m, err := object(v, path)
+	if err != nil {
+		return ContentBlock{}, err
+	}
+	typ, err := str(m, "type", path, true)
+	if err != nil {
+		return ContentBlock{}, err
+	}
+	b := ContentBlock{Type: BlockType(typ)}
+	switch b.Type {
+	case BlockText:
+		if err := only(m, path, "type", "text"); err != nil {
+			return b, err
+		}
+		b.Text, err = str(m, "text", path, true)
+	case BlockImage:
+		if err := only(m, path, "type", "source"); err != nil {
+			return b, err
+		}
+		b.Source, err = parseImageSource(m["source"], path+".source")
+	case BlockToolUse:
+		if err := only(m, path, "type", "id", "name", "input"); err != nil {
+			return b, err
+		}
+		if b.ID, err = str(m, "id", path, true); err != nil {
+			return b, err
+		}
+		if b.Name, err = str(m, "name", path, true); err != nil {
+			return b, err
+		}
+		b.Input, err = valueToJSON(m["input"])
+	case BlockToolResult:
+		if err := only(m, path, "type", "tool_use_id", "content", "is_error"); err != nil {
+			return b, err
+		}
+		if b.ToolUseID, err = str(m, "tool_use_id", path, true); err != nil {
+			return b, err
+		}
+		if b.Content, err = parseBlocks(m["content"], path+".content"); err != nil {
+			return b, err
+		}
+		b.IsError, err = boolean(m, "is_error", path)
+	case BlockJSON:
+		if err := only(m, path, "type", "value"); err != nil {
+			return b, err
+		}
+		b.Value, err = valueToJSON(m["value"])
+	default:
+		return b, undecodablef("%s.type: unknown content block type %q", path, typ)
+	}
+	return b, err
+}
+
+func parseBlocks(v any, path string) ([]ContentBlock, error) {
+	if v == nil {
+		return nil, nil
+	}
+	arr, ok := v.([]any)
+	if !ok {
+		return nil, undecodablef("%s: want an array of content blocks, got %s", path, kindOf(v))
+	}
+	out := make([]ContentBlock, 0, len(arr))
+	for i, e := range arr {
+		b, err := parseBlock(e, fmt.Sprintf("%s[%d]", path, i))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+func parseImageSource(v any, path string) (*ImageSource, error) {
+	m, err := object(v, path)
+	if err != nil {
+		return nil, err
+	}
+	typ, err := str(m, "type", path, true)
+	if err != nil {
+		return nil, err
+	}
+	s := &ImageSource{Type: typ}
+	switch typ {
+	case "base64":
+		if err := only(m, path, "type", "media_type", "data"); err != nil {
+			return nil, err
+		}
+		if s.MediaType, err = str(m, "media_type", path, true); err != nil {
+			return nil, err
+		}
+		s.Data, err = str(m, "data", path, true)
+	case "url":
+		if err := only(m, path, "type", "url"); err != nil {
+			return nil, err
+		}
+		s.URL, err = str(m, "url", path, true)
+	default:
+		return nil, undecodablef("%s.type: unknown image source type %q", path, typ)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}

@@ -1,0 +1,363 @@
+package events
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// maxDepth bounds the nesting of any decoded value, so that hostile input
+// cannot exhaust the stack.
+const maxDepth = 64
+
+// RawJSON is a JSON value in canonical form: compact, object keys sorted,
+// integers written as integers, no HTML escaping. Arguments, json content
+// blocks and staged state values are RawJSON. An empty RawJSON means absent;
+// the JSON null is the four bytes "null".
+//
+// In msgpack, a RawJSON is encoded as the native msgpack value (a map for an
+// object), so msgpack clients never handle JSON text.
+type RawJSON []byte
+
+// CanonicalJSON parses b as one JSON value and returns its canonical form.
+func CanonicalJSON(b []byte) (RawJSON, error) {
+	v, err := jsonToValue(b)
+	if err != nil {
+		return nil, err
+	}
+	return valueToJSON(v)
+}
+
+// MustJSON returns the canonical form of a JSON literal written in code or
+// tests. It is for literals only: it panics on invalid JSON.
+func MustJSON(s string) RawJSON {
+	r, err := CanonicalJSON([]byte(s))
+	if err != nil {
+		panic(fmt.Sprintf("events.MustJSON(%q): %v", s, err))
+	}
+	return r
+}
+
+// Value decodes r into nil, bool, int64, uint64, float64, string, []any or
+// map[string]any.
+func (r RawJSON) Value() (any, error) {
+	if len(r) == 0 {
+		return nil, nil
+	}
+	return jsonToValue(r)
+}
+
+// IsObjectOrNull reports whether r is a JSON object or null (or absent).
+func (r RawJSON) IsObjectOrNull() bool {
+	if len(r) == 0 || string(r) == "null" {
+		return true
+	}
+	return r[0] == '{'
+}
+
+// MarshalJSON implements json.Marshaler. An absent value is null.
+func (r RawJSON) MarshalJSON() ([]byte, error) {
+	if len(r) == 0 {
+		return []byte("null"), nil
+	}
+	return r, nil
+}
+
+// UnmarshalJSON implements json.Unmarshaler; it canonicalizes.
+func (r *RawJSON) UnmarshalJSON(b []byte) error {
+	c, err := CanonicalJSON(b)
+	if err != nil {
+		return err
+	}
+	*r = c
+	return nil
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (r RawJSON) EncodeMsgpack(enc *msgpack.Encoder) error {
+	if len(r) == 0 {
+		return enc.EncodeNil()
+	}
+	v, err := jsonToValue(r)
+	if err != nil {
+		return err
+	}
+	return encodeValue(enc, v)
+}
+
+// DecodeMsgpack implements msgpack.CustomDecoder.
+func (r *RawJSON) DecodeMsgpack(dec *msgpack.Decoder) error {
+	v, err := decodeValue(dec, 0)
+	if err != nil {
+		return err
+	}
+	c, err := valueToJSON(v)
+	if err != nil {
+		return err
+	}
+	*r = c
+	return nil
+}
+
+// errNotJSON is returned for msgpack values that have no JSON equivalent.
+var errNotJSON = errors.New("value has no JSON equivalent")
+
+// decodeValue reads one msgpack value as a generic JSON-compatible value,
+// with a depth limit.
+func decodeValue(dec *msgpack.Decoder, depth int) (any, error) {
+	if depth > maxDepth {
+		return nil, fmt.Errorf("value nested deeper than %d levels", maxDepth)
+	}
+	c, err := dec.PeekCode()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case c == msgpcode.Nil:
+		return nil, dec.DecodeNil()
+	case c == msgpcode.True || c == msgpcode.False:
+		return dec.DecodeBool()
+	case msgpcode.IsFixedNum(c) || c == msgpcode.Int8 || c == msgpcode.Int16 || c == msgpcode.Int32 || c == msgpcode.Int64 ||
+		c == msgpcode.Uint8 || c == msgpcode.Uint16 || c == msgpcode.Uint32:
+		return dec.DecodeInt64()
+	case c == msgpcode.Uint64:
+		u, err := dec.DecodeUint64()
+		if err != nil {
+			return nil, err
+		}
+		if u <= math.MaxInt64 {
+			return int64(u), nil
+		}
+		return u, nil
+	case c == msgpcode.Float || c == msgpcode.Double:
+		f, err := dec.DecodeFloat64()
+		if err != nil {
+			return nil, err
+		}
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			return nil, fmt.Errorf("%w: %v", errNotJSON, f)
+		}
+		return f, nil
+	case msgpcode.IsString(c):
+		return dec.DecodeString()
+	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+		n, err := dec.DecodeArrayLen()
+		if err != nil {
+			return nil, err
+		}
+		if n < 0 {
+			return nil, nil
+		}
+		out := make([]any, 0, min(n, 1024))
+		for i := 0; i < n; i++ {
+			v, err := decodeValue(dec, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, v)
+		}
+		return out, nil
+	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+		n, err := dec.DecodeMapLen()
+		if err != nil {
+			return nil, err
+		}
+		if n < 0 {
+			return nil, nil
+		}
+		out := make(map[string]any, min(n, 1024))
+		for i := 0; i < n; i++ {
+			kc, err := dec.PeekCode()
+			if err != nil {
+				return nil, err
+			}
+			if !msgpcode.IsString(kc) {
+				return nil, fmt.Errorf("%w: map key of code 0x%x is not a string", errNotJSON, kc)
+			}
+			k, err := dec.DecodeString()
+			if err != nil {
+				return nil, err
+			}
+			v, err := decodeValue(dec, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			if _, dup := out[k]; dup {
+				return nil, fmt.Errorf("duplicate map key %q", k)
+			}
+			out[k] = v
+		}
+		return out, nil
+	default:
+		return nil, fmt.Errorf("%w: msgpack code 0x%x", errNotJSON, c)
+	}
+}
+
+// encodeValue writes a generic value with map keys sorted, so that equal
+// values always give equal bytes.
+func encodeValue(enc *msgpack.Encoder, v any) error {
+	switch x := v.(type) {
+	case nil:
+		return enc.EncodeNil()
+	case bool:
+		return enc.EncodeBool(x)
+	case int64:
+		return enc.EncodeInt(x)
+	case uint64:
+		return enc.EncodeUint(x)
+	case float64:
+		return enc.EncodeFloat64(x)
+	case string:
+		return enc.EncodeString(x)
+	case []any:
+		if err := enc.EncodeArrayLen(len(x)); err != nil {
+			return err
+		}
+		for _, e := range x {
+			if err := encodeValue(enc, e); err != nil {
+				return err
+			}
+		}
+		return nil
+	case map[string]any:
+		if err := enc.EncodeMapLen(len(x)); err != nil {
+			return err
+		}
+		for _, k := range sortedKeys(x) {
+			if err := enc.EncodeString(k); err != nil {
+				return err
+			}
+			if err := encodeValue(enc, x[k]); err != nil {
+				return err
+			}
+		}
+		return nil
+	default:
+		return fmt.Errorf("%w: %T", errNotJSON, v)
+	}
+}
+
+func sortedKeys(m map[string]any) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// jsonToValue parses JSON into a generic value with numbers normalized.
+func jsonToValue(b []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	if dec.More() {
+		return nil, errors.New("trailing data after JSON value")
+	}
+	if _, err := dec.Token(); err == nil {
+		return nil, errors.New("trailing data after JSON value")
+	}
+	return normalizeJSON(v, 0)
+}
+
+// normalizeJSON converts json.Number into int64, uint64 or float64 and
+// checks the depth.
+func normalizeJSON(v any, depth int) (any, error) {
+	if depth > maxDepth {
+		return nil, fmt.Errorf("value nested deeper than %d levels", maxDepth)
+	}
+	switch x := v.(type) {
+	case json.Number:
+		if i, err := strconv.ParseInt(string(x), 10, 64); err == nil {
+			return i, nil
+		}
+		if u, err := strconv.ParseUint(string(x), 10, 64); err == nil {
+			return u, nil
+		}
+		f, err := strconv.ParseFloat(string(x), 64)
+		if err != nil {
+			return nil, fmt.Errorf("number %s: %w", x, err)
+		}
+		if f == math.Trunc(f) && math.Abs(f) < 1<<53 {
+			return int64(f), nil
+		}
+		return f, nil
+	case []any:
+		for i, e := range x {
+			n, err := normalizeJSON(e, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			x[i] = n
+		}
+		return x, nil
+	case map[string]any:
+		for k, e := range x {
+			n, err := normalizeJSON(e, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			x[k] = n
+		}
+		return x, nil
+	default:
+		return v, nil
+	}
+}
+
+// valueToJSON writes a generic value as canonical JSON.
+func valueToJSON(v any) (RawJSON, error) {
+	if err := checkValue(v, 0); err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return RawJSON(bytes.TrimSuffix(buf.Bytes(), []byte("\n"))), nil
+}
+
+// checkValue rejects what JSON cannot carry (and floats that are integers
+// are turned into integers by normalizeJSON, not here).
+func checkValue(v any, depth int) error {
+	if depth > maxDepth {
+		return fmt.Errorf("value nested deeper than %d levels", maxDepth)
+	}
+	switch x := v.(type) {
+	case nil, bool, int64, uint64, string:
+		return nil
+	case float64:
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return fmt.Errorf("%w: %v", errNotJSON, x)
+		}
+		return nil
+	case []any:
+		for _, e := range x {
+			if err := checkValue(e, depth+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case map[string]any:
+		for _, e := range x {
+			if err := checkValue(e, depth+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	default:
+		return fmt.Errorf("%w: %T", errNotJSON, v)
+	}
+}
