@@ -47,7 +47,7 @@ func (d *decider) resume(rs Resume) error {
 	case m.CallID != "" && m.CallID != t.CallID:
 		return events.Refuse(events.CodeWrongCall, "resume names call %q, the ticket's is %q", m.CallID, t.CallID)
 	case !resultFits(t.Reason, res.Kind):
-		return events.Refuse(events.CodeWrongResultKind, "a %s ticket takes %s, not %s", t.Reason, fittingKind(t.Reason), res.Kind)
+		return events.Refuse(events.CodeWrongResultKind, "%s tickets take %s results, not %s", t.Reason, fittingKind(t.Reason), res.Kind)
 	case res.Kind == events.ResultToolResult && (res.Output == nil || res.Output.CallID != t.CallID):
 		got := ""
 		if res.Output != nil {

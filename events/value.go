@@ -361,3 +361,7 @@ func checkValue(v any, depth int) error {
 		return fmt.Errorf("%w: %T", errNotJSON, v)
 	}
 }
+
+// ValueJSON returns the canonical JSON of a generic value (nil, bool,
+// int64, uint64, float64, string, []any, map[string]any).
+func ValueJSON(v any) (RawJSON, error) { return valueToJSON(v) }
