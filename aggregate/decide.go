@@ -1,6 +1,7 @@
 package aggregate
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -111,7 +112,12 @@ func Rejection(runID string, s *events.Submit, err error, at time.Time) *events.
 	if !ok {
 		code = events.CodeUndecodable
 	}
-	ev := &events.BatchRejected{RunID: runID, Code: code, Reason: err.Error(), At: at}
+	reason := err.Error()
+	var ref *events.Refusal
+	if errors.As(err, &ref) {
+		reason = ref.Reason
+	}
+	ev := &events.BatchRejected{RunID: runID, Code: code, Reason: reason, At: at}
 	if s != nil {
 		ev.BatchID = events.BatchID(runID, s.Step)
 		ev.Step = s.Step
