@@ -144,6 +144,9 @@ func (r *Run) apply(e events.Event) error {
 			return fail(e, ev.CallID, fmt.Errorf("cannot complete a call in phase %s", c.Phase))
 		}
 		out := ev.Output
+		if ev.ErrorKind == events.ErrorUnavailableBeforeDispatch {
+			c.undoEntry()
+		}
 		c.Phase = events.PhaseCompleted
 		c.Output = &out
 		c.ErrorKind = ev.ErrorKind
@@ -298,6 +301,9 @@ func (r *Run) applyExecuting(ev *events.CallExecuting) error {
 	case c.Tool.Kind == events.KindClient || c.Tool.Kind == events.KindUnknown:
 		return fail(ev, ev.CallID, fmt.Errorf("a %s call is never executed by the engine", c.Tool.Kind))
 	}
+	if ev.Cause == events.CauseRetry {
+		c.undoEntry() // the previous attempt never crossed its boundary
+	}
 	if ev.Parallel {
 		b.Parallel = true
 	}
@@ -325,4 +331,15 @@ func normCmds(c []events.Command) []events.Command {
 		return nil
 	}
 	return c
+}
+
+// undoEntry takes back the entry counted when a brain or delegation attempt
+// entered executing, once its executor proved it was never reached
+// (unavailable_before_dispatch). Sandbox entries are counted at the claim,
+// which such an attempt never had.
+func (c *Call) undoEntry() {
+	if c.Crossed && c.Tool.Target != events.TargetSandbox && c.Entries > 0 {
+		c.Entries--
+	}
+	c.Crossed = false
 }
