@@ -27,6 +27,9 @@ func (e *TransitionError) Unwrap() error { return e.Err }
 // transition returns a *TransitionError and leaves the state unchanged:
 // every check runs before any field is written.
 func (r *Run) Apply(e events.Event) error {
+	if e == nil || reflect.ValueOf(e).IsNil() {
+		return &TransitionError{Event: "nil", Err: ErrMalformedCommand}
+	}
 	if err := r.apply(e); err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package aggregate
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/toolbatch/toolbatch/events"
@@ -216,7 +217,7 @@ func (r *Run) Clone() *Run {
 	}
 	if r.Batch != nil {
 		b := *r.Batch
-		b.Calls = append([]Call(nil), r.Batch.Calls...)
+		b.Calls = slices.Clone(r.Batch.Calls)
 		c.Batch = &b
 	}
 	return &c
