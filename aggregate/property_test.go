@@ -207,7 +207,7 @@ func (p *prop) submit() aggregate.Command {
 			id = "del"
 		}
 		s.Assistant.Content = append(s.Assistant.Content, events.ContentBlock{Type: events.BlockToolUse,
-			ID: fmt.Sprintf("c%d", i+1), Name: id, Input: events.RawJSON("null")})
+			ID: fmt.Sprintf("c%d", i+1), Name: id})
 		d, ok := propTools[id]
 		if !ok {
 			d = events.Descriptor{Kind: events.KindUnknown}

@@ -236,7 +236,7 @@ func (h *harness) submit(c *datadriven.Case) (string, error) {
 			if len(f) < 2 {
 				return "", fmt.Errorf("submit: want <call_id> <tool_id> [args], got %q", line)
 			}
-			in := events.RawJSON("null")
+			var in events.RawJSON
 			if len(f) == 3 {
 				var err error
 				if in, err = events.CanonicalJSON([]byte(f[2])); err != nil {

@@ -86,6 +86,9 @@ func Unmarshal(b []byte, v any) (err error) {
 			err = fmt.Errorf("%w: %v", ErrMalformed, r)
 		}
 	}()
+	if err := checkShape(b); err != nil {
+		return err
+	}
 	r := bytes.NewReader(b)
 	dec := msgpack.NewDecoder(r)
 	if err := dec.Decode(v); err != nil {

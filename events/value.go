@@ -8,6 +8,7 @@ import (
 	"math"
 	"sort"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
@@ -19,8 +20,9 @@ const maxDepth = 64
 
 // RawJSON is a JSON value in canonical form: compact, object keys sorted,
 // integers written as integers, no HTML escaping. Arguments, json content
-// blocks and staged state values are RawJSON. An empty RawJSON means absent;
-// the JSON null is the four bytes "null".
+// blocks and staged state values are RawJSON. The canonical form of JSON
+// null is the empty RawJSON (msgpack's nil cannot tell null from absent);
+// it is written as null.
 //
 // In msgpack, a RawJSON is encoded as the native msgpack value (a map for an
 // object), so msgpack clients never handle JSON text.
@@ -144,9 +146,16 @@ func decodeValue(dec *msgpack.Decoder, depth int) (any, error) {
 		if math.IsNaN(f) || math.IsInf(f, 0) {
 			return nil, fmt.Errorf("%w: %v", errNotJSON, f)
 		}
-		return f, nil
+		return normalFloat(f), nil
 	case msgpcode.IsString(c):
-		return dec.DecodeString()
+		s, err := dec.DecodeString()
+		if err != nil {
+			return nil, err
+		}
+		if !utf8.ValidString(s) {
+			return nil, fmt.Errorf("%w: string is not valid UTF-8", errNotJSON)
+		}
+		return s, nil
 	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
 		n, err := dec.DecodeArrayLen()
 		if err != nil {
@@ -184,6 +193,9 @@ func decodeValue(dec *msgpack.Decoder, depth int) (any, error) {
 			k, err := dec.DecodeString()
 			if err != nil {
 				return nil, err
+			}
+			if !utf8.ValidString(k) {
+				return nil, fmt.Errorf("%w: map key is not valid UTF-8", errNotJSON)
 			}
 			v, err := decodeValue(dec, depth+1)
 			if err != nil {
@@ -261,10 +273,7 @@ func jsonToValue(b []byte) (any, error) {
 	if err := dec.Decode(&v); err != nil {
 		return nil, err
 	}
-	if dec.More() {
-		return nil, errors.New("trailing data after JSON value")
-	}
-	if _, err := dec.Token(); err == nil {
+	if rest := bytes.TrimSpace(b[dec.InputOffset():]); len(rest) != 0 {
 		return nil, errors.New("trailing data after JSON value")
 	}
 	return normalizeJSON(v, 0)
@@ -288,10 +297,7 @@ func normalizeJSON(v any, depth int) (any, error) {
 		if err != nil {
 			return nil, fmt.Errorf("number %s: %w", x, err)
 		}
-		if f == math.Trunc(f) && math.Abs(f) < 1<<53 {
-			return int64(f), nil
-		}
-		return f, nil
+		return normalFloat(f), nil
 	case []any:
 		for i, e := range x {
 			n, err := normalizeJSON(e, depth+1)
@@ -315,8 +321,20 @@ func normalizeJSON(v any, depth int) (any, error) {
 	}
 }
 
+// normalFloat writes an integral float (also -0) as an integer, as JSON
+// does not tell them apart, so that a value has one canonical form.
+func normalFloat(f float64) any {
+	if f == math.Trunc(f) && math.Abs(f) < 1<<53 {
+		return int64(f)
+	}
+	return f
+}
+
 // valueToJSON writes a generic value as canonical JSON.
 func valueToJSON(v any) (RawJSON, error) {
+	if v == nil {
+		return nil, nil // null and absent are one value: msgpack cannot tell them apart
+	}
 	if err := checkValue(v, 0); err != nil {
 		return nil, err
 	}

@@ -190,6 +190,9 @@ func decodeGeneric(body []byte, isJSON bool) (v any, err error) {
 			v, err = nil, undecodablef("body is not valid msgpack: %v", r)
 		}
 	}()
+	if err := checkShape(body); err != nil {
+		return nil, undecodablef("body is not valid msgpack: %v", err)
+	}
 	rd := bytes.NewReader(body)
 	v, err = decodeValue(msgpack.NewDecoder(rd), 0)
 	if err != nil {
@@ -492,7 +495,7 @@ func DecodeControl(body []byte, isJSON bool) (*Control, error) {
 	switch c.Action {
 	case ControlCancel, ControlInterrupt:
 	case ControlPerform:
-		if _, ok := m["correlation_id"]; !ok {
+		if id, _ := m["correlation_id"].(string); id == "" {
 			return nil, undecodablef("control.correlation_id: perform needs the scheduled ticket's correlation_id")
 		}
 	default:
@@ -568,6 +571,9 @@ func DecodeResult(body []byte, lim Limits) (*Result, error) {
 		return nil, ErrResultShape
 	}
 	if r.Output != nil {
+		if err := r.Output.validBlocks(); err != nil {
+			return nil, err
+		}
 		if n := OutputSize(*r.Output); n > lim.MaxOutputBytes {
 			return nil, Refuse(CodeLimitExceeded, "output is %d bytes, at most %d", n, lim.MaxOutputBytes)
 		}
@@ -629,4 +635,30 @@ type RefusedOut struct {
 type EndedOut struct {
 	Cause  EndCause `msgpack:"cause" json:"cause"`
 	Reason string   `msgpack:"reason,omitempty" json:"reason,omitempty"`
+}
+
+// validBlocks checks that every content block has a known type: the msgpack
+// library decodes a nil block as a zero block without asking the block's own
+// decoder.
+func (o Output) validBlocks() error {
+	return checkBlocks(o.Content)
+}
+
+func checkBlocks(bs []ContentBlock) error {
+	for i, b := range bs {
+		switch b.Type {
+		case BlockText, BlockToolUse, BlockJSON:
+		case BlockImage:
+			if b.Source == nil {
+				return fmt.Errorf("%w: content[%d]: image without a source", ErrMalformed, i)
+			}
+		case BlockToolResult:
+			if err := checkBlocks(b.Content); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("%w: content[%d]: block type %q", ErrMalformed, i, b.Type)
+		}
+	}
+	return nil
 }
