@@ -76,21 +76,25 @@ func marshalFields(fs []field) ([]byte, error) {
 		if i > 0 {
 			buf.WriteByte(',')
 		}
-		k, _ := json.Marshal(f.key)
-		buf.Write(k)
-		buf.WriteByte(':')
-		v, err := json.Marshal(f.val)
-		if err != nil {
+		if err := writeJSON(&buf, f.key); err != nil {
 			return nil, err
 		}
-		buf.Write(v)
+		buf.WriteByte(':')
+		if err := writeJSON(&buf, f.val); err != nil {
+			return nil, err
+		}
 	}
 	buf.WriteByte('}')
 	return buf.Bytes(), nil
 }
 
 // EncodeMsgpack implements msgpack.CustomEncoder.
-func (b ContentBlock) EncodeMsgpack(enc *msgpack.Encoder) error { return encodeFields(enc, b.fields()) }
+func (b ContentBlock) EncodeMsgpack(enc *msgpack.Encoder) error {
+	if err := checkBlocks([]ContentBlock{b}); err != nil {
+		return err
+	}
+	return encodeFields(enc, b.fields())
+}
 
 // DecodeMsgpack implements msgpack.CustomDecoder; it is strict.
 func (b *ContentBlock) DecodeMsgpack(dec *msgpack.Decoder) error {
@@ -273,4 +277,15 @@ func parseImageSource(v any, path string) (*ImageSource, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// writeJSON appends v as JSON without HTML escaping, like canonical JSON.
+func writeJSON(buf *bytes.Buffer, v any) error {
+	enc := json.NewEncoder(buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	buf.Truncate(buf.Len() - 1) // the encoder's newline
+	return nil
 }

@@ -97,6 +97,9 @@ func Unmarshal(b []byte, v any) (err error) {
 	if r.Len() != 0 {
 		return fmt.Errorf("%w: %d trailing bytes", ErrMalformed, r.Len())
 	}
+	if vb, ok := v.(interface{ validBlocks() error }); ok {
+		return vb.validBlocks()
+	}
 	return nil
 }
 
@@ -173,5 +176,27 @@ func DecodeEvent(t Type, version int, data []byte) (Event, error) {
 	if err := Unmarshal(data, e); err != nil {
 		return nil, fmt.Errorf("decode %s v%d: %w", t, version, err)
 	}
+	if err := validBlocksOf(e); err != nil {
+		return nil, fmt.Errorf("decode %s v%d: %w", t, version, err)
+	}
 	return e, nil
+}
+
+// validBlocksOf checks the content blocks an event carries: the msgpack
+// library decodes a nil block as a zero block without asking the block's
+// decoder, and a zero block must never be accepted.
+func validBlocksOf(e Event) error {
+	switch ev := e.(type) {
+	case *BatchSubmitted:
+		return checkBlocks(ev.Assistant.Content)
+	case *CallGated:
+		if ev.Output != nil {
+			return checkBlocks(ev.Output.Content)
+		}
+	case *CallCompleted:
+		return checkBlocks(ev.Output.Content)
+	case *BatchFinalized:
+		return checkBlocks(ev.Results)
+	}
+	return nil
 }

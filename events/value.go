@@ -273,7 +273,7 @@ func jsonToValue(b []byte) (any, error) {
 	if err := dec.Decode(&v); err != nil {
 		return nil, err
 	}
-	if rest := bytes.TrimSpace(b[dec.InputOffset():]); len(rest) != 0 {
+	if rest := bytes.Trim(b[dec.InputOffset():], " \t\r\n"); len(rest) != 0 {
 		return nil, errors.New("trailing data after JSON value")
 	}
 	return normalizeJSON(v, 0)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -438,6 +439,16 @@ func DecodeResume(body []byte, isJSON bool, lim Limits) (*Resume, error) {
 	if r.Result, err = parseResumeResult(m["result"], "resume.result"); err != nil {
 		return nil, err
 	}
+	switch {
+	case !ValidCallID(r.CorrelationID):
+		return nil, Refuse(CodeInvalidID, "correlation_id %q must match [A-Za-z0-9_-]{1,128}", r.CorrelationID)
+	case !ValidRunID(r.RunID):
+		return nil, Refuse(CodeInvalidID, "run_id %q must match [A-Za-z0-9_-]{1,64}", r.RunID)
+	case !ValidCallID(r.ThreadID):
+		return nil, Refuse(CodeInvalidID, "thread_id %q must match [A-Za-z0-9_-]{1,128}", r.ThreadID)
+	case r.CallID != "" && !ValidCallID(r.CallID):
+		return nil, Refuse(CodeInvalidID, "call_id %q must match [A-Za-z0-9_-]{1,128}", r.CallID)
+	}
 	if r.Result.Output != nil {
 		if n := OutputSize(*r.Result.Output); n > lim.MaxOutputBytes {
 			return nil, Refuse(CodeLimitExceeded, "output is %d bytes, at most %d", n, lim.MaxOutputBytes)
@@ -449,11 +460,13 @@ func DecodeResume(body []byte, isJSON bool, lim Limits) (*Resume, error) {
 // OutputSize returns the size of an output as canonical JSON, the measure
 // of the output limit.
 func OutputSize(o Output) int {
-	b, err := json.Marshal(o)
-	if err != nil {
-		return 0
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(o); err != nil {
+		return math.MaxInt // what cannot be measured does not fit
 	}
-	return len(b)
+	return buf.Len() - 1 // the encoder's newline
 }
 
 // ControlAction is what a control message asks.
@@ -641,6 +654,11 @@ type EndedOut struct {
 // library decodes a nil block as a zero block without asking the block's own
 // decoder.
 func (o Output) validBlocks() error {
+	for i, c := range o.State {
+		if err := c.Validate(); err != nil {
+			return fmt.Errorf("state[%d]: %w", i, err)
+		}
+	}
 	return checkBlocks(o.Content)
 }
 
@@ -662,3 +680,5 @@ func checkBlocks(bs []ContentBlock) error {
 	}
 	return nil
 }
+
+func (o *ResultsOut) validBlocks() error { return checkBlocks(o.Results) }
