@@ -1,0 +1,299 @@
+package client
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// DefaultPrefix is the subject prefix of every toolbatch subject unless
+// WithPrefix chooses another one (the engine's --prefix).
+const DefaultPrefix = "toolbatch"
+
+// Stream names for the default prefix. The engine creates the streams; the
+// client never does, and finds the out stream by its subjects (so that it
+// also works with the engine's stream names for another prefix).
+const (
+	// StreamInbox holds the commands to the engine: submit, resume, control
+	// (and the workers' results). A work queue.
+	StreamInbox = "TOOLBATCH_INBOX"
+	// StreamOut holds the projections the engine publishes for subscribers
+	// on <prefix>.out.<run_id>.<kind>.
+	StreamOut = "TOOLBATCH_OUT"
+)
+
+// Out message kinds: the last token of <prefix>.out.<run_id>.<kind>.
+const (
+	KindDisposition = "disposition" // events.DispositionOut
+	KindResults     = "results"     // events.ResultsOut
+	KindAwaiting    = "awaiting"    // events.AwaitingOut: a ticket
+	KindRejected    = "rejected"    // events.RejectedOut: a submission refused
+	KindRefused     = "refused"     // events.RefusedOut: a resume or control refused
+	KindEnded       = "ended"       // events.EndedOut
+)
+
+// Errors of the client. Domain refusals found before publishing are
+// returned as the *events.Refusal the engine would have published, with
+// its protocol code; the sentinels below are everything else.
+var (
+	// ErrConfig is returned by New for an unusable option or connection.
+	ErrConfig = errors.New("client: bad configuration")
+	// ErrPublish wraps a failure to publish a command and get the stream's
+	// acknowledgement (NATS unreachable, no inbox stream, ...). The command
+	// may or may not have been stored: retrying is safe, it carries a
+	// deterministic Nats-Msg-Id.
+	ErrPublish = errors.New("client: publish")
+	// ErrWatch wraps a failure to start watching a run's out messages.
+	ErrWatch = errors.New("client: watch")
+	// ErrWatchStopped is returned by Watch.Next after Stop, or when the
+	// connection is closed.
+	ErrWatchStopped = errors.New("client: watch stopped")
+	// ErrUndecodable is wrapped by every *DecodeError: an out message whose
+	// subject or body this client cannot read.
+	ErrUndecodable = errors.New("client: undecodable out message")
+	// ErrRejected is wrapped (together with the *events.Refusal) by the
+	// error WaitResults returns when the engine rejected the batch.
+	ErrRejected = errors.New("client: batch rejected")
+	// ErrRunEnded is wrapped by the *EndedError WaitResults returns when the
+	// run ended without publishing the batch's results.
+	ErrRunEnded = errors.New("client: run ended")
+)
+
+// principalPattern is the rule for the optional principal token of a
+// resume subject.
+var principalPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// prefixPattern is the rule for a subject prefix: one or more plain tokens.
+var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
+
+// Client talks to the toolbatch engine over NATS JetStream only. It is safe
+// for concurrent use.
+type Client struct {
+	js     jetstream.JetStream
+	prefix string
+	limits events.Limits
+
+	mu        sync.Mutex
+	outStream string // the stream holding <prefix>.out.>, once found
+}
+
+type options struct {
+	prefix string
+	limits events.Limits
+}
+
+// Option changes one setting of New.
+type Option func(*options)
+
+// WithPrefix sets the subject prefix (default DefaultPrefix); it must match
+// the engine's --prefix. A prefix is one or more dot-separated tokens of
+// [A-Za-z0-9_-].
+func WithPrefix(p string) Option { return func(o *options) { o.prefix = p } }
+
+// WithLimits sets the input limits checked before publishing (default
+// events.DefaultLimits()); they should match the engine's.
+func WithLimits(l events.Limits) Option { return func(o *options) { o.limits = l } }
+
+// New returns a client on the connection nc. The connection stays the
+// caller's: the client never closes it.
+func New(nc *nats.Conn, opts ...Option) (*Client, error) {
+	o := options{prefix: DefaultPrefix, limits: events.DefaultLimits()}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	var errs []error
+	if nc == nil {
+		errs = append(errs, errors.New("nil NATS connection"))
+	}
+	if !prefixPattern.MatchString(o.prefix) {
+		errs = append(errs, fmt.Errorf("prefix %q must be dot-separated tokens of [A-Za-z0-9_-]", o.prefix))
+	}
+	if err := o.limits.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return &Client{js: js, prefix: o.prefix, limits: o.limits}, nil
+}
+
+// Prefix returns the subject prefix the client uses.
+func (c *Client) Prefix() string { return c.prefix }
+
+// Limits returns the limits the client checks before publishing.
+func (c *Client) Limits() events.Limits { return c.limits }
+
+// Submit publishes a batch on <prefix>.submit.<run_id> and waits for the
+// stream's acknowledgement. The submission is checked first, exactly as the
+// engine decodes it; a problem is returned as its *events.Refusal and
+// nothing is published. The Nats-Msg-Id is <run_id>/<step>/<first 16 hex
+// digits of s.Digest()>: a retry of the same submission is deduplicated by
+// the stream (and is not an error), a corrected one is not.
+//
+// A nil error means the engine will read the batch, not that it accepted
+// it: acceptance shows as dispositions and results, refusal on .rejected
+// (see WaitResults).
+func (c *Client) Submit(ctx context.Context, s *events.Submit) error {
+	if s == nil {
+		return events.Refuse(events.CodeUndecodable, "submit: nil submission")
+	}
+	if err := s.Validate(c.limits); err != nil {
+		return err
+	}
+	body, err := events.Marshal(s)
+	if err != nil {
+		return events.Refuse(events.CodeUndecodable, "submit: encode: %v", err)
+	}
+	// The engine's own decoder is the final word on what it will accept.
+	if _, err := events.DecodeSubmit(body, false, c.limits); err != nil {
+		return err
+	}
+	msgID := fmt.Sprintf("%s/%d/%s", s.RunID, s.Step, s.Digest()[:16])
+	return c.publish(ctx, c.prefix+".submit."+s.RunID, msgID, body)
+}
+
+// Approve answers a permission (or scheduled action) ticket with allow,
+// attributed to principal when it is not empty (see Resume).
+func (c *Client) Approve(ctx context.Context, t events.AwaitingOut, principal, note string) error {
+	return c.Resume(ctx, resumeFor(t, events.ResumeResult{Kind: events.ResultPermission, Allow: true, Note: note}), principal)
+}
+
+// Deny answers a permission (or scheduled action) ticket with deny and a
+// reason, attributed to principal when it is not empty (see Resume).
+func (c *Client) Deny(ctx context.Context, t events.AwaitingOut, principal, reason string) error {
+	return c.Resume(ctx, resumeFor(t, events.ResumeResult{Kind: events.ResultPermission, Allow: false, Reason: reason}), principal)
+}
+
+// ToolResult answers an external_result ticket (a client-executed tool)
+// with the tool's output. An output without a call id gets the ticket's.
+func (c *Client) ToolResult(ctx context.Context, t events.AwaitingOut, out events.Output) error {
+	if out.CallID == "" {
+		out.CallID = t.CallID
+	}
+	return c.Resume(ctx, resumeFor(t, events.ResumeResult{Kind: events.ResultToolResult, Output: &out}), "")
+}
+
+// Input answers a delegation ticket with input text for the child run.
+func (c *Client) Input(ctx context.Context, t events.AwaitingOut, text string) error {
+	return c.Resume(ctx, resumeFor(t, events.ResumeResult{Kind: events.ResultInput, Text: text}), "")
+}
+
+// resumeFor returns a resume answering ticket t with result, carrying the
+// ticket's ids so that the engine can check them.
+func resumeFor(t events.AwaitingOut, result events.ResumeResult) *events.Resume {
+	return &events.Resume{
+		CorrelationID: t.CorrelationID,
+		RunID:         t.RunID,
+		ThreadID:      t.ThreadID,
+		CallID:        t.CallID,
+		SnapshotID:    t.SnapshotID,
+		Result:        result,
+	}
+}
+
+// Resume publishes r on <prefix>.resume.<run_id>, or on
+// <prefix>.resume.<run_id>.<principal> when principal is not empty (NATS
+// permissions then decide who may publish as whom), and waits for the
+// stream's acknowledgement. The resume is checked first as the engine
+// decodes it; a problem is returned as its *events.Refusal and nothing is
+// published. The Nats-Msg-Id is
+// resume/<run_id>/<correlation_id>/<kind>/<allow>/<hash>, the hash covering
+// the subject and the body: a retried click is deduplicated, a corrected
+// answer (or another principal's) is not.
+//
+// A nil error means the engine will read the resume; whether it applied it
+// shows on the run's out messages (.refused when it did not).
+func (c *Client) Resume(ctx context.Context, r *events.Resume, principal string) error {
+	if r == nil {
+		return events.Refuse(events.CodeUndecodable, "resume: nil resume")
+	}
+	if !events.ValidRunID(r.RunID) {
+		return events.Refuse(events.CodeInvalidID, "resume: run_id %q must match [A-Za-z0-9_-]{1,64}", r.RunID)
+	}
+	subject := c.prefix + ".resume." + r.RunID
+	if principal != "" {
+		if !principalPattern.MatchString(principal) {
+			return events.Refuse(events.CodeInvalidID, "resume: principal %q must match [A-Za-z0-9_-]{1,64}", principal)
+		}
+		subject += "." + principal
+	}
+	body, err := events.Marshal(r)
+	if err != nil {
+		return events.Refuse(events.CodeUndecodable, "resume: encode: %v", err)
+	}
+	if _, err := events.DecodeResume(body, false, c.limits); err != nil {
+		return err
+	}
+	msgID := fmt.Sprintf("resume/%s/%s/%s/%t/%s",
+		r.RunID, r.CorrelationID, r.Result.Kind, r.Result.Allow, shortHash(subject, body))
+	return c.publish(ctx, subject, msgID, body)
+}
+
+// Cancel asks the engine to cancel the run, on <prefix>.control.<run_id>.
+func (c *Client) Cancel(ctx context.Context, runID, reason string) error {
+	return c.control(ctx, runID, events.Control{Action: events.ControlCancel, Reason: reason})
+}
+
+// Interrupt asks the engine to interrupt the run, on
+// <prefix>.control.<run_id>.
+func (c *Client) Interrupt(ctx context.Context, runID, reason string) error {
+	return c.control(ctx, runID, events.Control{Action: events.ControlInterrupt, Reason: reason})
+}
+
+// Perform asks the engine to perform a scheduled action now: correlationID
+// is its ticket's.
+func (c *Client) Perform(ctx context.Context, runID, correlationID string) error {
+	return c.control(ctx, runID, events.Control{Action: events.ControlPerform, CorrelationID: correlationID})
+}
+
+// control checks and publishes a control message. Its Nats-Msg-Id is
+// control/<run_id>/<action>/<correlation_id>, so a retry is deduplicated.
+func (c *Client) control(ctx context.Context, runID string, ctl events.Control) error {
+	if !events.ValidRunID(runID) {
+		return events.Refuse(events.CodeInvalidID, "control: run_id %q must match [A-Za-z0-9_-]{1,64}", runID)
+	}
+	body, err := events.Marshal(&ctl)
+	if err != nil {
+		return events.Refuse(events.CodeUndecodable, "control: encode: %v", err)
+	}
+	if _, err := events.DecodeControl(body, false); err != nil {
+		return err
+	}
+	msgID := fmt.Sprintf("control/%s/%s/%s", runID, ctl.Action, ctl.CorrelationID)
+	return c.publish(ctx, c.prefix+".control."+runID, msgID, body)
+}
+
+// publish stores body on subject through JetStream with a deduplication id
+// and waits for the acknowledgement. A duplicate acknowledgement is success:
+// the stream already holds the command.
+func (c *Client) publish(ctx context.Context, subject, msgID string, body []byte) error {
+	m := nats.NewMsg(subject)
+	m.Data = body
+	if _, err := c.js.PublishMsg(ctx, m, jetstream.WithMsgID(msgID)); err != nil {
+		return fmt.Errorf("%w %s: %w", ErrPublish, subject, err)
+	}
+	return nil
+}
+
+// shortHash returns the first 16 hex digits of a SHA-256 over the subject
+// and the body.
+func shortHash(subject string, body []byte) string {
+	h := sha256.New()
+	h.Write([]byte(subject))
+	h.Write([]byte{0})
+	h.Write(body)
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}

@@ -1,0 +1,335 @@
+package main_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/toolbatch/toolbatch/client"
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// These tests build the engine binary, start it as a process with its
+// embedded server in a temp directory, and talk to it only over NATS.
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "toolbatch-engine-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "engine")
+	build := exec.Command("go", "build", "-o", binary, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build engine:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// proc is a running engine process.
+type proc struct {
+	cmd    *exec.Cmd
+	url    string
+	mu     sync.Mutex
+	stderr bytes.Buffer
+	ready  chan struct{}
+	exited chan struct{}
+}
+
+func (p *proc) logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderr.String()
+}
+
+// startEngine starts the binary and waits for its "engine ready" log line.
+func startEngine(t *testing.T, store string, port int, args ...string) *proc {
+	t.Helper()
+	p := &proc{url: fmt.Sprintf("nats://127.0.0.1:%d", port), ready: make(chan struct{}), exited: make(chan struct{})}
+	all := append([]string{"--store", store, "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-format", "json", "--ack-wait", "1s"}, args...)
+	p.cmd = exec.Command(binary, all...)
+	pipe, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(pipe)
+		once := sync.Once{}
+		for sc.Scan() {
+			p.mu.Lock()
+			p.stderr.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+			if strings.Contains(sc.Text(), `"engine ready"`) {
+				once.Do(func() { close(p.ready) })
+			}
+		}
+	}()
+	go func() { _ = p.cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() { p.kill() })
+	select {
+	case <-p.ready:
+	case <-p.exited:
+		t.Fatalf("engine exited before it was ready:\n%s", p.logs())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("engine not ready:\n%s", p.logs())
+	}
+	return p
+}
+
+func (p *proc) kill() {
+	select {
+	case <-p.exited:
+	default:
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.exited
+	}
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestJSONBatchFromAPlainClient submits a JSON batch with nothing but a
+// NATS client and reads its results from the out stream.
+func TestJSONBatchFromAPlainClient(t *testing.T) {
+	p := startEngine(t, t.TempDir(), freePort(t))
+	nc, err := nats.Connect(p.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 30*time.Second)
+	msg := nats.NewMsg("toolbatch.submit.plain1")
+	msg.Header.Set("Content-Type", "application/json")
+	msg.Header.Set("Nats-Msg-Id", "plain1/1/a")
+	msg.Data = []byte(`{"run_id":"plain1","thread_id":"t1","step":1,"assistant":{"id":"m1","content":[
+		{"type":"text","text":"checking"},
+		{"type":"tool_use","id":"a","name":"echo","input":{"q":"first"}},
+		{"type":"tool_use","id":"b","name":"invented_tool","input":{}},
+		{"type":"tool_use","id":"c","name":"echo","input":null}]}}`)
+	if _, err := js.PublishMsg(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.OrderedConsumer(ctx, "TOOLBATCH_OUT", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"toolbatch.out.plain1.results"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := cons.Next(jetstream.FetchMaxWait(20 * time.Second))
+	if err != nil {
+		t.Fatalf("no results: %v\n%s", err, p.logs())
+	}
+	var body map[string]any
+	if err := msgpack.Unmarshal(m.Data(), &body); err != nil {
+		t.Fatal(err)
+	}
+	results := body["results"].([]any)
+	var got []string
+	for _, r := range results {
+		rm := r.(map[string]any)
+		text := rm["content"].([]any)[0].(map[string]any)["text"]
+		got = append(got, fmt.Sprintf("%s:%v:%v", rm["tool_use_id"], rm["is_error"], text))
+	}
+	want := `[a:false:{"q":"first"} b:true:unknown tool: invented_tool c:false:{}]`
+	if fmt.Sprint(got) != want {
+		t.Fatalf("results %v, want %s", got, want)
+	}
+}
+
+func TestBadFlagsAndCatalog(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("tools:\n  - id: x\n    target: cloud\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"--no-such-flag"},
+		{"--log-format", "xml"},
+		{"--listen", "nonsense"},
+		{"--catalog", bad},
+		{"--catalog", filepath.Join(t.TempDir(), "missing.yaml")},
+	} {
+		cmd := exec.Command(binary, append(args, "--store", t.TempDir())...)
+		out, err := cmd.CombinedOutput()
+		if err == nil || cmd.ProcessState.ExitCode() == 0 {
+			t.Fatalf("%v: exited 0", args)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if len(lines) != 1 || !strings.HasPrefix(lines[0], "engine: ") {
+			t.Fatalf("%v: want one line starting with \"engine: \", got:\n%s", args, out)
+		}
+	}
+}
+
+func TestSIGTERMExitsZero(t *testing.T) {
+	p := startEngine(t, t.TempDir(), freePort(t))
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("engine did not exit on SIGTERM")
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM:\n%s", code, p.logs())
+	}
+}
+
+// TestKillNineLosesNothing kills the engine (and its embedded server) with
+// SIGKILL in the middle of a stream of batches and restarts it on the same
+// store: every accepted batch gets exactly one results message, with every
+// call's result in model order.
+func TestKillNineLosesNothing(t *testing.T) {
+	store, port := t.TempDir(), freePort(t)
+	p := startEngine(t, store, port)
+	nc, err := nats.Connect(p.url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	c, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 120*time.Second)
+	const runs, steps = 6, 4
+	accepted := make(chan string, runs*steps)
+	var wg sync.WaitGroup
+	for r := 0; r < runs; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			run := fmt.Sprintf("k%d", r)
+			for s := int64(1); s <= steps; s++ {
+				sub := &events.Submit{RunID: run, ThreadID: "t", Step: s, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{
+					{Type: events.BlockToolUse, ID: "c1", Name: "echo", Input: events.MustJSON(fmt.Sprintf(`{"s":%d}`, s))},
+					{Type: events.BlockToolUse, ID: "c2", Name: "sleep", Input: events.MustJSON(`{"duration":"30ms"}`)},
+					{Type: events.BlockToolUse, ID: "c3", Name: "echo", Input: events.MustJSON(`{}`)},
+				}}}
+				// Retry the submit until it is accepted by the stream: the
+				// same message id makes a retry harmless.
+				for {
+					sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+					err := c.Submit(sctx, sub)
+					cancel()
+					if err == nil {
+						break
+					}
+					if ctx.Err() != nil {
+						return
+					}
+				}
+				accepted <- events.BatchID(run, s)
+				for {
+					wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+					_, err := c.WaitResults(wctx, run, events.BatchID(run, s))
+					cancel()
+					if err == nil {
+						break
+					}
+					if ctx.Err() != nil {
+						return
+					}
+				}
+			}
+		}()
+	}
+	// Kill once a few batches have been accepted.
+	for i := 0; i < runs; i++ {
+		select {
+		case <-accepted:
+		case <-ctx.Done():
+			t.Fatal("no batch accepted")
+		}
+	}
+	p.kill()
+	p = startEngine(t, store, port)
+	wg.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("runs did not finish:\n%s", p.logs())
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := js.Stream(ctx, "TOOLBATCH_OUT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.OrderedConsumer(ctx, "TOOLBATCH_OUT", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"toolbatch.out.*.results"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := out.Info(ctx, jetstream.WithSubjectFilter("toolbatch.out.*.results"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, n := range info.State.Subjects {
+		total += int(n)
+	}
+	if total != runs*steps {
+		t.Fatalf("%d results messages, want %d (one per accepted batch)", total, runs*steps)
+	}
+	seen := map[string]int{}
+	for i := 0; i < total; i++ {
+		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r events.ResultsOut
+		if err := events.Unmarshal(m.Data(), &r); err != nil {
+			t.Fatal(err)
+		}
+		seen[r.BatchID]++
+		if len(r.Results) != 3 || r.Results[0].ToolUseID != "c1" || r.Results[1].ToolUseID != "c2" || r.Results[2].ToolUseID != "c3" {
+			t.Fatalf("%s: results %+v", r.BatchID, r.Results)
+		}
+	}
+	for r := 0; r < runs; r++ {
+		for s := int64(1); s <= steps; s++ {
+			id := events.BatchID(fmt.Sprintf("k%d", r), s)
+			if seen[id] != 1 {
+				t.Fatalf("%s: %d results messages, want 1", id, seen[id])
+			}
+		}
+	}
+}

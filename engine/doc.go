@@ -1,0 +1,41 @@
+// Package engine is toolbatch's IO shell around the pure aggregate: it reads
+// commands from NATS JetStream, asks the aggregate what they mean, appends
+// the resulting events to the log, and only then acts on them.
+//
+// # Duties, in order
+//
+//  1. Intake: a durable consumer on the inbox stream takes submit, resume,
+//     control and result messages. A message is routed to its run's shard, so
+//     that the work of one run is serialized while different runs proceed
+//     concurrently.
+//  2. Load: a run not in the cache is folded from its subject on the events
+//     stream. If its open batch has executing calls, the engine decides
+//     Recover first (contract.md §4), before anything else touches the run.
+//  3. Decide and commit: aggregate.Decide returns the events of one commit;
+//     they are appended as one message on <prefix>.events.<run_id> with the
+//     run's expected last subject sequence and a deterministic message id.
+//     "Wrong last sequence" (10071, or 10164 when replicated) means another
+//     engine extended the run: the engine reloads it and decides again.
+//     Only after the append is acknowledged are the events applied to the
+//     cached state.
+//  4. Drive: after each commit the engine asks aggregate.Next what the run
+//     needs: run the gate chain (narrowing, the catalog's rules, the
+//     external gate service, allow) and commit its decision; park a client
+//     call; or invoke the executors of calls whose CallExecuting is
+//     committed. An executor is never entered before that commit.
+//  5. Acknowledge: an inbox message is acknowledged when its run is
+//     quiescent (parked on a ticket, finalized or ended). Until then it is
+//     kept in progress, so that after a crash the message is redelivered and
+//     the run is taken over and recovered by whichever engine gets it.
+//  6. Project: a separate durable consumer on the events stream folds every
+//     commit through the projector and publishes dispositions, tickets,
+//     results, refusals and run ends on <prefix>.out.<run_id>.<kind>. Each
+//     output carries its source (stream sequence and index); a redelivered
+//     commit is checked against what the out stream already holds, so a
+//     result is published exactly once, also long after the duplicate
+//     window.
+//
+// The engine never decides what the aggregate decides: it gathers the facts
+// a decision needs (time, new ids, the catalog, live capabilities, gate
+// answers, executor outcomes) and hands them over as commands.
+package engine

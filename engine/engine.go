@@ -1,0 +1,278 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+	"github.com/rs/zerolog"
+
+	"github.com/toolbatch/toolbatch/catalog"
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// Defaults.
+const (
+	DefaultOutMaxAge  = 168 * time.Hour
+	DefaultAckWait    = 30 * time.Second
+	DefaultShards     = 64
+	DefaultMaxPending = 10000
+	DefaultCacheRuns  = 10000
+)
+
+// Config configures an engine. The zero value of each field means its
+// default.
+type Config struct {
+	// Prefix is the subject prefix (default "toolbatch").
+	Prefix string
+	// Replicas of every stream (default 1).
+	Replicas int
+	// OutMaxAge is how long out messages are kept (default 168h).
+	OutMaxAge time.Duration
+	// AckWait is how long an inbox message may go without an
+	// acknowledgement or progress before JetStream redelivers it, so also
+	// how long a crashed engine's runs wait before another engine (or the
+	// restarted one) takes them over (default 30s).
+	AckWait time.Duration
+	// Shards is how many runs are worked on at once at most (default 64);
+	// the work of one run is always serialized.
+	Shards int
+	// MaxPending bounds the inbox messages in progress (default 10000).
+	MaxPending int
+	// CacheRuns bounds the runs whose folded state is kept in memory
+	// (default 10000); a run not cached is folded again from the log.
+	CacheRuns int
+	// Catalog is the operator's catalog (default catalog.Default()).
+	Catalog *catalog.Catalog
+	// Limits bound submissions and outputs (default events.DefaultLimits()).
+	Limits events.Limits
+	// Logger receives the engine's logs (default: none).
+	Logger zerolog.Logger
+	// Now is the engine's clock (default time.Now).
+	Now func() time.Time
+}
+
+func (c *Config) defaults() {
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.Replicas <= 0 {
+		c.Replicas = 1
+	}
+	if c.OutMaxAge <= 0 {
+		c.OutMaxAge = DefaultOutMaxAge
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = DefaultAckWait
+	}
+	if c.Shards <= 0 {
+		c.Shards = DefaultShards
+	}
+	if c.MaxPending <= 0 {
+		c.MaxPending = DefaultMaxPending
+	}
+	if c.CacheRuns <= 0 {
+		c.CacheRuns = DefaultCacheRuns
+	}
+	if c.Catalog == nil {
+		c.Catalog = catalog.Default()
+	}
+	if c.Limits == (events.Limits{}) {
+		c.Limits = events.DefaultLimits()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate reports every problem of the configuration.
+func (c Config) Validate() error {
+	var errs []error
+	if !validPrefix(c.Prefix) {
+		errs = append(errs, fmt.Errorf("prefix %q must be one or more NATS tokens of [A-Za-z0-9_-]", c.Prefix))
+	}
+	if err := c.Limits.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Catalog != nil {
+		if err := supported(c.Catalog); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func validPrefix(p string) bool {
+	if p == "" {
+		return false
+	}
+	for _, r := range p {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' || r == '.') {
+			return false
+		}
+	}
+	return p[0] != '.' && p[len(p)-1] != '.'
+}
+
+// Engine serves runs. Create it with New and run it with Run.
+type Engine struct {
+	cfg    Config
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	names  Names
+	log    zerolog.Logger
+	events *eventLog
+	brain  *brainExecutor
+	gate   *gateChain
+	shards []*shard
+
+	catMu    sync.Mutex
+	catalogs map[string]*catalog.Catalog // by snapshot id
+
+	wg    sync.WaitGroup // shards and executors
+	ready chan struct{}
+}
+
+// Ready is closed once the engine consumes its inbox.
+func (e *Engine) Ready() <-chan struct{} { return e.ready }
+
+// New returns an engine on an existing connection.
+func New(nc *nats.Conn, cfg Config) (*Engine, error) {
+	cfg.defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("engine config: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	n := Names{Prefix: cfg.Prefix}
+	e := &Engine{
+		cfg: cfg, nc: nc, js: js, names: n, log: cfg.Logger,
+		events:   &eventLog{js: js, names: n},
+		catalogs: map[string]*catalog.Catalog{cfg.Catalog.SnapshotID(): cfg.Catalog},
+		ready:    make(chan struct{}),
+	}
+	e.brain = &brainExecutor{nc: nc, js: js, names: n}
+	e.gate = &gateChain{nc: nc, names: n}
+	e.shards = make([]*shard, cfg.Shards)
+	perShard := cfg.CacheRuns/cfg.Shards + 1
+	for i := range e.shards {
+		e.shards[i] = newShard(e, perShard)
+	}
+	return e, nil
+}
+
+// Names returns the engine's stream and subject names.
+func (e *Engine) Names() Names { return e.names }
+
+// Setup creates or updates the streams and stores the catalog under its
+// snapshot id, so that batches pinned to it keep their rules when the file
+// changes later.
+func (e *Engine) Setup(ctx context.Context) error {
+	if err := EnsureStreams(ctx, e.js, e.names, StreamConfig{Replicas: e.cfg.Replicas, OutMaxAge: e.cfg.OutMaxAge}); err != nil {
+		return err
+	}
+	kv, err := e.js.KeyValue(ctx, e.names.CatalogBucket())
+	if err != nil {
+		return err
+	}
+	if _, err := kv.Put(ctx, e.cfg.Catalog.SnapshotID(), e.cfg.Catalog.Raw()); err != nil {
+		return fmt.Errorf("store catalog %s: %w", e.cfg.Catalog.SnapshotID(), err)
+	}
+	return nil
+}
+
+// Run serves until ctx is done, then drains: it stops taking messages,
+// finishes the commit in progress and returns.
+func (e *Engine) Run(ctx context.Context) error {
+	if err := e.Setup(ctx); err != nil {
+		return err
+	}
+	intake, err := e.js.CreateOrUpdateConsumer(ctx, e.names.InboxStream(), jetstream.ConsumerConfig{
+		Durable: "engine", AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
+		MaxAckPending: e.cfg.MaxPending, MaxDeliver: -1, Description: "toolbatch engine intake",
+	})
+	if err != nil {
+		return fmt.Errorf("intake consumer: %w", err)
+	}
+	proj, err := newProjectorRunner(ctx, e)
+	if err != nil {
+		return err
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	defer stop()
+	for _, s := range e.shards {
+		e.wg.Add(1)
+		go func() { defer e.wg.Done(); s.loop(runCtx) }()
+	}
+	projDone := make(chan error, 1)
+	go func() { projDone <- proj.run(runCtx) }()
+
+	cc, err := intake.Consume(e.route, jetstream.PullMaxMessages(256))
+	if err != nil {
+		return fmt.Errorf("consume intake: %w", err)
+	}
+	close(e.ready)
+	e.log.Info().Str("prefix", e.cfg.Prefix).Str("catalog", e.cfg.Catalog.SnapshotID()).Msg("engine ready")
+	<-ctx.Done()
+	e.log.Info().Msg("engine draining")
+	cc.Drain()
+	<-cc.Closed()
+	stop()
+	e.wg.Wait()
+	<-projDone
+	e.log.Info().Msg("engine stopped")
+	return nil
+}
+
+// route hands an inbox message to its run's shard.
+func (e *Engine) route(m jetstream.Msg) {
+	kind, runID, principal, ok := e.names.inboxKind(m.Subject())
+	if !ok || !events.ValidRunID(runID) {
+		e.log.Warn().Str(fieldSubject, m.Subject()).Msg("inbox message cannot be attributed to a run: terminated")
+		_ = m.TermWithReason("cannot be attributed to a run: subject " + m.Subject())
+		return
+	}
+	e.shardOf(runID).post(item{runID: runID, msg: m, kind: kind, principal: principal})
+}
+
+func (e *Engine) shardOf(runID string) *shard {
+	h := fnv.New32a()
+	h.Write([]byte(runID))
+	return e.shards[h.Sum32()%uint32(len(e.shards))]
+}
+
+// catalogFor returns the catalog a batch was pinned to.
+func (e *Engine) catalogFor(ctx context.Context, snapshotID string) (*catalog.Catalog, error) {
+	e.catMu.Lock()
+	c, ok := e.catalogs[snapshotID]
+	e.catMu.Unlock()
+	if ok {
+		return c, nil
+	}
+	kv, err := e.js.KeyValue(ctx, e.names.CatalogBucket())
+	if err != nil {
+		return nil, err
+	}
+	entry, err := kv.Get(ctx, snapshotID)
+	if err != nil {
+		return nil, fmt.Errorf("catalog snapshot %s: %w", snapshotID, err)
+	}
+	c, err = catalog.Parse(entry.Value())
+	if err != nil {
+		return nil, fmt.Errorf("catalog snapshot %s: %w", snapshotID, err)
+	}
+	e.catMu.Lock()
+	e.catalogs[snapshotID] = c
+	e.catMu.Unlock()
+	return c, nil
+}
+
+func newID() string { return nuid.Next() }

@@ -1,0 +1,517 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/toolbatch/toolbatch/catalog"
+	"github.com/toolbatch/toolbatch/client"
+	"github.com/toolbatch/toolbatch/engine"
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// startServer starts an embedded nats-server with JetStream storing in dir.
+func startServer(t *testing.T, dir string) *server.Server {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	return srv
+}
+
+func connect(t *testing.T, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// runningEngine is an engine serving in the background.
+type runningEngine struct {
+	stop func()
+	done chan error
+	once sync.Once
+}
+
+func startEngine(t *testing.T, url string, cfg engine.Config) *runningEngine {
+	t.Helper()
+	nc := connect(t, url)
+	if cfg.AckWait == 0 {
+		cfg.AckWait = 2 * time.Second
+	}
+	if testing.Verbose() {
+		cfg.Logger = zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.DebugLevel)
+	}
+	e, err := engine.New(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	re := &runningEngine{stop: cancel, done: make(chan error, 1)}
+	go func() { re.done <- e.Run(ctx) }()
+	t.Cleanup(func() { re.shutdown(t) })
+	select {
+	case <-e.Ready():
+	case err := <-re.done:
+		t.Fatalf("engine stopped before it was ready: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("engine not ready")
+	}
+	return re
+}
+
+func (re *runningEngine) shutdown(t *testing.T) {
+	re.once.Do(func() {
+		re.stop()
+		select {
+		case err := <-re.done:
+			if err != nil {
+				t.Errorf("engine: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Error("engine did not stop")
+		}
+	})
+}
+
+func newClient(t *testing.T, url string) *client.Client {
+	t.Helper()
+	c, err := client.New(connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func submitOf(runID string, step int64, calls ...string) *events.Submit {
+	s := &events.Submit{RunID: runID, ThreadID: "t1", Step: step, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{events.TextBlock("let me check")}}}
+	for i := 0; i+1 < len(calls); i += 2 {
+		in, err := events.CanonicalJSON([]byte(calls[i+1]))
+		if err != nil {
+			panic(err)
+		}
+		s.Assistant.Content = append(s.Assistant.Content, events.ContentBlock{Type: events.BlockToolUse,
+			ID: fmt.Sprintf("c%d", i/2+1), Name: calls[i], Input: in})
+	}
+	return s
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func resultTexts(r *events.ResultsOut) []string {
+	var out []string
+	for _, b := range r.Results {
+		o := events.Output{Content: b.Content, IsError: b.IsError}
+		out = append(out, b.ToolUseID+"="+events.DescribeOutput(o))
+	}
+	return out
+}
+
+func TestBatchOfThreeBrainCalls(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	startEngine(t, srv.ClientURL(), engine.Config{})
+	c := newClient(t, srv.ClientURL())
+	ctx := ctxT(t, 30*time.Second)
+
+	s := submitOf("run1", 1, "echo", `{"text":"one"}`, "sleep", `{"duration":"20ms"}`, "fail", `{"message":"nope"}`)
+	if err := c.Submit(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.WaitResults(ctx, "run1", "run1/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fmt.Sprint(resultTexts(res))
+	want := fmt.Sprint([]string{`c1=ok "{\"text\":\"one\"}"`, `c2=ok "slept 20ms"`, `c3=error "nope"`})
+	if got != want {
+		t.Fatalf("results\n got %s\nwant %s", got, want)
+	}
+}
+
+func TestRefusalsWhileServingOtherRuns(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	startEngine(t, srv.ClientURL(), engine.Config{})
+	url := srv.ClientURL()
+	c := newClient(t, url)
+	nc := connect(t, url)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 60*time.Second)
+
+	// A healthy run goes on while refusals happen.
+	if err := c.Submit(ctx, submitOf("good", 1, "sleep", `{"duration":"200ms"}`)); err != nil {
+		t.Fatal(err)
+	}
+
+	raw := func(subject, body string) {
+		t.Helper()
+		m := nats.NewMsg(subject)
+		m.Data = []byte(body)
+		m.Header.Set("Content-Type", "application/json")
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	batch := func(run string, step int, extra string, calls string) string {
+		return fmt.Sprintf(`{"run_id":%q,"thread_id":"t1","step":%d,"assistant":{"id":"m","content":[%s]}%s}`, run, step, calls, extra)
+	}
+	echo := `{"type":"tool_use","id":"c1","name":"echo","input":{}}`
+	cases := []struct {
+		run, body string
+		code      events.Code
+	}{
+		{"r_undecodable", `{"run_id":`, events.CodeUndecodable},
+		{"r_badid", batch("r_other", 1, "", echo), events.CodeInvalidID},
+		{"r_limit", batch("r_limit", 1, "", echo+strings129()), events.CodeLimitExceeded},
+		{"r_dup", batch("r_dup", 1, "", echo+","+echo), events.CodeDuplicateCallID},
+		{"r_forbidden", batch("r_forbidden", 1, `,"pool":"gpu"`, echo), events.CodeForbiddenField},
+		{"r_unknown", batch("r_unknown", 1, `,"temperature":1`, echo), events.CodeForbiddenField},
+	}
+	for _, tc := range cases {
+		raw("toolbatch.submit."+tc.run, tc.body)
+	}
+	for _, tc := range cases {
+		w, err := c.Watch(ctx, tc.run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := w.Next(ctx)
+		w.Stop()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.run, err)
+		}
+		if m.Rejected == nil || m.Rejected.Code != tc.code {
+			t.Fatalf("%s: got %+v, want a rejection %s", tc.run, m, tc.code)
+		}
+	}
+
+	// Step, open batch and ended run refusals.
+	if err := c.Submit(ctx, submitOf("seq", 5, "sleep", `{"duration":"300ms"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Submit(ctx, submitOf("seq", 6, "echo", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitResults(ctx, "seq", "seq/6"); !isRefusal(err, events.CodeBatchOpen) {
+		t.Fatalf("batch while open: %v", err)
+	}
+	if _, err := c.WaitResults(ctx, "seq", "seq/5"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Submit(ctx, submitOf("seq", 4, "echo", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitResults(ctx, "seq", "seq/4"); !isRefusal(err, events.CodeStepNotAfterLast) {
+		t.Fatalf("old step: %v", err)
+	}
+	// The rejected step 6 was not used up.
+	if err := c.Submit(ctx, submitOf("seq", 6, "echo", `{"again":true}`)); err != nil {
+		t.Fatal(err)
+	}
+	// Its results arrive after the one earlier rejection of the same step.
+	w, err := c.Watch(ctx, "seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rejections := 0
+	for done := false; !done; {
+		m, err := w.Next(ctx)
+		if err != nil {
+			t.Fatalf("step 6 after its rejection: %v", err)
+		}
+		switch {
+		case m.Rejected != nil && m.Rejected.BatchID == "seq/6":
+			rejections++
+		case m.Results != nil && m.Results.BatchID == "seq/6":
+			done = true
+		}
+	}
+	w.Stop()
+	if rejections != 1 {
+		t.Fatalf("step 6: %d rejections before its results, want 1", rejections)
+	}
+	if err := c.Cancel(ctx, "seq", "done"); err != nil {
+		t.Fatal(err)
+	}
+	waitEnded(t, ctx, c, "seq")
+	if err := c.Submit(ctx, submitOf("seq", 9, "echo", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if code := waitRejected(t, ctx, c, "seq", "seq/9"); code != events.CodeRunEnded {
+		t.Fatalf("after the end: %s", code)
+	}
+	if _, err := c.WaitResults(ctx, "good", "good/1"); err != nil {
+		t.Fatalf("the healthy run: %v", err)
+	}
+}
+
+func strings129() string {
+	s := ""
+	for i := 2; i <= 129; i++ {
+		s += fmt.Sprintf(`,{"type":"tool_use","id":"c%d","name":"echo","input":{}}`, i)
+	}
+	return s
+}
+
+// waitRejected reads the run's out messages until the rejection of batchID.
+func waitRejected(t *testing.T, ctx context.Context, c *client.Client, runID, batchID string) events.Code {
+	t.Helper()
+	w, err := c.Watch(ctx, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	for {
+		m, err := w.Next(ctx)
+		if err != nil {
+			t.Fatalf("waiting for the rejection of %s: %v", batchID, err)
+		}
+		if m.Rejected != nil && m.Rejected.BatchID == batchID {
+			return m.Rejected.Code
+		}
+		if m.Results != nil && m.Results.BatchID == batchID {
+			t.Fatalf("%s was accepted", batchID)
+		}
+	}
+}
+
+func isRefusal(err error, code events.Code) bool {
+	var r *events.Refusal
+	return errors.As(err, &r) && r.Code == code
+}
+
+func waitEnded(t *testing.T, ctx context.Context, c *client.Client, runID string) {
+	t.Helper()
+	w, err := c.Watch(ctx, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	for {
+		m, err := w.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Ended != nil {
+			return
+		}
+	}
+}
+
+// TestConfirmationThroughTheClient parks a batch on a confirmation and
+// approves it; nothing is published before the approval.
+func TestConfirmationThroughTheClient(t *testing.T) {
+	cat, err := catalog.Parse([]byte(`
+tools:
+  - {id: echo, builtin: echo, recovery: {mode: replay_safe}}
+  - {id: send_mail, builtin: echo}
+gate:
+  rules:
+    - tools: ["send_*"]
+      outcome: require_confirmation
+      deadline: 10m
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, t.TempDir())
+	startEngine(t, srv.ClientURL(), engine.Config{Catalog: cat})
+	c := newClient(t, srv.ClientURL())
+	ctx := ctxT(t, 30*time.Second)
+
+	if err := c.Submit(ctx, submitOf("conf", 1, "echo", `{"a":1}`, "send_mail", `{"to":"x@example.com"}`, "echo", `{"b":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.Watch(ctx, "conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var ticket *events.AwaitingOut
+	var disp []string
+	for ticket == nil {
+		m, err := w.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case m.Results != nil:
+			t.Fatal("results published before the confirmation")
+		case m.Disposition != nil:
+			disp = append(disp, fmt.Sprintf("%s:%s:%s", m.Disposition.CallID, m.Disposition.Disposition, m.Disposition.Phase))
+		case m.Awaiting != nil:
+			ticket = m.Awaiting
+		}
+	}
+	if want := "[c1:executed:completed c2:pending_builtin:awaiting c3:executed:requested]"; fmt.Sprint(disp) != want {
+		t.Fatalf("dispositions at the park: %v, want %s", disp, want)
+	}
+	if err := c.Approve(ctx, *ticket, "alice", "ok"); err != nil {
+		t.Fatal(err)
+	}
+	// A second click is refused as not_awaiting.
+	if err := c.Approve(ctx, *ticket, "bob", "again"); err != nil {
+		t.Fatal(err)
+	}
+	var results *events.ResultsOut
+	refused := false
+	for results == nil || !refused {
+		m, err := w.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Results != nil {
+			results = m.Results
+		}
+		if m.Refused != nil {
+			if m.Refused.Code != events.CodeNotAwaiting {
+				t.Fatalf("second approval refused with %s", m.Refused.Code)
+			}
+			refused = true
+		}
+	}
+	if got := fmt.Sprint(resultTexts(results)); got != `[c1=ok "{\"a\":1}" c2=ok "{\"to\":\"x@example.com\"}" c3=ok "{\"b\":2}"]` {
+		t.Fatalf("results: %s", got)
+	}
+}
+
+// TestRestartPublishesNothingTwice stops the engine, deletes the
+// projector's durable consumer (as if its progress were lost, long after the
+// duplicate window) and starts again: every result is still published once.
+func TestRestartPublishesNothingTwice(t *testing.T) {
+	dir := t.TempDir()
+	srv := startServer(t, dir)
+	url := srv.ClientURL()
+	re := startEngine(t, url, engine.Config{})
+	c := newClient(t, url)
+	ctx := ctxT(t, 60*time.Second)
+	for i := 1; i <= 5; i++ {
+		if err := c.Submit(ctx, submitOf(fmt.Sprintf("r%d", i), 1, "echo", `{}`, "echo", `{"x":1}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 1; i <= 5; i++ {
+		if _, err := c.WaitResults(ctx, fmt.Sprintf("r%d", i), fmt.Sprintf("r%d/1", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	re.shutdown(t)
+	js, err := jetstream.New(connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteConsumer(ctx, "TOOLBATCH_EVENTS", "projector"); err != nil {
+		t.Fatal(err)
+	}
+	startEngine(t, url, engine.Config{})
+	// One more batch proves the new projector caught up past the old ones.
+	if err := c.Submit(ctx, submitOf("r6", 1, "echo", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitResults(ctx, "r6", "r6/1"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := js.Stream(ctx, "TOOLBATCH_OUT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 6; i++ {
+		info, err := out.Info(ctx, jetstream.WithSubjectFilter(fmt.Sprintf("toolbatch.out.r%d.results", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n uint64
+		for _, c := range info.State.Subjects {
+			n += c
+		}
+		if n != 1 {
+			t.Fatalf("run r%d: %d results messages, want 1", i, n)
+		}
+	}
+}
+
+// TestTwoEnginesShareTheRuns runs two engines against one NATS: they may
+// waste work, never do wrong work: every batch gets exactly one results
+// message with every call's result.
+func TestTwoEnginesShareTheRuns(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	url := srv.ClientURL()
+	startEngine(t, url, engine.Config{})
+	startEngine(t, url, engine.Config{})
+	c := newClient(t, url)
+	ctx := ctxT(t, 90*time.Second)
+	const runs, steps = 8, 3
+	var wg sync.WaitGroup
+	errs := make(chan error, runs)
+	for r := 0; r < runs; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			run := fmt.Sprintf("shared%d", r)
+			for s := int64(1); s <= steps; s++ {
+				if err := c.Submit(ctx, submitOf(run, s, "echo", fmt.Sprintf(`{"s":%d}`, s), "sleep", `{"duration":"5ms"}`, "echo", `{}`)); err != nil {
+					errs <- err
+					return
+				}
+				res, err := c.WaitResults(ctx, run, events.BatchID(run, s))
+				if err != nil {
+					errs <- fmt.Errorf("%s step %d: %w", run, s, err)
+					return
+				}
+				if len(res.Results) != 3 || res.Results[0].ToolUseID != "c1" || res.Results[2].ToolUseID != "c3" {
+					errs <- fmt.Errorf("%s step %d: results %v", run, s, resultTexts(res))
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := js.Stream(ctx, "TOOLBATCH_OUT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := out.Info(ctx, jetstream.WithSubjectFilter("toolbatch.out.*.results"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for subj, n := range info.State.Subjects {
+		if n != steps {
+			t.Fatalf("%s: %d results messages, want %d", subj, n, steps)
+		}
+	}
+	if len(info.State.Subjects) != runs {
+		t.Fatalf("%d runs with results, want %d", len(info.State.Subjects), runs)
+	}
+}

@@ -1,0 +1,174 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/toolbatch/toolbatch/aggregate"
+	"github.com/toolbatch/toolbatch/catalog"
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// GateRequest is sent to the optional external gate service on
+// <prefix>.gate.
+type GateRequest struct {
+	RunID      string         `msgpack:"run_id" json:"run_id"`
+	BatchID    string         `msgpack:"batch_id" json:"batch_id"`
+	CallID     string         `msgpack:"call_id" json:"call_id"`
+	ToolID     string         `msgpack:"tool_id" json:"tool_id"`
+	Arguments  events.RawJSON `msgpack:"arguments" json:"arguments"`
+	SnapshotID string         `msgpack:"snapshot_id" json:"snapshot_id"`
+}
+
+// GateReply is the external gate's decision. It may only restrict: allow
+// passes the call on.
+type GateReply struct {
+	Outcome events.GateOutcome `msgpack:"outcome" json:"outcome"`
+	Reason  string             `msgpack:"reason,omitempty" json:"reason,omitempty"`
+	Output  *events.Output     `msgpack:"output,omitempty" json:"output,omitempty"`
+	// DeadlineMS bounds a require_confirmation ticket; DueMS delays a
+	// schedule (milliseconds from now).
+	DeadlineMS int64 `msgpack:"deadline_ms,omitempty" json:"deadline_ms,omitempty"`
+	DueMS      int64 `msgpack:"due_ms,omitempty" json:"due_ms,omitempty"`
+}
+
+type gateChain struct {
+	nc    *nats.Conn
+	names Names
+}
+
+// gateDecisions runs the gate chain of contract.md §3.3 for each call: the
+// run's narrowing, the operator's rules of the batch's pinned catalog, the
+// external gate service, then allow. The first non-allow outcome wins.
+func (e *Engine) gateDecisions(ctx context.Context, run *aggregate.Run, callIDs []string) ([]aggregate.Decision, error) {
+	b := run.OpenBatch()
+	cat, err := e.catalogFor(ctx, b.SnapshotID)
+	if err != nil {
+		return nil, err
+	}
+	now := e.cfg.Now()
+	out := make([]aggregate.Decision, 0, len(callIDs))
+	for _, id := range callIDs {
+		c, _ := b.Call(id)
+		d := aggregate.Decision{CallID: id, Outcome: events.GateAllow, Stage: events.StageDefault}
+		switch {
+		case b.Narrowing == events.NarrowingDenyAll:
+			d.Outcome, d.Stage, d.Reason = events.GateBlock, events.StageNarrowing, "run narrowed: deny_all"
+		default:
+			pd := cat.Evaluate(c.ToolID, c.Arguments, nil, now)
+			if pd.Matched && pd.Outcome != events.GateAllow {
+				d = fromPolicy(id, pd)
+			} else if ext, ok := cat.External(); ok {
+				d = e.gate.external(ctx, run, b, c, ext, now)
+			}
+		}
+		if d.Outcome == events.GateRequireConfirmation || d.Outcome == events.GateSchedule {
+			d.CorrelationID = newID()
+		}
+		if d.Outcome == events.GateAllow {
+			d.Capability = e.capability(ctx, c.ToolID, c.Tool)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+func fromPolicy(callID string, pd catalog.Decision) aggregate.Decision {
+	return aggregate.Decision{CallID: callID, Outcome: pd.Outcome, Stage: events.StagePolicy, Rule: pd.Rule,
+		Reason: pd.Reason, Output: pd.Output, Deadline: pd.Deadline, Due: pd.Due, ActionKind: pd.ActionKind}
+}
+
+// external asks the gate service. A timeout or an unreachable service
+// decides the catalog's on_timeout outcome.
+func (g *gateChain) external(ctx context.Context, run *aggregate.Run, b *aggregate.Batch, c *aggregate.Call, ext catalog.External, now time.Time) aggregate.Decision {
+	d := aggregate.Decision{CallID: c.CallID, Outcome: events.GateAllow, Stage: events.StageExternal, Rule: "external"}
+	body, err := events.Marshal(GateRequest{RunID: run.RunID, BatchID: b.ID, CallID: c.CallID, ToolID: c.ToolID,
+		Arguments: c.Arguments, SnapshotID: b.SnapshotID})
+	if err != nil {
+		d.Outcome, d.Reason = events.GateBlock, "gate request: "+err.Error()
+		return d
+	}
+	rctx, cancel := context.WithTimeout(ctx, ext.Timeout)
+	defer cancel()
+	msg, err := g.nc.RequestWithContext(rctx, g.names.Gate(), body)
+	if err != nil {
+		d.Outcome = ext.OnTimeout
+		if d.Outcome == events.GateBlock {
+			reason := "external gate timed out"
+			if errors.Is(err, nats.ErrNoResponders) {
+				reason = "external gate unavailable"
+			}
+			d.Reason = reason
+		}
+		return d
+	}
+	var r GateReply
+	if err := events.Unmarshal(msg.Data, &r); err != nil {
+		d.Outcome, d.Reason = events.GateBlock, "external gate: malformed reply"
+		return d
+	}
+	d.Outcome, d.Reason, d.Output = r.Outcome, r.Reason, r.Output
+	switch r.Outcome {
+	case events.GateAllow, events.GateBlock:
+	case events.GateSetResult:
+		if r.Output == nil {
+			d.Outcome, d.Reason = events.GateBlock, "external gate: set_result without an output"
+		}
+	case events.GateRequireConfirmation:
+		if r.DeadlineMS > 0 {
+			t := now.Add(time.Duration(r.DeadlineMS) * time.Millisecond)
+			d.Deadline = &t
+		}
+	case events.GateSchedule:
+		t := now.Add(time.Duration(r.DueMS) * time.Millisecond)
+		d.Due = &t
+	default:
+		d.Outcome, d.Reason = events.GateBlock, "external gate: unknown outcome "+string(r.Outcome)
+	}
+	return d
+}
+
+// capability is the live recovery capability of a tool's executor: a
+// builtin's declared one, or what its host service or worker advertises in
+// the registry bucket (key brain.<tool_id>); unknown means non_recoverable.
+func (e *Engine) capability(ctx context.Context, toolID string, d events.Descriptor) events.Capability {
+	if tool, ok := e.cfg.Catalog.Tool(toolID); ok && tool.Builtin != "" {
+		if bt, ok := Builtins[tool.Builtin]; ok {
+			return bt.Capability
+		}
+	}
+	if d.Target != events.TargetBrain || d.Kind != events.KindTool {
+		return events.CapNonRecoverable
+	}
+	kv, err := e.js.KeyValue(ctx, e.names.RegistryBucket())
+	if err != nil {
+		return events.CapNonRecoverable
+	}
+	entry, err := kv.Get(ctx, "brain."+toolID)
+	if err != nil {
+		return events.CapNonRecoverable
+	}
+	switch c := events.Capability(entry.Value()); c {
+	case events.CapReplaySafe, events.CapIdempotent, events.CapDurableRequest:
+		return c
+	}
+	return events.CapNonRecoverable
+}
+
+// supported reports catalog features this engine cannot serve yet, so that
+// it refuses to start rather than accept calls it would strand.
+func supported(c *catalog.Catalog) error {
+	var errs []error
+	for _, t := range c.Tools() {
+		switch {
+		case t.Target == events.TargetSandbox:
+			errs = append(errs, errors.New("tool "+t.ID+": sandbox tools need sandbox workers, which this engine does not serve yet"))
+		case t.Kind == events.KindDelegation:
+			errs = append(errs, errors.New("tool "+t.ID+": delegation tools are not served by this engine yet"))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,78 @@
+package engine
+
+import (
+	"strings"
+)
+
+// Names derives stream names and subjects from the subject prefix.
+type Names struct {
+	Prefix string
+}
+
+// DefaultPrefix is the default subject prefix.
+const DefaultPrefix = "toolbatch"
+
+func (n Names) stream(kind string) string {
+	up := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z':
+			return r - 'a' + 'A'
+		case r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+			return r
+		default:
+			return '_'
+		}
+	}, n.Prefix)
+	return up + "_" + kind
+}
+
+// Stream names: TOOLBATCH_EVENTS and so on for the default prefix.
+func (n Names) EventsStream() string   { return n.stream("EVENTS") }
+func (n Names) InboxStream() string    { return n.stream("INBOX") }
+func (n Names) DispatchStream() string { return n.stream("DISPATCH") }
+func (n Names) OutStream() string      { return n.stream("OUT") }
+func (n Names) CatalogBucket() string  { return n.stream("CATALOGS") }
+func (n Names) RegistryBucket() string { return n.stream("REGISTRY") }
+
+// Subjects.
+func (n Names) Events(runID string) string { return n.Prefix + ".events." + runID }
+func (n Names) Submit(runID string) string { return n.Prefix + ".submit." + runID }
+func (n Names) Resume(runID string) string { return n.Prefix + ".resume." + runID }
+func (n Names) Control(runID string) string {
+	return n.Prefix + ".control." + runID
+}
+func (n Names) Result(runID string) string    { return n.Prefix + ".result." + runID }
+func (n Names) Out(runID, kind string) string { return n.Prefix + ".out." + runID + "." + kind }
+func (n Names) Brain(toolID string) string    { return n.Prefix + ".brain." + toolID }
+func (n Names) Gate() string                  { return n.Prefix + ".gate" }
+func (n Names) Dispatch(pool, toolID string) string {
+	return n.Prefix + ".dispatch." + pool + "." + toolID
+}
+
+// inboxKind splits an inbox subject into its kind (submit, resume, control,
+// result), run id and principal (resume only). ok is false when the subject
+// cannot be attributed to a run.
+func (n Names) inboxKind(subject string) (kind, runID, principal string, ok bool) {
+	rest, found := strings.CutPrefix(subject, n.Prefix+".")
+	if !found {
+		return "", "", "", false
+	}
+	parts := strings.Split(rest, ".")
+	switch {
+	case len(parts) == 2:
+		return parts[0], parts[1], "", true
+	case len(parts) == 3 && parts[0] == "resume":
+		return parts[0], parts[1], parts[2], true
+	default:
+		return "", "", "", false
+	}
+}
+
+// Log field names, defined once.
+const (
+	fieldRunID     = "run_id"
+	fieldBatchID   = "batch_id"
+	fieldCallID    = "call_id"
+	fieldStreamSeq = "stream_seq"
+	fieldSubject   = "subject"
+)

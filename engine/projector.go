@@ -1,0 +1,228 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/projector"
+)
+
+// HeaderSource names the commit an out message was derived from:
+// "<events stream sequence>/<index of the output in that commit>".
+const HeaderSource = "Toolbatch-Source"
+
+// projectorRunner folds every commit of the events stream, in stream order,
+// through the projector and publishes what it derives on the out stream. Its
+// progress is the durable consumer's acknowledgement floor. Every out
+// message carries its source (commit and index); the first time the runner
+// publishes on a subject it reads that subject's last message, and it skips
+// what is already there. So a commit delivered again after a crash, or the
+// whole stream delivered again to a new consumer, however long after the
+// duplicate window, publishes nothing twice.
+type projectorRunner struct {
+	e      *Engine
+	cons   jetstream.Consumer
+	out    jetstream.Stream
+	models map[string]*projected
+}
+
+type projected struct {
+	model projector.Model
+	seq   uint64 // last commit folded
+	// last is the source of the last message known on each out subject of
+	// the run: read once from the out stream, then kept as it publishes.
+	last map[string]source
+}
+
+// source names an out message's origin: a commit and an index in it.
+type source struct {
+	seq uint64
+	idx int
+}
+
+func (a source) after(b source) bool { return a.seq > b.seq || (a.seq == b.seq && a.idx > b.idx) }
+
+func newProjectorRunner(ctx context.Context, e *Engine) (*projectorRunner, error) {
+	cons, err := e.js.CreateOrUpdateConsumer(ctx, e.names.EventsStream(), jetstream.ConsumerConfig{
+		Durable: "projector", AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
+		MaxAckPending: 1024, MaxDeliver: -1, DeliverPolicy: jetstream.DeliverAllPolicy,
+		Description: "toolbatch projector: publishes out messages",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("projector consumer: %w", err)
+	}
+	out, err := e.js.Stream(ctx, e.names.OutStream())
+	if err != nil {
+		return nil, err
+	}
+	return &projectorRunner{e: e, cons: cons, out: out, models: map[string]*projected{}}, nil
+}
+
+func (p *projectorRunner) run(ctx context.Context) error {
+	for ctx.Err() == nil {
+		batch, err := p.cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			p.e.log.Warn().Err(err).Msg("projector fetch failed")
+			continue
+		}
+		failed := false
+		for m := range batch.Messages() {
+			if failed {
+				_ = m.Nak()
+				continue
+			}
+			if err := p.handle(m); err != nil {
+				p.e.log.Error().Err(err).Str(fieldSubject, m.Subject()).Msg("projector: will retry")
+				_ = m.NakWithDelay(time.Second)
+				failed = true
+				clear(p.models) // fold again from the log: order after a redelivery is not trusted
+				continue
+			}
+			if len(p.models) > p.e.cfg.CacheRuns {
+				clear(p.models)
+			}
+		}
+	}
+	return nil
+}
+
+func (p *projectorRunner) handle(m jetstream.Msg) error {
+	ctx, cancel := opCtx()
+	defer cancel()
+	meta, err := m.Metadata()
+	if err != nil {
+		return err
+	}
+	seq := meta.Sequence.Stream
+	runID := strings.TrimPrefix(m.Subject(), p.e.names.Prefix+".events.")
+	pm := p.models[runID]
+	if pm == nil || pm.seq >= seq {
+		pm, err = p.loadBefore(ctx, runID, seq)
+		if err != nil {
+			return err
+		}
+		p.models[runID] = pm
+	}
+	evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(HeaderEvent))
+	if err != nil {
+		// A commit the projector cannot read is a corrupt log: never skip it.
+		return fmt.Errorf("commit %d: %w", seq, err)
+	}
+	model := pm.model
+	var outs []projector.Output
+	for _, e := range evs {
+		var o []projector.Output
+		model, o, err = projector.Project(model, e)
+		if err != nil {
+			return fmt.Errorf("commit %d: %w", seq, err)
+		}
+		outs = append(outs, o...)
+	}
+	if err := p.publish(ctx, pm, runID, seq, outs); err != nil {
+		return err
+	}
+	pm.model, pm.seq = model, seq
+	return m.Ack()
+}
+
+// loadBefore folds a run's commits before seq.
+func (p *projectorRunner) loadBefore(ctx context.Context, runID string, seq uint64) (*projected, error) {
+	pm := &projected{model: projector.NewModel(runID), last: map[string]source{}}
+	if seq <= 1 {
+		return pm, nil
+	}
+	err := readSubject(ctx, p.e.js, p.e.names.EventsStream(), p.e.names.Events(runID), seq-1, func(m jetstream.Msg, s uint64) error {
+		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(HeaderEvent))
+		if err != nil {
+			return err
+		}
+		for _, e := range evs {
+			if pm.model, _, err = projector.Project(pm.model, e); err != nil {
+				return err
+			}
+		}
+		pm.seq = s
+		return nil
+	})
+	if err != nil && !strings.Contains(err.Error(), "ended before sequence") {
+		return nil, fmt.Errorf("projector: load run %s: %w", runID, err)
+	}
+	return pm, nil
+}
+
+// publish sends a commit's outputs, skipping those the out stream already
+// holds.
+func (p *projectorRunner) publish(ctx context.Context, pm *projected, runID string, seq uint64, outs []projector.Output) error {
+	futures := make([]jetstream.PubAckFuture, 0, len(outs))
+	for i, o := range outs {
+		subject := p.e.names.Out(runID, o.Subject())
+		last, known := pm.last[subject]
+		if !known {
+			var err error
+			if last, err = p.lastOn(ctx, subject); err != nil {
+				return err
+			}
+			pm.last[subject] = last
+		}
+		src := source{seq: seq, idx: i}
+		if !src.after(last) {
+			continue // published before
+		}
+		body, err := o.Encode()
+		if err != nil {
+			return err
+		}
+		msg := nats.NewMsg(subject)
+		msg.Data = body
+		id := fmt.Sprintf("%d/%d", seq, i)
+		msg.Header.Set(HeaderSource, id)
+		f, err := p.e.js.PublishMsgAsync(msg, jetstream.WithMsgID("out/"+id))
+		if err != nil {
+			return err
+		}
+		futures = append(futures, f)
+		pm.last[subject] = src
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			clear(pm.last) // not known any more: read again
+			return fmt.Errorf("publish %s: %w", f.Msg().Subject, err)
+		case <-ctx.Done():
+			clear(pm.last)
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// lastOn returns the source of the last message on an out subject (zero
+// when there is none).
+func (p *projectorRunner) lastOn(ctx context.Context, subject string) (source, error) {
+	last, err := p.out.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return source{}, nil
+	}
+	if err != nil {
+		return source{}, err
+	}
+	a, b, ok := strings.Cut(last.Header.Get(HeaderSource), "/")
+	s, err1 := strconv.ParseUint(a, 10, 64)
+	i, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil {
+		return source{}, fmt.Errorf("out subject %s: last message has no valid %s header", subject, HeaderSource)
+	}
+	return source{seq: s, idx: i}, nil
+}

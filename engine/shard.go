@@ -1,0 +1,448 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/aggregate"
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// item is one piece of work for a run: an inbox message, or an executor's
+// outcome.
+type item struct {
+	runID     string
+	msg       jetstream.Msg
+	kind      string // submit, resume, control, result
+	principal string // resume.<run_id>.<principal>
+	done      *outcome
+}
+
+// outcome is what an executor reported for an attempt.
+type outcome struct {
+	callID  string
+	attempt int
+	output  *events.Output
+	err     *events.ToolError
+	lost    bool // the executor's owner was lost: the recovery table decides
+}
+
+// runState is a cached run.
+type runState struct {
+	id     string
+	run    *aggregate.Run
+	seq    uint64 // stream sequence of the run's last commit
+	loaded bool
+	// held are inbox messages acknowledged once the run is quiescent, so
+	// that a crash before then redelivers them and the run is recovered.
+	held     []jetstream.Msg
+	inflight map[string]bool // "<call_id>/<attempt>" executing here
+	used     time.Time
+}
+
+// shard serializes the work of the runs hashed to it.
+type shard struct {
+	e    *Engine
+	in   chan item
+	runs map[string]*runState
+	max  int
+}
+
+func newShard(e *Engine, max int) *shard {
+	return &shard{e: e, in: make(chan item, 256), runs: map[string]*runState{}, max: max}
+}
+
+func (s *shard) post(it item) { s.in <- it }
+
+// postCtx posts unless ctx is done (executors finishing after shutdown).
+func (s *shard) postCtx(ctx context.Context, it item) {
+	select {
+	case s.in <- it:
+	case <-ctx.Done():
+	}
+}
+
+func (s *shard) loop(ctx context.Context) {
+	tick := time.NewTicker(s.e.cfg.AckWait / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case it := <-s.in:
+			s.handle(ctx, it)
+		case <-tick.C:
+			// Long work keeps its messages in progress.
+			for _, rs := range s.runs {
+				for _, m := range rs.held {
+					_ = m.InProgress()
+				}
+			}
+		}
+	}
+}
+
+// opCtx bounds one commit or load; it is not tied to shutdown, so that the
+// commit in progress finishes.
+func opCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 10*time.Second)
+}
+
+func (s *shard) handle(runCtx context.Context, it item) {
+	log := s.e.log.With().Str(fieldRunID, it.runID).Logger()
+	var err error
+	for try := 0; try < 3; try++ {
+		var rs *runState
+		rs, err = s.get(it.runID)
+		if err == nil {
+			err = s.handleOnce(runCtx, rs, it)
+		}
+		if !errors.Is(err, ErrConflict) {
+			break
+		}
+		log.Debug().Err(err).Msg("run extended elsewhere: reloading")
+		if rs != nil {
+			rs.loaded = false
+		}
+	}
+	if err != nil {
+		log.Error().Err(err).Str("kind", it.kind).Msg("work failed; will retry")
+		if it.msg != nil {
+			_ = it.msg.NakWithDelay(time.Second)
+		}
+		if rs := s.runs[it.runID]; rs != nil {
+			rs.loaded = false // fold again next time
+		}
+	}
+	s.evict()
+}
+
+// get returns the cached run, folding it from the log (and recovering it)
+// when needed.
+func (s *shard) get(runID string) (*runState, error) {
+	rs := s.runs[runID]
+	if rs == nil {
+		rs = &runState{id: runID, inflight: map[string]bool{}}
+		s.runs[runID] = rs
+	}
+	rs.used = time.Now()
+	if rs.loaded {
+		return rs, nil
+	}
+	ctx, cancel := opCtx()
+	defer cancel()
+	run, seq, err := s.e.events.load(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	rs.run, rs.seq, rs.loaded = run, seq, true
+	rs.inflight = map[string]bool{}
+	// A run taken over with executing calls is recovered before anything
+	// else touches it.
+	if aggregate.Next(run).Kind == aggregate.NextExecuting {
+		caps := map[string]events.Capability{}
+		if b := run.OpenBatch(); b != nil {
+			for _, c := range b.Calls {
+				caps[c.ToolID] = s.e.capability(ctx, c.ToolID, c.Tool)
+			}
+		}
+		if err := s.decide(ctx, rs, aggregate.Recover{Capabilities: caps, At: s.e.cfg.Now()}); err != nil {
+			return nil, fmt.Errorf("recover run %s: %w", runID, err)
+		}
+		s.e.log.Info().Str(fieldRunID, runID).Msg("run recovered")
+	}
+	return rs, nil
+}
+
+// evict drops idle runs beyond the cache size.
+func (s *shard) evict() {
+	if len(s.runs) <= s.max {
+		return
+	}
+	for id, rs := range s.runs {
+		if len(rs.held) == 0 && len(rs.inflight) == 0 {
+			delete(s.runs, id)
+			if len(s.runs) <= s.max {
+				return
+			}
+		}
+	}
+}
+
+// decide runs a command and commits its events.
+func (s *shard) decide(ctx context.Context, rs *runState, cmd aggregate.Command) error {
+	evs, err := aggregate.Decide(rs.run, cmd)
+	if err != nil || len(evs) == 0 {
+		return err
+	}
+	seq, err := s.e.events.append(ctx, rs.id, rs.seq, evs)
+	if err != nil {
+		return err
+	}
+	if err := rs.run.ApplyAll(evs); err != nil {
+		// Decide checked these events on a copy: this is a bug, and the
+		// cached state can no longer be trusted.
+		rs.loaded = false
+		return fmt.Errorf("apply committed events: %w", err)
+	}
+	rs.seq = seq
+	return nil
+}
+
+func (s *shard) handleOnce(runCtx context.Context, rs *runState, it item) error {
+	ctx, cancel := opCtx()
+	defer cancel()
+	switch {
+	case it.done != nil:
+		return s.onOutcome(ctx, runCtx, rs, it.done)
+	case it.kind == "submit":
+		return s.onSubmit(ctx, runCtx, rs, it)
+	case it.kind == "resume":
+		return s.onResume(ctx, runCtx, rs, it)
+	case it.kind == "control":
+		return s.onControl(ctx, runCtx, rs, it)
+	default:
+		s.e.log.Warn().Str(fieldSubject, it.msg.Subject()).Msg("inbox message of an unknown kind: terminated")
+		return it.msg.TermWithReason("unknown inbox kind " + it.kind)
+	}
+}
+
+func isJSON(m jetstream.Msg) bool {
+	return strings.HasPrefix(m.Headers().Get("Content-Type"), "application/json")
+}
+
+func (s *shard) onSubmit(ctx, runCtx context.Context, rs *runState, it item) error {
+	now := s.e.cfg.Now()
+	sub, err := events.DecodeSubmit(it.msg.Data(), isJSON(it.msg), s.e.cfg.Limits)
+	if err == nil && sub.RunID != rs.id {
+		err = events.Refuse(events.CodeInvalidID, "body run_id %q differs from the subject's %q", sub.RunID, rs.id)
+	}
+	if err != nil {
+		return s.reject(ctx, rs, it.msg, sub, err, now)
+	}
+	cat := s.e.cfg.Catalog
+	calls := sub.Calls()
+	tools := make([]events.Descriptor, len(calls))
+	for i, c := range calls {
+		d, ok := cat.Descriptor(c.ToolID)
+		if !ok {
+			d = events.Descriptor{Kind: events.KindUnknown}
+		}
+		tools[i] = d
+	}
+	err = s.decide(ctx, rs, aggregate.Submit{Submit: sub, Tools: tools, SnapshotID: cat.SnapshotID(), At: now})
+	if _, refused := events.CodeOf(err); refused {
+		return s.reject(ctx, rs, it.msg, sub, err, now)
+	}
+	if err != nil {
+		return err
+	}
+	rs.held = append(rs.held, it.msg)
+	return s.drive(ctx, runCtx, rs)
+}
+
+// reject records a refused submission; the projector publishes it on
+// .rejected.
+func (s *shard) reject(ctx context.Context, rs *runState, m jetstream.Msg, sub *events.Submit, err error, now time.Time) error {
+	if sub != nil && sub.RunID != rs.id {
+		sub = &events.Submit{RunID: rs.id, Step: sub.Step}
+	}
+	ev := aggregate.Rejection(rs.id, sub, err, now)
+	seq, aerr := s.e.events.append(ctx, rs.id, rs.seq, []events.Event{ev})
+	if aerr != nil {
+		return aerr
+	}
+	if aerr := rs.run.Apply(ev); aerr != nil {
+		return aerr
+	}
+	rs.seq = seq
+	s.e.log.Info().Str(fieldRunID, rs.id).Str("code", string(ev.Code)).Str("reason", ev.Reason).Msg("submission rejected")
+	return m.Ack()
+}
+
+func (s *shard) onResume(ctx, runCtx context.Context, rs *runState, it item) error {
+	res, err := events.DecodeResume(it.msg.Data(), isJSON(it.msg), s.e.cfg.Limits)
+	if err == nil && it.principal != "" && !events.ValidRunID(it.principal) {
+		err = events.Refuse(events.CodeInvalidID, "principal %q must match [A-Za-z0-9_-]{1,64}", it.principal)
+	}
+	if err != nil {
+		return s.refuse(ctx, rs, it.msg, "", err)
+	}
+	capability := events.CapNonRecoverable
+	if t := rs.run.Ticket(); t != nil && t.CorrelationID == res.CorrelationID {
+		if c, _ := rs.run.Batch.Call(t.CallID); c != nil {
+			capability = s.e.capability(ctx, c.ToolID, c.Tool)
+		}
+	}
+	err = s.decide(ctx, rs, aggregate.Resume{Resume: res, Principal: it.principal, Capability: capability, At: s.e.cfg.Now()})
+	if err != nil {
+		if _, refused := events.CodeOf(err); refused {
+			return s.refuse(ctx, rs, it.msg, res.CorrelationID, err)
+		}
+		return err
+	}
+	rs.held = append(rs.held, it.msg)
+	return s.drive(ctx, runCtx, rs)
+}
+
+func (s *shard) onControl(ctx, runCtx context.Context, rs *runState, it item) error {
+	c, err := events.DecodeControl(it.msg.Data(), isJSON(it.msg))
+	if err != nil {
+		return s.refuse(ctx, rs, it.msg, "", err)
+	}
+	now := s.e.cfg.Now()
+	var cmd aggregate.Command
+	switch c.Action {
+	case events.ControlCancel:
+		cmd = aggregate.End{Cause: events.EndCancelled, Reason: c.Reason, At: now}
+	case events.ControlInterrupt:
+		cmd = aggregate.End{Cause: events.EndInterrupted, Reason: c.Reason, At: now}
+	default: // perform
+		capability := events.CapNonRecoverable
+		if t := rs.run.Ticket(); t != nil && t.CorrelationID == c.CorrelationID {
+			if call, _ := rs.run.Batch.Call(t.CallID); call != nil {
+				capability = s.e.capability(ctx, call.ToolID, call.Tool)
+			}
+		}
+		cmd = aggregate.Perform{CorrelationID: c.CorrelationID, Capability: capability, At: now}
+	}
+	if err := s.decide(ctx, rs, cmd); err != nil {
+		if _, refused := events.CodeOf(err); refused {
+			return s.refuse(ctx, rs, it.msg, c.CorrelationID, err)
+		}
+		if errors.Is(err, aggregate.ErrRunEnded) || errors.Is(err, aggregate.ErrNoBatch) {
+			return s.refuse(ctx, rs, it.msg, c.CorrelationID, events.Refuse(events.CodeNotAwaiting, "%v", err))
+		}
+		return err
+	}
+	rs.held = append(rs.held, it.msg)
+	return s.drive(ctx, runCtx, rs)
+}
+
+// refuse publishes a resume or control refusal on .refused; it changes
+// nothing else. The message id makes a redelivered refusal harmless.
+func (s *shard) refuse(ctx context.Context, rs *runState, m jetstream.Msg, correlationID string, err error) error {
+	code, ok := events.CodeOf(err)
+	reason := err.Error()
+	var ref *events.Refusal
+	if errors.As(err, &ref) {
+		reason = ref.Reason
+	}
+	if !ok {
+		code = events.CodeUndecodable
+	}
+	body, merr := events.Marshal(events.RefusedOut{CorrelationID: correlationID, Code: code, Reason: reason})
+	if merr != nil {
+		return merr
+	}
+	meta, merr := m.Metadata()
+	if merr != nil {
+		return merr
+	}
+	out := nats.NewMsg(s.e.names.Out(rs.id, "refused"))
+	out.Data = body
+	if _, perr := s.e.js.PublishMsg(ctx, out, jetstream.WithMsgID(fmt.Sprintf("refused/%d", meta.Sequence.Stream))); perr != nil {
+		return perr
+	}
+	s.e.log.Info().Str(fieldRunID, rs.id).Str("code", string(code)).Str("reason", reason).Msg("refused")
+	return m.Ack()
+}
+
+// onOutcome records an executor's outcome.
+func (s *shard) onOutcome(ctx, runCtx context.Context, rs *runState, o *outcome) error {
+	key := fmt.Sprintf("%s/%d", o.callID, o.attempt)
+	if !rs.inflight[key] {
+		return nil // the run was reloaded and recovered since: this outcome is stale
+	}
+	delete(rs.inflight, key)
+	now := s.e.cfg.Now()
+	var cmd aggregate.Command
+	if o.lost {
+		b := rs.run.OpenBatch()
+		if b == nil {
+			return nil
+		}
+		c, _ := b.Call(o.callID)
+		if c == nil {
+			return nil
+		}
+		cmd = aggregate.LeaseExpired{CallID: o.callID, Attempt: o.attempt, Capability: s.e.capability(ctx, c.ToolID, c.Tool), At: now}
+	} else {
+		if o.output != nil && events.OutputSize(*o.output) > s.e.cfg.Limits.MaxOutputBytes {
+			o.output = nil
+			o.err = &events.ToolError{Kind: events.ErrorExecution, Message: fmt.Sprintf("output exceeds %d bytes", s.e.cfg.Limits.MaxOutputBytes)}
+		}
+		cmd = aggregate.Complete{CallID: o.callID, Attempt: o.attempt, Output: o.output, Error: o.err, At: now}
+	}
+	if err := s.decide(ctx, rs, cmd); err != nil {
+		if errors.Is(err, ErrConflict) {
+			return err
+		}
+		// The call moved on without this outcome (cancelled, say): it is
+		// not applied.
+		s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, o.callID).Err(err).Msg("outcome not applied")
+		return nil
+	}
+	return s.drive(ctx, runCtx, rs)
+}
+
+// drive does what the run needs until it waits for an executor, a ticket
+// or a new batch.
+func (s *shard) drive(ctx, runCtx context.Context, rs *runState) error {
+	for {
+		w := aggregate.Next(rs.run)
+		switch w.Kind {
+		case aggregate.NextGate:
+			decisions, err := s.e.gateDecisions(ctx, rs.run, w.CallIDs)
+			if err != nil {
+				return err
+			}
+			if err := s.decide(ctx, rs, aggregate.Gate{Decisions: decisions, At: s.e.cfg.Now()}); err != nil {
+				return err
+			}
+		case aggregate.NextParkClient:
+			if err := s.decide(ctx, rs, aggregate.ParkClient{CallID: w.CallIDs[0], CorrelationID: newID(), At: s.e.cfg.Now()}); err != nil {
+				return err
+			}
+		case aggregate.NextExecuting:
+			s.startExecutors(runCtx, rs, w.CallIDs)
+			return nil
+		default: // parked, finalized, ended or idle: quiescent
+			for _, m := range rs.held {
+				if err := m.Ack(); err != nil {
+					s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("ack failed; the message will be redelivered and is harmless")
+				}
+			}
+			rs.held = nil
+			return nil
+		}
+	}
+}
+
+// startExecutors enters the executor of each executing call not already in
+// flight here. Their CallExecuting is committed.
+func (s *shard) startExecutors(runCtx context.Context, rs *runState, callIDs []string) {
+	b := rs.run.OpenBatch()
+	for _, id := range callIDs {
+		c, _ := b.Call(id)
+		key := fmt.Sprintf("%s/%d", id, c.Attempt)
+		if rs.inflight[key] {
+			continue
+		}
+		rs.inflight[key] = true
+		inv := invocation{runID: rs.id, batchID: b.ID, callID: id, toolID: c.ToolID, arguments: c.Arguments,
+			attempt: c.Attempt, operationID: b.OperationID(id), tool: c.Tool}
+		s.e.wg.Add(1)
+		go func() {
+			defer s.e.wg.Done()
+			o := s.e.brain.invoke(runCtx, s.e.cfg.Catalog, inv)
+			s.postCtx(runCtx, item{runID: inv.runID, done: &o})
+		}()
+	}
+}

@@ -1,0 +1,194 @@
+package engine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/aggregate"
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// Store errors.
+var (
+	// ErrConflict means another writer extended the run since it was loaded
+	// (JetStream's wrong-last-sequence, 10071, or 10164 on replicated
+	// streams): reload the run and decide again.
+	ErrConflict = errors.New("engine: the run was extended by another writer")
+)
+
+// HeaderEvent carries the type names of a commit's events, in order.
+const HeaderEvent = "Toolbatch-Event"
+
+// StreamConfig sets the streams up.
+type StreamConfig struct {
+	Replicas  int           // replicas of every stream (default 1)
+	OutMaxAge time.Duration // how long out messages are kept (default 168h)
+}
+
+// EnsureStreams creates or updates the four streams and the catalog bucket.
+func EnsureStreams(ctx context.Context, js jetstream.JetStream, n Names, sc StreamConfig) error {
+	if sc.Replicas <= 0 {
+		sc.Replicas = 1
+	}
+	if sc.OutMaxAge <= 0 {
+		sc.OutMaxAge = DefaultOutMaxAge
+	}
+	p := n.Prefix
+	cfgs := []jetstream.StreamConfig{{
+		Name: n.EventsStream(), Subjects: []string{p + ".events.>"}, Retention: jetstream.LimitsPolicy,
+		Storage: jetstream.FileStorage, DenyDelete: true, DenyPurge: true, Replicas: sc.Replicas,
+		Description: "toolbatch event log: the only source of truth",
+	}, {
+		Name: n.InboxStream(), Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Replicas: sc.Replicas,
+		Subjects:    []string{p + ".submit.>", p + ".resume.>", p + ".control.>", p + ".result.>"},
+		Description: "toolbatch commands from clients and workers",
+	}, {
+		Name: n.DispatchStream(), Subjects: []string{p + ".dispatch.>"}, Retention: jetstream.WorkQueuePolicy,
+		Storage: jetstream.FileStorage, Replicas: sc.Replicas, Description: "toolbatch sandbox jobs",
+	}, {
+		Name: n.OutStream(), Subjects: []string{p + ".out.>"}, Retention: jetstream.LimitsPolicy,
+		Storage: jetstream.FileStorage, MaxAge: sc.OutMaxAge, Replicas: sc.Replicas,
+		Description: "toolbatch projections for subscribers",
+	}}
+	for _, cfg := range cfgs {
+		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("create stream %s: %w", cfg.Name, err)
+		}
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: n.CatalogBucket(), Storage: jetstream.FileStorage, Replicas: sc.Replicas,
+		Description: "toolbatch catalogs by snapshot id",
+	}); err != nil {
+		return fmt.Errorf("create bucket %s: %w", n.CatalogBucket(), err)
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: n.RegistryBucket(), Storage: jetstream.FileStorage, Replicas: sc.Replicas,
+		Description: "toolbatch live executor registry: recovery capabilities",
+	}); err != nil {
+		return fmt.Errorf("create bucket %s: %w", n.RegistryBucket(), err)
+	}
+	return nil
+}
+
+// log reads and appends a run's events.
+type eventLog struct {
+	js    jetstream.JetStream
+	names Names
+}
+
+// load folds a run from its subject. It returns the state and the stream
+// sequence of its last commit (0 for a run with no events).
+func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, uint64, error) {
+	run := aggregate.New(runID)
+	stream, err := l.js.Stream(ctx, l.names.EventsStream())
+	if err != nil {
+		return nil, 0, fmt.Errorf("load run %s: %w", runID, err)
+	}
+	last, err := stream.GetLastMsgForSubject(ctx, l.names.Events(runID))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return run, 0, nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("load run %s: %w", runID, err)
+	}
+	var seq uint64
+	err = readSubject(ctx, l.js, l.names.EventsStream(), l.names.Events(runID), last.Sequence, func(m jetstream.Msg, s uint64) error {
+		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(HeaderEvent))
+		if err != nil {
+			return fmt.Errorf("commit at %d: %w", s, err)
+		}
+		if err := run.ApplyAll(evs); err != nil {
+			return fmt.Errorf("commit at %d: %w", s, err)
+		}
+		seq = s
+		return nil
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("load run %s: %w", runID, err)
+	}
+	return run, seq, nil
+}
+
+// readSubject delivers every message of a subject in order, up to and
+// including seq, through an ordered consumer.
+func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject string, upTo uint64, fn func(jetstream.Msg, uint64) error) error {
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subject}, DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return err
+	}
+	for {
+		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return err
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			meta, err := m.Metadata()
+			if err != nil {
+				return err
+			}
+			if meta.Sequence.Stream > upTo {
+				return nil
+			}
+			if err := fn(m, meta.Sequence.Stream); err != nil {
+				return err
+			}
+			if meta.Sequence.Stream == upTo {
+				return nil
+			}
+		}
+		if err := batch.Error(); err != nil {
+			return err
+		}
+		if n == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			return fmt.Errorf("subject %s ended before sequence %d", subject, upTo)
+		}
+	}
+}
+
+// append publishes events as one commit after lastSeq, and returns the new
+// sequence.
+func (l *eventLog) append(ctx context.Context, runID string, lastSeq uint64, evs []events.Event) (uint64, error) {
+	body, types, err := events.EncodeCommit(evs)
+	if err != nil {
+		return 0, err
+	}
+	msg := nats.NewMsg(l.names.Events(runID))
+	msg.Data = body
+	for _, t := range types {
+		msg.Header.Add(HeaderEvent, t)
+	}
+	sum := sha256.Sum256(body)
+	id := fmt.Sprintf("%s/%d/%s", runID, lastSeq, hex.EncodeToString(sum[:8]))
+	ack, err := l.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(lastSeq), jetstream.WithMsgID(id))
+	if err != nil {
+		if isWrongLastSequence(err) {
+			return 0, fmt.Errorf("%w: %v", ErrConflict, err)
+		}
+		return 0, fmt.Errorf("append to run %s: %w", runID, err)
+	}
+	return ack.Sequence, nil
+}
+
+func isWrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+	}
+	return strings.Contains(err.Error(), "wrong last sequence")
+}
