@@ -635,3 +635,39 @@ func FuzzParse(f *testing.F) {
 		c.Evaluate("a", events.MustJSON(`{"to":"x"}`), nil, t0)
 	})
 }
+
+// TestDocs: every catalog and every when expression in docs/catalog.md is
+// valid, and the built-in catalog shown there is DefaultYAML.
+func TestDocs(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "docs", "catalog.md"))
+	if err != nil {
+		t.Fatalf("read docs: %v", err)
+	}
+	blocks := regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(string(doc), -1)
+	if len(blocks) < 4 {
+		t.Fatalf("found %d yaml blocks in docs/catalog.md", len(blocks))
+	}
+	sawDefault := false
+	for _, b := range blocks {
+		y := b[1]
+		switch {
+		case strings.HasPrefix(y, "when:"):
+			for _, line := range strings.Split(strings.TrimSpace(y), "\n") {
+				rule := "gate:\n  rules:\n    - tools: [\"*\"]\n      " + line + "\n      outcome: block\n"
+				if _, err := Parse([]byte(rule)); err != nil {
+					t.Fatalf("docs: %s: %v", line, err)
+				}
+			}
+		default:
+			if _, err := Parse([]byte(y)); err != nil {
+				t.Fatalf("docs: block does not parse:\n%s\n%v", y, err)
+			}
+			if y == DefaultYAML[strings.Index(DefaultYAML, "\n")+1:] {
+				sawDefault = true
+			}
+		}
+	}
+	if !sawDefault {
+		t.Fatalf("docs/catalog.md does not show DefaultYAML")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -244,4 +245,19 @@ func cloneBlocks(bs []events.ContentBlock) []events.ContentBlock {
 		out[i] = b
 	}
 	return out
+}
+
+// mentionsState matches a when expression that may read the state variable.
+var mentionsState = regexp.MustCompile(`\bstate\b`)
+
+// UsesState reports whether a rule's when expression may read state, so
+// that the engine reads the committed state only when a rule can see it. It
+// is conservative: a rule that merely mentions the word counts.
+func (c *Catalog) UsesState() bool {
+	for _, r := range c.rules {
+		if r.prg != nil && mentionsState.MatchString(r.when) {
+			return true
+		}
+	}
+	return false
 }

@@ -130,6 +130,7 @@ type Engine struct {
 	events *eventLog
 	brain  *brainExecutor
 	gate   *gateChain
+	state  *stateStore
 	shards []*shard
 
 	catMu    sync.Mutex
@@ -161,6 +162,7 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 	}
 	e.brain = &brainExecutor{nc: nc, js: js, names: n}
 	e.gate = &gateChain{nc: nc, names: n}
+	e.state = &stateStore{js: js, names: n}
 	e.shards = make([]*shard, cfg.Shards)
 	perShard := cfg.CacheRuns/cfg.Shards + 1
 	for i := range e.shards {

@@ -515,3 +515,115 @@ func TestTwoEnginesShareTheRuns(t *testing.T) {
 		t.Fatalf("%d runs with results, want %d", len(info.State.Subjects), runs)
 	}
 }
+
+// TestHostBrainServices serves a brain tool from a host process over NATS:
+// its capability comes from the registry, never from the catalog; without a
+// responder nothing was dispatched and the attempt is retried, then
+// completes with unavailable_before_dispatch.
+func TestHostBrainServices(t *testing.T) {
+	cat, err := catalog.Parse([]byte(`
+tools:
+  - {id: lookup, recovery: {mode: replay_safe, max_attempts: 2}}
+  - {id: absent, recovery: {mode: never_replay, max_attempts: 2}}
+  - {id: counter, recovery: {mode: never_replay}}
+gate:
+  rules:
+    - tools: ["lookup"]
+      when: '"run.hb.count" in state && state["run.hb.count"] >= 2'
+      outcome: block
+      reason: enough lookups
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, t.TempDir())
+	url := srv.ClientURL()
+	startEngine(t, url, engine.Config{Catalog: cat})
+	nc := connect(t, url)
+	c := newClient(t, url)
+	ctx := ctxT(t, 30*time.Second)
+
+	// lookup answers with its arguments; counter stages state.
+	var mu sync.Mutex
+	calls := map[string]int{}
+	serve := func(tool string, reply func(req engine.BrainRequest) engine.BrainReply) {
+		_, err := nc.Subscribe("toolbatch.brain."+tool, func(m *nats.Msg) {
+			var req engine.BrainRequest
+			if err := events.Unmarshal(m.Data, &req); err != nil {
+				t.Errorf("brain request: %v", err)
+				return
+			}
+			mu.Lock()
+			calls[tool+"/"+req.OperationID]++
+			mu.Unlock()
+			body, _ := events.Marshal(reply(req))
+			_ = m.Respond(body)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	serve("lookup", func(req engine.BrainRequest) engine.BrainReply {
+		o := events.TextOutput(req.CallID, "found "+string(req.Arguments))
+		return engine.BrainReply{Output: &o}
+	})
+	serve("counter", func(req engine.BrainRequest) engine.BrainReply {
+		o := events.TextOutput(req.CallID, "counted")
+		o.State = []events.Command{{Scope: events.ScopeRun, Key: "count", Merge: events.MergeDisjoint, Action: events.ActionSet,
+			Value: events.MustJSON(fmt.Sprint(req.Attempt + 1))}}
+		return engine.BrainReply{Output: &o}
+	})
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Without a registry entry, lookup's capability is non_recoverable:
+	// its replay_safe mode is not supported, so it is not executed.
+	if err := c.Submit(ctx, submitOf("hb", 1, "lookup", `{"q":1}`, "absent", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.WaitResults(ctx, "hb", "hb/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `[c1=error "recovery mode replay_safe is not supported by tool lookup (capability non_recoverable)" c2=error "unavailable before dispatch: no brain service answers toolbatch.brain.absent"]`
+	if got := fmt.Sprint(resultTexts(res)); got != want {
+		t.Fatalf("results\n got %s\nwant %s", got, want)
+	}
+	// The service declares its capability in the registry.
+	kv, err := js.KeyValue(ctx, "TOOLBATCH_REGISTRY")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "brain.lookup", []byte("replay_safe")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Submit(ctx, submitOf("hb", 2, "lookup", `{"q":2}`, "counter", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if res, err = c.WaitResults(ctx, "hb", "hb/2"); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(resultTexts(res)); got != `[c1=ok "found {\"q\":2}" c2=ok "counted"]` {
+		t.Fatalf("results: %s", got)
+	}
+	if fmt.Sprint(res.State) == "[]" {
+		t.Fatal("no staged state published")
+	}
+	// The committed state (count = 2) now blocks lookup through the rule.
+	if err := c.Submit(ctx, submitOf("hb", 3, "lookup", `{"q":3}`)); err != nil {
+		t.Fatal(err)
+	}
+	if res, err = c.WaitResults(ctx, "hb", "hb/3"); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(resultTexts(res)); got != `[c1=error "blocked: enough lookups"]` {
+		t.Fatalf("results: %s", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls["lookup/hb/1/c1"] != 0 || calls["lookup/hb/2/c1"] != 1 || calls["counter/hb/2/c2"] != 1 || calls["lookup/hb/3/c1"] != 0 {
+		t.Fatalf("executor entries: %v", calls)
+	}
+}

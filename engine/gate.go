@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -49,6 +50,12 @@ func (e *Engine) gateDecisions(ctx context.Context, run *aggregate.Run, callIDs 
 	if err != nil {
 		return nil, err
 	}
+	var state map[string]any
+	if cat.UsesState() {
+		if state, err = e.state.visible(ctx, run.RunID, run.ThreadID); err != nil {
+			return nil, fmt.Errorf("read committed state: %w", err)
+		}
+	}
 	now := e.cfg.Now()
 	out := make([]aggregate.Decision, 0, len(callIDs))
 	for _, id := range callIDs {
@@ -58,7 +65,7 @@ func (e *Engine) gateDecisions(ctx context.Context, run *aggregate.Run, callIDs 
 		case b.Narrowing == events.NarrowingDenyAll:
 			d.Outcome, d.Stage, d.Reason = events.GateBlock, events.StageNarrowing, "run narrowed: deny_all"
 		default:
-			pd := cat.Evaluate(c.ToolID, c.Arguments, nil, now)
+			pd := cat.Evaluate(c.ToolID, c.Arguments, state, now)
 			if pd.Matched && pd.Outcome != events.GateAllow {
 				d = fromPolicy(id, pd)
 			} else if ext, ok := cat.External(); ok {
@@ -163,6 +170,9 @@ func (e *Engine) capability(ctx context.Context, toolID string, d events.Descrip
 func supported(c *catalog.Catalog) error {
 	var errs []error
 	for _, t := range c.Tools() {
+		if _, ok := Builtins[t.Builtin]; t.Builtin != "" && !ok {
+			errs = append(errs, errors.New("tool "+t.ID+": unknown builtin "+t.Builtin+" (the engine has echo, sleep and fail)"))
+		}
 		switch {
 		case t.Target == events.TargetSandbox:
 			errs = append(errs, errors.New("tool "+t.ID+": sandbox tools need sandbox workers, which this engine does not serve yet"))

@@ -33,6 +33,7 @@ func (n Names) DispatchStream() string { return n.stream("DISPATCH") }
 func (n Names) OutStream() string      { return n.stream("OUT") }
 func (n Names) CatalogBucket() string  { return n.stream("CATALOGS") }
 func (n Names) RegistryBucket() string { return n.stream("REGISTRY") }
+func (n Names) StateBucket() string    { return n.stream("STATE") }
 
 // Subjects.
 func (n Names) Events(runID string) string { return n.Prefix + ".events." + runID }

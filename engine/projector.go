@@ -29,6 +29,7 @@ const HeaderSource = "Toolbatch-Source"
 // duplicate window, publishes nothing twice.
 type projectorRunner struct {
 	e      *Engine
+	state  *stateStore
 	cons   jetstream.Consumer
 	out    jetstream.Stream
 	models map[string]*projected
@@ -63,7 +64,7 @@ func newProjectorRunner(ctx context.Context, e *Engine) (*projectorRunner, error
 	if err != nil {
 		return nil, err
 	}
-	return &projectorRunner{e: e, cons: cons, out: out, models: map[string]*projected{}}, nil
+	return &projectorRunner{e: e, state: e.state, cons: cons, out: out, models: map[string]*projected{}}, nil
 }
 
 func (p *projectorRunner) run(ctx context.Context) error {
@@ -128,6 +129,15 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 			return fmt.Errorf("commit %d: %w", seq, err)
 		}
 		outs = append(outs, o...)
+	}
+	// State first, so that a client that has read a batch's results sees
+	// its state committed.
+	for _, e := range evs {
+		if f, ok := e.(*events.BatchFinalized); ok && f.Conflict == "" {
+			if err := p.state.apply(ctx, runID, model.Run.ThreadID, f.State); err != nil {
+				return fmt.Errorf("commit %d: state: %w", seq, err)
+			}
+		}
 	}
 	if err := p.publish(ctx, pm, runID, seq, outs); err != nil {
 		return err

@@ -70,6 +70,12 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n Names, sc Stre
 		return fmt.Errorf("create bucket %s: %w", n.CatalogBucket(), err)
 	}
 	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: n.StateBucket(), Storage: jetstream.FileStorage, Replicas: sc.Replicas,
+		Description: "toolbatch committed state: staged commands of finalized batches",
+	}); err != nil {
+		return fmt.Errorf("create bucket %s: %w", n.StateBucket(), err)
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: n.RegistryBucket(), Storage: jetstream.FileStorage, Replicas: sc.Replicas,
 		Description: "toolbatch live executor registry: recovery capabilities",
 	}); err != nil {
