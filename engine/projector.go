@@ -108,8 +108,15 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 	seq := meta.Sequence.Stream
 	runID := strings.TrimPrefix(m.Subject(), p.e.names.Prefix+".events.")
 	pm := p.models[runID]
-	if pm == nil || pm.seq >= seq {
-		pm, err = p.loadBefore(ctx, runID, seq)
+	// Fold again unless the cached model holds exactly the commits before
+	// this one (several engines share the projector consumer, so another
+	// may have projected the run's last commits).
+	prev, perr := strconv.ParseUint(m.Headers().Get(HeaderPrev), 10, 64)
+	if perr != nil {
+		return fmt.Errorf("commit %d: header %s: %w", seq, HeaderPrev, perr)
+	}
+	if pm == nil || pm.seq != prev {
+		pm, err = p.loadUpTo(ctx, runID, prev)
 		if err != nil {
 			return err
 		}
@@ -146,13 +153,13 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 	return m.Ack()
 }
 
-// loadBefore folds a run's commits before seq.
-func (p *projectorRunner) loadBefore(ctx context.Context, runID string, seq uint64) (*projected, error) {
+// loadUpTo folds a run's commits up to and including seq (none for 0).
+func (p *projectorRunner) loadUpTo(ctx context.Context, runID string, seq uint64) (*projected, error) {
 	pm := &projected{model: projector.NewModel(runID), last: map[string]source{}}
-	if seq <= 1 {
+	if seq == 0 {
 		return pm, nil
 	}
-	err := readSubject(ctx, p.e.js, p.e.names.EventsStream(), p.e.names.Events(runID), seq-1, func(m jetstream.Msg, s uint64) error {
+	err := readSubject(ctx, p.e.js, p.e.names.EventsStream(), p.e.names.Events(runID), seq, func(m jetstream.Msg, s uint64) error {
 		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(HeaderEvent))
 		if err != nil {
 			return err
@@ -165,8 +172,11 @@ func (p *projectorRunner) loadBefore(ctx context.Context, runID string, seq uint
 		pm.seq = s
 		return nil
 	})
-	if err != nil && !strings.Contains(err.Error(), "ended before sequence") {
+	if err != nil {
 		return nil, fmt.Errorf("projector: load run %s: %w", runID, err)
+	}
+	if pm.seq != seq {
+		return nil, fmt.Errorf("projector: run %s has no commit at %d", runID, seq)
 	}
 	return pm, nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,8 +25,14 @@ var (
 	ErrConflict = errors.New("engine: the run was extended by another writer")
 )
 
-// HeaderEvent carries the type names of a commit's events, in order.
-const HeaderEvent = "Toolbatch-Event"
+// Headers of a commit.
+const (
+	// HeaderEvent carries the type names of a commit's events, in order.
+	HeaderEvent = "Toolbatch-Event"
+	// HeaderPrev carries the stream sequence of the run's previous commit
+	// (0 for its first), so that a reader can tell it has every commit.
+	HeaderPrev = "Toolbatch-Prev"
+)
 
 // StreamConfig sets the streams up.
 type StreamConfig struct {
@@ -178,6 +185,7 @@ func (l *eventLog) append(ctx context.Context, runID string, lastSeq uint64, evs
 	for _, t := range types {
 		msg.Header.Add(HeaderEvent, t)
 	}
+	msg.Header.Set(HeaderPrev, strconv.FormatUint(lastSeq, 10))
 	sum := sha256.Sum256(body)
 	id := fmt.Sprintf("%s/%d/%s", runID, lastSeq, hex.EncodeToString(sum[:8]))
 	ack, err := l.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(lastSeq), jetstream.WithMsgID(id))
