@@ -204,6 +204,14 @@ func (e *Engine) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("intake consumer: %w", err)
 	}
+	timers, err := e.js.CreateOrUpdateConsumer(ctx, e.names.TimersStream(), jetstream.ConsumerConfig{
+		Durable: "engine", AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
+		MaxAckPending: e.cfg.MaxPending, MaxDeliver: -1, FilterSubjects: []string{e.names.TimerFire("*")},
+		Description: "toolbatch engine: fired ticket timers",
+	})
+	if err != nil {
+		return fmt.Errorf("timer consumer: %w", err)
+	}
 	proj, err := newProjectorRunner(ctx, e)
 	if err != nil {
 		return err
@@ -221,12 +229,18 @@ func (e *Engine) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consume intake: %w", err)
 	}
+	tc, err := timers.Consume(e.route, jetstream.PullMaxMessages(64))
+	if err != nil {
+		return fmt.Errorf("consume timers: %w", err)
+	}
 	close(e.ready)
 	e.log.Info().Str("prefix", e.cfg.Prefix).Str("catalog", e.cfg.Catalog.SnapshotID()).Msg("engine ready")
 	<-ctx.Done()
 	e.log.Info().Msg("engine draining")
 	cc.Drain()
+	tc.Drain()
 	<-cc.Closed()
+	<-tc.Closed()
 	stop()
 	e.wg.Wait()
 	<-projDone

@@ -627,3 +627,92 @@ gate:
 		t.Fatalf("executor entries: %v", calls)
 	}
 }
+
+// TestTimersFireAlsoWhileTheEngineIsDown: a confirmation deadline and a
+// scheduled action fire on their own; a deadline that passes while no
+// engine runs fires when one starts again.
+func TestTimersFireAlsoWhileTheEngineIsDown(t *testing.T) {
+	cat, err := catalog.Parse([]byte(`
+tools:
+  - {id: send_mail, builtin: echo}
+  - {id: report, builtin: echo, recovery: {mode: replay_safe}}
+gate:
+  rules:
+    - {tools: ["send_*"], outcome: require_confirmation, deadline: 1s}
+    - {tools: ["report"], outcome: schedule, after: 1s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, t.TempDir())
+	url := srv.ClientURL()
+	re := startEngine(t, url, engine.Config{Catalog: cat})
+	c := newClient(t, url)
+	ctx := ctxT(t, 60*time.Second)
+
+	if err := c.Submit(ctx, submitOf("tm", 1, "send_mail", `{}`, "report", `{"week":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.WaitResults(ctx, "tm", "tm/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(resultTexts(res)); got != `[c1=error "blocked: confirmation timed out" c2=ok "{\"week\":1}"]` {
+		t.Fatalf("results: %s", got)
+	}
+
+	// Park on a confirmation, stop the engine, let the deadline pass.
+	if err := c.Submit(ctx, submitOf("tm", 2, "send_mail", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.Watch(ctx, "tm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for parked := false; !parked; {
+		m, err := w.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parked = m.Awaiting != nil && m.Awaiting.BatchID == "tm/2"
+	}
+	w.Stop()
+	re.shutdown(t)
+	js, err := jetstream.New(connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	timers, err := js.Stream(ctx, "TOOLBATCH_TIMERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	poll(t, ctx, "the deadline fires while no engine runs", func() bool {
+		info, err := timers.Info(ctx, jetstream.WithSubjectFilter("toolbatch.timer.fire.tm"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Fired timers of batch 1 were consumed; the one of batch 2 waits.
+		return info.State.Subjects["toolbatch.timer.fire.tm"] == 1
+	})
+	startEngine(t, url, engine.Config{Catalog: cat})
+	if res, err = c.WaitResults(ctx, "tm", "tm/2"); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(resultTexts(res)); got != `[c1=error "blocked: confirmation timed out"]` {
+		t.Fatalf("results: %s", got)
+	}
+}
+
+// poll checks cond every 20ms until it holds, failing at ctx's deadline.
+func poll(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: not before the deadline", what)
+		case <-tick.C:
+		}
+	}
+}

@@ -31,6 +31,7 @@ func (n Names) EventsStream() string   { return n.stream("EVENTS") }
 func (n Names) InboxStream() string    { return n.stream("INBOX") }
 func (n Names) DispatchStream() string { return n.stream("DISPATCH") }
 func (n Names) OutStream() string      { return n.stream("OUT") }
+func (n Names) TimersStream() string   { return n.stream("TIMERS") }
 func (n Names) CatalogBucket() string  { return n.stream("CATALOGS") }
 func (n Names) RegistryBucket() string { return n.stream("REGISTRY") }
 func (n Names) StateBucket() string    { return n.stream("STATE") }
@@ -64,6 +65,8 @@ func (n Names) inboxKind(subject string) (kind, runID, principal string, ok bool
 		return parts[0], parts[1], "", true
 	case len(parts) == 3 && parts[0] == "resume":
 		return parts[0], parts[1], parts[2], true
+	case len(parts) == 3 && parts[0] == "timer" && parts[1] == "fire":
+		return "timer", parts[2], "", true
 	default:
 		return "", "", "", false
 	}
@@ -77,3 +80,11 @@ const (
 	fieldStreamSeq = "stream_seq"
 	fieldSubject   = "subject"
 )
+
+// TimerAt is the subject of a ticket's schedule in the timers stream.
+func (n Names) TimerAt(runID, action, correlationID string) string {
+	return n.Prefix + ".timer.at." + runID + "." + action + "." + correlationID
+}
+
+// TimerFire is where a run's schedules fire.
+func (n Names) TimerFire(runID string) string { return n.Prefix + ".timer.fire." + runID }

@@ -149,6 +149,9 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 	if err := p.publish(ctx, pm, runID, seq, outs); err != nil {
 		return err
 	}
+	if err := p.e.scheduleTimers(ctx, runID, evs); err != nil {
+		return fmt.Errorf("commit %d: %w", seq, err)
+	}
 	pm.model, pm.seq = model, seq
 	return m.Ack()
 }

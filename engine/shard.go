@@ -207,6 +207,8 @@ func (s *shard) handleOnce(runCtx context.Context, rs *runState, it item) error 
 		return s.onResume(ctx, runCtx, rs, it)
 	case it.kind == "control":
 		return s.onControl(ctx, runCtx, rs, it)
+	case it.kind == "timer":
+		return s.onTimer(ctx, runCtx, rs, it)
 	default:
 		s.e.log.Warn().Str(fieldSubject, it.msg.Subject()).Msg("inbox message of an unknown kind: terminated")
 		return it.msg.TermWithReason("unknown inbox kind " + it.kind)
@@ -445,4 +447,53 @@ func (s *shard) startExecutors(runCtx context.Context, rs *runState, callIDs []s
 			s.postCtx(runCtx, item{runID: inv.runID, done: &o})
 		}()
 	}
+}
+
+// onTimer resolves a ticket whose deadline or due time came.
+func (s *shard) onTimer(ctx, runCtx context.Context, rs *runState, it item) error {
+	var f timerFire
+	if err := events.Unmarshal(it.msg.Data(), &f); err != nil {
+		s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("undecodable timer: terminated")
+		return it.msg.TermWithReason("undecodable timer: " + err.Error())
+	}
+	now := s.e.cfg.Now()
+	var cmd aggregate.Command
+	switch f.Action {
+	case timerExpire:
+		cmd = aggregate.Expire{CorrelationID: f.CorrelationID, At: now}
+	case timerPerform:
+		capability := events.CapNonRecoverable
+		if t := rs.run.Ticket(); t != nil && t.CorrelationID == f.CorrelationID {
+			if c, _ := rs.run.Batch.Call(t.CallID); c != nil {
+				capability = s.e.capability(ctx, c.ToolID, c.Tool)
+			}
+		}
+		cmd = aggregate.Perform{CorrelationID: f.CorrelationID, Timer: true, Capability: capability, At: now}
+	default:
+		return it.msg.TermWithReason("unknown timer action " + f.Action)
+	}
+	err := s.decide(ctx, rs, cmd)
+	switch {
+	case errors.Is(err, aggregate.ErrNotDue):
+		// Our clock is behind the server's: try again a little later.
+		t := rs.run.Ticket()
+		at := now.Add(time.Second)
+		if t != nil && f.Action == timerExpire && t.Deadline != nil {
+			at = *t.Deadline
+		} else if t != nil && t.Due != nil {
+			at = *t.Due
+		}
+		if err := s.e.schedule(ctx, rs.id, f, at); err != nil {
+			return err
+		}
+		return it.msg.Ack()
+	case err != nil:
+		if _, refused := events.CodeOf(err); refused || errors.Is(err, aggregate.ErrRunEnded) {
+			return it.msg.Ack() // resolved or ended before its time: nothing to do
+		}
+		return err
+	}
+	s.e.log.Info().Str(fieldRunID, rs.id).Str("action", f.Action).Str("correlation_id", f.CorrelationID).Msg("timer fired")
+	rs.held = append(rs.held, it.msg)
+	return s.drive(ctx, runCtx, rs)
 }

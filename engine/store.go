@@ -65,6 +65,14 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n Names, sc Stre
 		Storage: jetstream.FileStorage, MaxAge: sc.OutMaxAge, Replicas: sc.Replicas,
 		Description: "toolbatch projections for subscribers",
 	}}
+	cfgs = append(cfgs, jetstream.StreamConfig{
+		// A work queue: a fired timer is removed once the engine
+		// acknowledges it; a pending schedule matches no consumer and stays
+		// until it fires.
+		Name: n.TimersStream(), Subjects: []string{p + ".timer.>"}, Retention: jetstream.WorkQueuePolicy,
+		Storage: jetstream.FileStorage, Replicas: sc.Replicas, AllowMsgSchedules: true, AllowRollup: true,
+		Description: "toolbatch ticket timers: deadlines and due scheduled actions",
+	})
 	for _, cfg := range cfgs {
 		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
 			return fmt.Errorf("create stream %s: %w", cfg.Name, err)
