@@ -201,6 +201,8 @@ func (r *Run) apply(e events.Event) error {
 		}
 		if ev.Resolution == events.ResolutionInput {
 			c.Phase = events.PhaseExecuting // the delegated child goes on with the same attempt
+			c.Input = ev.Input
+			c.HasInput = true
 		} else {
 			c.Phase = events.PhaseRequested // its consequence follows in the same commit
 		}
@@ -312,6 +314,7 @@ func (r *Run) applyExecuting(ev *events.CallExecuting) error {
 	}
 	c.Phase = events.PhaseExecuting
 	c.Attempt = ev.Attempt
+	c.Input, c.HasInput = "", false
 	c.Capability = ev.Capability
 	c.Claim = nil
 	c.Crossed = c.Tool.Target != events.TargetSandbox

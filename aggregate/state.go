@@ -118,6 +118,10 @@ type Call struct {
 	ErrorKind events.ErrorKind `msgpack:"error_kind"`
 	// Reason is set when indeterminate.
 	Reason string `msgpack:"reason"`
+	// Input is the input a delegated child was resumed with, when HasInput:
+	// the executor resumes the child with it rather than starting it.
+	Input    string `msgpack:"input"`
+	HasInput bool   `msgpack:"has_input"`
 	// Entries counts executor entries: executing commits of brain and
 	// delegation attempts, claims of sandbox attempts.
 	Entries int `msgpack:"entries"`

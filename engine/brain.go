@@ -21,6 +21,8 @@ type invocation struct {
 	attempt                        int
 	operationID                    string
 	tool                           events.Descriptor
+	input                          string // delegation: resume the child with it
+	hasInput                       bool
 }
 
 // Builtin is a brain tool built into the engine.
@@ -102,6 +104,9 @@ type brainExecutor struct {
 // (unavailable_before_dispatch); a timeout after the request left means the
 // owner was lost, and the recovery table decides.
 func (b *brainExecutor) invoke(ctx context.Context, cat *catalog.Catalog, inv invocation) outcome {
+	if inv.tool.Kind == events.KindDelegation {
+		return b.delegate(ctx, inv)
+	}
 	o := outcome{callID: inv.callID, attempt: inv.attempt}
 	tool, _ := cat.Tool(inv.toolID)
 	if bt, ok := Builtins[tool.Builtin]; ok && tool.Builtin != "" {

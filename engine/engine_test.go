@@ -716,3 +716,172 @@ func poll(t *testing.T, ctx context.Context, what string, cond func() bool) {
 		}
 	}
 }
+
+// TestDelegation: a parallel delegation batch runs its children at once and
+// publishes in model order; a mixed batch runs one by one; a child that
+// awaits input parks the run on a delegation ticket, input resumes it; a
+// cancel delivers cancellation to the open child after the run ends.
+func TestDelegation(t *testing.T) {
+	cat, err := catalog.Parse([]byte(`
+tools:
+  - {id: research, kind: delegation, parallel_completion: true}
+  - {id: interview, kind: delegation}
+  - {id: echo, builtin: echo, recovery: {mode: replay_safe}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, t.TempDir())
+	url := srv.ClientURL()
+	startEngine(t, url, engine.Config{Catalog: cat})
+	nc := connect(t, url)
+	c := newClient(t, url)
+	ctx := ctxT(t, 60*time.Second)
+
+	var mu sync.Mutex
+	inFlight, maxInFlight := 0, 0
+	started := make(chan struct{}, 16)
+	release := make(chan struct{})
+	var cancels []string
+	reply := func(m *nats.Msg, r engine.DelegateReply) {
+		body, _ := events.Marshal(r)
+		_ = m.Respond(body)
+	}
+	// research children block until released; each request is served on
+	// its own goroutine (a subscription delivers one message at a time), so
+	// children can overlap.
+	if _, err := nc.Subscribe("toolbatch.delegate.research", func(m *nats.Msg) {
+		go func() {
+			var req engine.DelegateRequest
+			if err := events.Unmarshal(m.Data, &req); err != nil {
+				t.Errorf("delegate request: %v", err)
+				return
+			}
+			mu.Lock()
+			inFlight++
+			maxInFlight = max(maxInFlight, inFlight)
+			mu.Unlock()
+			started <- struct{}{}
+			<-release
+			mu.Lock()
+			inFlight--
+			mu.Unlock()
+			reply(m, engine.DelegateReply{Status: engine.DelegationEnded, Text: "report on " + string(req.Arguments)})
+		}()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.Subscribe("toolbatch.delegate.interview", func(m *nats.Msg) {
+		var req engine.DelegateRequest
+		if err := events.Unmarshal(m.Data, &req); err != nil {
+			t.Errorf("delegate request: %v", err)
+			return
+		}
+		switch req.Op {
+		case engine.DelegateStart:
+			reply(m, engine.DelegateReply{Status: engine.DelegationAwaiting, Text: "which year?"})
+		case engine.DelegateResume:
+			reply(m, engine.DelegateReply{Status: engine.DelegationEnded, Text: "answered with " + req.Input})
+		case engine.DelegateCancel:
+			mu.Lock()
+			cancels = append(cancels, req.DelegationID)
+			mu.Unlock()
+			reply(m, engine.DelegateReply{Status: engine.DelegationCanceled})
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Parallel: all three children start before any finishes.
+	if err := c.Submit(ctx, submitOf("dp", 1, "research", `{"t":"a"}`, "research", `{"t":"b"}`, "research", `{"t":"c"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		select {
+		case <-started:
+		case <-ctx.Done():
+			t.Fatalf("only %d children started concurrently", i)
+		}
+	}
+	close(release)
+	res, err := c.WaitResults(ctx, "dp", "dp/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(resultTexts(res)); got != `[c1=ok "report on {\"t\":\"a\"}" c2=ok "report on {\"t\":\"b\"}" c3=ok "report on {\"t\":\"c\"}"]` {
+		t.Fatalf("results: %s", got)
+	}
+	mu.Lock()
+	if maxInFlight != 3 {
+		t.Fatalf("parallel batch: %d children at once, want 3", maxInFlight)
+	}
+	maxInFlight = 0
+	mu.Unlock()
+
+	// Mixed: one by one.
+	if err := c.Submit(ctx, submitOf("dm", 1, "research", `{"t":"x"}`, "echo", `{}`, "research", `{"t":"y"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitResults(ctx, "dm", "dm/1"); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if maxInFlight != 1 {
+		t.Fatalf("mixed batch: %d children at once, want 1", maxInFlight)
+	}
+	mu.Unlock()
+
+	// A child awaiting input parks the parent; input resumes it.
+	if err := c.Submit(ctx, submitOf("di", 1, "interview", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	ticket := waitTicket(t, ctx, c, "di", "di/1")
+	if ticket.Reason != events.WaitDelegation {
+		t.Fatalf("ticket reason %s", ticket.Reason)
+	}
+	if err := c.Input(ctx, ticket, "2025"); err != nil {
+		t.Fatal(err)
+	}
+	if res, err = c.WaitResults(ctx, "di", "di/1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(resultTexts(res)); got != `[c1=ok "answered with 2025"]` {
+		t.Fatalf("results: %s", got)
+	}
+
+	// Cancel while a child waits: the run ends, then the child is cancelled.
+	if err := c.Submit(ctx, submitOf("dc", 1, "interview", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	waitTicket(t, ctx, c, "dc", "dc/1")
+	if err := c.Cancel(ctx, "dc", "stop"); err != nil {
+		t.Fatal(err)
+	}
+	waitEnded(t, ctx, c, "dc")
+	poll(t, ctx, "the child is cancelled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(cancels) == 1 && cancels[0] == "dc/1/c1"
+	})
+}
+
+func waitTicket(t *testing.T, ctx context.Context, c *client.Client, runID, batchID string) events.AwaitingOut {
+	t.Helper()
+	w, err := c.Watch(ctx, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	for {
+		m, err := w.Next(ctx)
+		if err != nil {
+			t.Fatalf("waiting for a ticket of %s: %v", batchID, err)
+		}
+		if m.Awaiting != nil && m.Awaiting.BatchID == batchID {
+			return *m.Awaiting
+		}
+	}
+}

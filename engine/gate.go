@@ -147,6 +147,9 @@ func (e *Engine) capability(ctx context.Context, toolID string, d events.Descrip
 			return bt.Capability
 		}
 	}
+	if d.Kind == events.KindDelegation {
+		return events.CapDurableRequest // the delegation protocol: a stable delegation id
+	}
 	if d.Target != events.TargetBrain || d.Kind != events.KindTool {
 		return events.CapNonRecoverable
 	}
@@ -176,8 +179,6 @@ func supported(c *catalog.Catalog) error {
 		switch {
 		case t.Target == events.TargetSandbox:
 			errs = append(errs, errors.New("tool "+t.ID+": sandbox tools need sandbox workers, which this engine does not serve yet"))
-		case t.Kind == events.KindDelegation:
-			errs = append(errs, errors.New("tool "+t.ID+": delegation tools are not served by this engine yet"))
 		}
 	}
 	return errors.Join(errs...)

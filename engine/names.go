@@ -88,3 +88,6 @@ func (n Names) TimerAt(runID, action, correlationID string) string {
 
 // TimerFire is where a run's schedules fire.
 func (n Names) TimerFire(runID string) string { return n.Prefix + ".timer.fire." + runID }
+
+// Delegate is a delegation service's subject.
+func (n Names) Delegate(toolID string) string { return n.Prefix + ".delegate." + toolID }

@@ -31,6 +31,8 @@ type outcome struct {
 	output  *events.Output
 	err     *events.ToolError
 	lost    bool // the executor's owner was lost: the recovery table decides
+	// awaiting: a delegated child waits for input.
+	awaiting bool
 }
 
 // runState is a cached run.
@@ -48,10 +50,11 @@ type runState struct {
 
 // shard serializes the work of the runs hashed to it.
 type shard struct {
-	e    *Engine
-	in   chan item
-	runs map[string]*runState
-	max  int
+	e      *Engine
+	runCtx context.Context // set by loop: ends at shutdown
+	in     chan item
+	runs   map[string]*runState
+	max    int
 }
 
 func newShard(e *Engine, max int) *shard {
@@ -69,6 +72,7 @@ func (s *shard) postCtx(ctx context.Context, it item) {
 }
 
 func (s *shard) loop(ctx context.Context) {
+	s.runCtx = ctx
 	tick := time.NewTicker(s.e.cfg.AckWait / 3)
 	defer tick.Stop()
 	for {
@@ -192,7 +196,43 @@ func (s *shard) decide(ctx context.Context, rs *runState, cmd aggregate.Command)
 		return fmt.Errorf("apply committed events: %w", err)
 	}
 	rs.seq = seq
+	s.afterCommit(rs, evs)
 	return nil
+}
+
+// afterCommit delivers what a commit asks of the outside world after it is
+// durable: cancellation of the delegated children a run end stopped.
+func (s *shard) afterCommit(rs *runState, evs []events.Event) {
+	ended := false
+	for _, e := range evs {
+		if _, ok := e.(*events.RunEnded); ok {
+			ended = true
+		}
+	}
+	b := rs.run.Batch
+	if !ended || b == nil {
+		return
+	}
+	var reqs []DelegateRequest
+	for _, e := range evs {
+		var callID string
+		switch ev := e.(type) {
+		case *events.CallIndeterminate:
+			callID = ev.CallID
+		case *events.CallCompleted:
+			callID = ev.CallID
+		default:
+			continue
+		}
+		c, _ := b.Call(callID)
+		if c != nil && c.Tool.Kind == events.KindDelegation && c.Attempt > 0 {
+			reqs = append(reqs, DelegateRequest{Op: DelegateCancel, DelegationID: b.OperationID(callID), RunID: rs.id,
+				CallID: callID, ToolID: c.ToolID, Attempt: c.Attempt})
+		}
+	}
+	if len(reqs) > 0 {
+		s.e.cancelChildren(s.runCtx, rs.id, reqs)
+	}
 }
 
 func (s *shard) handleOnce(runCtx context.Context, rs *runState, it item) error {
@@ -365,7 +405,9 @@ func (s *shard) onOutcome(ctx, runCtx context.Context, rs *runState, o *outcome)
 	delete(rs.inflight, key)
 	now := s.e.cfg.Now()
 	var cmd aggregate.Command
-	if o.lost {
+	if o.awaiting {
+		cmd = aggregate.DelegationAwait{CallID: o.callID, Attempt: o.attempt, CorrelationID: newID(), At: now}
+	} else if o.lost {
 		b := rs.run.OpenBatch()
 		if b == nil {
 			return nil
@@ -439,7 +481,7 @@ func (s *shard) startExecutors(runCtx context.Context, rs *runState, callIDs []s
 		}
 		rs.inflight[key] = true
 		inv := invocation{runID: rs.id, batchID: b.ID, callID: id, toolID: c.ToolID, arguments: c.Arguments,
-			attempt: c.Attempt, operationID: b.OperationID(id), tool: c.Tool}
+			attempt: c.Attempt, operationID: b.OperationID(id), tool: c.Tool, input: c.Input, hasInput: c.HasInput}
 		s.e.wg.Add(1)
 		go func() {
 			defer s.e.wg.Done()
