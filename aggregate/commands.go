@@ -131,7 +131,10 @@ type LeaseExpired struct {
 // Capabilities is taken as non_recoverable).
 type Recover struct {
 	Capabilities map[string]events.Capability
-	At           time.Time
+	// Exclude names calls to leave executing: a claimed sandbox attempt
+	// whose lease is still watched.
+	Exclude map[string]bool
+	At      time.Time
 }
 
 // End ends the run: cancel or interrupt.

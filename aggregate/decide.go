@@ -474,8 +474,8 @@ func (d *decider) recover(rc Recover) error {
 	}
 	for i := range b.Calls {
 		c := &b.Calls[i]
-		if c.Phase != events.PhaseExecuting || !c.Crossed {
-			continue // terminal, awaiting, requested, or never dispatched: nothing to decide
+		if c.Phase != events.PhaseExecuting || !c.Crossed || rc.Exclude[c.CallID] {
+			continue // terminal, awaiting, requested, never dispatched, or still leased
 		}
 		capability, ok := rc.Capabilities[c.ToolID]
 		if !ok {

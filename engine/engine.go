@@ -54,6 +54,9 @@ type Config struct {
 	Limits events.Limits
 	// Logger receives the engine's logs (default: none).
 	Logger zerolog.Logger
+	// Lease is how long a sandbox worker's claim lasts without a heartbeat
+	// (default 10s).
+	Lease time.Duration
 	// Now is the engine's clock (default time.Now).
 	Now func() time.Time
 }
@@ -88,6 +91,9 @@ func (c *Config) defaults() {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.Lease <= 0 {
+		c.Lease = DefaultLease
 	}
 }
 
@@ -233,10 +239,17 @@ func (e *Engine) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consume timers: %w", err)
 	}
+	subs, err := e.serveWorkers()
+	if err != nil {
+		return fmt.Errorf("serve workers: %w", err)
+	}
 	close(e.ready)
 	e.log.Info().Str("prefix", e.cfg.Prefix).Str("catalog", e.cfg.Catalog.SnapshotID()).Msg("engine ready")
 	<-ctx.Done()
 	e.log.Info().Msg("engine draining")
+	for _, sub := range subs {
+		_ = sub.Drain()
+	}
 	cc.Drain()
 	tc.Drain()
 	<-cc.Closed()

@@ -150,6 +150,13 @@ func (e *Engine) capability(ctx context.Context, toolID string, d events.Descrip
 	if d.Kind == events.KindDelegation {
 		return events.CapDurableRequest // the delegation protocol: a stable delegation id
 	}
+	if d.Target == events.TargetSandbox {
+		pool := d.Pool
+		if pool == "" {
+			pool = "default"
+		}
+		return e.sandboxCapability(ctx, pool, toolID)
+	}
 	if d.Target != events.TargetBrain || d.Kind != events.KindTool {
 		return events.CapNonRecoverable
 	}
@@ -175,10 +182,6 @@ func supported(c *catalog.Catalog) error {
 	for _, t := range c.Tools() {
 		if _, ok := Builtins[t.Builtin]; t.Builtin != "" && !ok {
 			errs = append(errs, errors.New("tool "+t.ID+": unknown builtin "+t.Builtin+" (the engine has echo, sleep and fail)"))
-		}
-		switch {
-		case t.Target == events.TargetSandbox:
-			errs = append(errs, errors.New("tool "+t.ID+": sandbox tools need sandbox workers, which this engine does not serve yet"))
 		}
 	}
 	return errors.Join(errs...)

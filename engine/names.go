@@ -91,3 +91,9 @@ func (n Names) TimerFire(runID string) string { return n.Prefix + ".timer.fire."
 
 // Delegate is a delegation service's subject.
 func (n Names) Delegate(toolID string) string { return n.Prefix + ".delegate." + toolID }
+
+// API is a request/reply subject of the engine: claim, heartbeat.
+func (n Names) API(kind string) string { return n.Prefix + ".api." + kind }
+
+// WorkersBucket holds the live workers' advertisements.
+func (n Names) WorkersBucket() string { return n.stream("WORKERS") }

@@ -22,6 +22,8 @@ type item struct {
 	kind      string // submit, resume, control, result
 	principal string // resume.<run_id>.<principal>
 	done      *outcome
+	req       *nats.Msg    // claim and heartbeat requests
+	lease     *leaseExpiry // a lease that ran out
 }
 
 // outcome is what an executor reported for an attempt.
@@ -44,7 +46,8 @@ type runState struct {
 	// held are inbox messages acknowledged once the run is quiescent, so
 	// that a crash before then redelivers them and the run is recovered.
 	held     []jetstream.Msg
-	inflight map[string]bool // "<call_id>/<attempt>" executing here
+	inflight map[string]bool  // "<call_id>/<attempt>" executing here
+	leases   map[string]lease // claimed sandbox attempts, by call id
 	used     time.Time
 }
 
@@ -75,12 +78,16 @@ func (s *shard) loop(ctx context.Context) {
 	s.runCtx = ctx
 	tick := time.NewTicker(s.e.cfg.AckWait / 3)
 	defer tick.Stop()
+	leaseTick := time.NewTicker(max(s.e.cfg.Lease/10, 50*time.Millisecond))
+	defer leaseTick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case it := <-s.in:
 			s.handle(ctx, it)
+		case <-leaseTick.C:
+			s.checkLeases()
 		case <-tick.C:
 			// Long work keeps its messages in progress.
 			for _, rs := range s.runs {
@@ -120,6 +127,9 @@ func (s *shard) handle(runCtx context.Context, it item) {
 		if it.msg != nil {
 			_ = it.msg.NakWithDelay(time.Second)
 		}
+		if it.req != nil {
+			respond(it.req, events.ClaimReply{Reason: "engine busy, try again: " + err.Error()})
+		}
 		if rs := s.runs[it.runID]; rs != nil {
 			rs.loaded = false // fold again next time
 		}
@@ -132,7 +142,7 @@ func (s *shard) handle(runCtx context.Context, it item) {
 func (s *shard) get(runID string) (*runState, error) {
 	rs := s.runs[runID]
 	if rs == nil {
-		rs = &runState{id: runID, inflight: map[string]bool{}}
+		rs = &runState{id: runID, inflight: map[string]bool{}, leases: map[string]lease{}}
 		s.runs[runID] = rs
 	}
 	rs.used = time.Now()
@@ -147,16 +157,24 @@ func (s *shard) get(runID string) (*runState, error) {
 	}
 	rs.run, rs.seq, rs.loaded = run, seq, true
 	rs.inflight = map[string]bool{}
+	rs.leases = map[string]lease{}
 	// A run taken over with executing calls is recovered before anything
-	// else touches it.
+	// else touches it. A claimed sandbox attempt may still be running on
+	// its worker: its lease is watched for one period before it is decided.
 	if aggregate.Next(run).Kind == aggregate.NextExecuting {
 		caps := map[string]events.Capability{}
+		leased := map[string]bool{}
 		if b := run.OpenBatch(); b != nil {
 			for _, c := range b.Calls {
 				caps[c.ToolID] = s.e.capability(ctx, c.ToolID, c.Tool)
+				if c.Phase == events.PhaseExecuting && c.Claim != nil {
+					leased[c.CallID] = true
+					rs.leases[c.CallID] = lease{attempt: c.Attempt, token: c.Claim.Token, deadline: time.Now().Add(s.e.cfg.Lease)}
+					rs.inflight[fmt.Sprintf("%s/%d", c.CallID, c.Attempt)] = true
+				}
 			}
 		}
-		if err := s.decide(ctx, rs, aggregate.Recover{Capabilities: caps, At: s.e.cfg.Now()}); err != nil {
+		if err := s.decide(ctx, rs, aggregate.Recover{Capabilities: caps, Exclude: leased, At: s.e.cfg.Now()}); err != nil {
 			return nil, fmt.Errorf("recover run %s: %w", runID, err)
 		}
 		s.e.log.Info().Str(fieldRunID, runID).Msg("run recovered")
@@ -185,6 +203,12 @@ func (s *shard) decide(ctx context.Context, rs *runState, cmd aggregate.Command)
 	if err != nil || len(evs) == 0 {
 		return err
 	}
+	return s.commitEvents(ctx, rs, evs)
+}
+
+// commitEvents appends events as one commit, then folds them into the
+// cached run.
+func (s *shard) commitEvents(ctx context.Context, rs *runState, evs []events.Event) error {
 	seq, err := s.e.events.append(ctx, rs.id, rs.seq, evs)
 	if err != nil {
 		return err
@@ -249,6 +273,14 @@ func (s *shard) handleOnce(runCtx context.Context, rs *runState, it item) error 
 		return s.onControl(ctx, runCtx, rs, it)
 	case it.kind == "timer":
 		return s.onTimer(ctx, runCtx, rs, it)
+	case it.kind == "claim":
+		return s.onClaim(ctx, rs, it)
+	case it.kind == "heartbeat":
+		return s.onHeartbeat(rs, it)
+	case it.kind == "result":
+		return s.onResult(ctx, runCtx, rs, it)
+	case it.kind == "lease":
+		return s.onLeaseExpired(ctx, runCtx, rs, it.lease)
 	default:
 		s.e.log.Warn().Str(fieldSubject, it.msg.Subject()).Msg("inbox message of an unknown kind: terminated")
 		return it.msg.TermWithReason("unknown inbox kind " + it.kind)
@@ -296,14 +328,9 @@ func (s *shard) reject(ctx context.Context, rs *runState, m jetstream.Msg, sub *
 		sub = &events.Submit{RunID: rs.id, Step: sub.Step}
 	}
 	ev := aggregate.Rejection(rs.id, sub, err, now)
-	seq, aerr := s.e.events.append(ctx, rs.id, rs.seq, []events.Event{ev})
-	if aerr != nil {
+	if aerr := s.commitEvents(ctx, rs, []events.Event{ev}); aerr != nil {
 		return aerr
 	}
-	if aerr := rs.run.Apply(ev); aerr != nil {
-		return aerr
-	}
-	rs.seq = seq
 	s.e.log.Info().Str(fieldRunID, rs.id).Str("code", string(ev.Code)).Str("reason", ev.Reason).Msg("submission rejected")
 	return m.Ack()
 }
@@ -485,6 +512,20 @@ func (s *shard) startExecutors(runCtx context.Context, rs *runState, callIDs []s
 		s.e.wg.Add(1)
 		go func() {
 			defer s.e.wg.Done()
+			if inv.tool.Target == events.TargetSandbox {
+				ctx, cancel := opCtx()
+				defer cancel()
+				if err := s.e.dispatch(ctx, inv); err != nil {
+					// Not known to be queued: as good as never dispatched. A
+					// worker that claims it anyway is refused, since the
+					// attempt moves on.
+					s.e.log.Warn().Str(fieldRunID, inv.runID).Str(fieldCallID, inv.callID).Err(err).Msg("dispatch failed")
+					o := outcome{callID: inv.callID, attempt: inv.attempt,
+						err: &events.ToolError{Kind: events.ErrorUnavailableBeforeDispatch, Message: "dispatch failed: " + err.Error()}}
+					s.postCtx(runCtx, item{runID: inv.runID, done: &o})
+				}
+				return
+			}
 			o := s.e.brain.invoke(runCtx, s.e.cfg.Catalog, inv)
 			s.postCtx(runCtx, item{runID: inv.runID, done: &o})
 		}()
@@ -503,6 +544,18 @@ func (s *shard) onTimer(ctx, runCtx context.Context, rs *runState, it item) erro
 	switch f.Action {
 	case timerExpire:
 		cmd = aggregate.Expire{CorrelationID: f.CorrelationID, At: now}
+	case timerDispatchDeadline:
+		err := s.decide(ctx, rs, aggregate.Complete{CallID: f.CallID, Attempt: f.Attempt, At: now,
+			Error: &events.ToolError{Kind: events.ErrorUnavailableBeforeDispatch, Message: "no worker claimed it before its dispatch deadline"}})
+		if errors.Is(err, ErrConflict) {
+			return err
+		}
+		if err != nil {
+			return it.msg.Ack() // claimed, or moved on: nothing to do
+		}
+		delete(rs.inflight, fmt.Sprintf("%s/%d", f.CallID, f.Attempt))
+		rs.held = append(rs.held, it.msg)
+		return s.drive(ctx, runCtx, rs)
 	case timerPerform:
 		capability := events.CapNonRecoverable
 		if t := rs.run.Ticket(); t != nil && t.CorrelationID == f.CorrelationID {

@@ -91,6 +91,12 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n Names, sc Stre
 		return fmt.Errorf("create bucket %s: %w", n.StateBucket(), err)
 	}
 	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: n.WorkersBucket(), Storage: jetstream.FileStorage, Replicas: sc.Replicas, TTL: WorkerTTL,
+		Description: "toolbatch live sandbox workers: sandbox.<pool>.<tool_id>.<worker_id> = capability",
+	}); err != nil {
+		return fmt.Errorf("create bucket %s: %w", n.WorkersBucket(), err)
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: n.RegistryBucket(), Storage: jetstream.FileStorage, Replicas: sc.Replicas,
 		Description: "toolbatch live executor registry: recovery capabilities",
 	}); err != nil {

@@ -33,6 +33,8 @@ const (
 type timerFire struct {
 	Action        string `msgpack:"action"`
 	CorrelationID string `msgpack:"correlation_id"`
+	CallID        string `msgpack:"call_id,omitempty"` // dispatch deadlines
+	Attempt       int    `msgpack:"attempt,omitempty"`
 }
 
 // scheduleTimers publishes the schedules of the tickets a commit created.

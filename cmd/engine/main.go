@@ -32,7 +32,7 @@ type options struct {
 	store, listen, natsURL, prefix, catalogPath string
 	replicas                                    int
 	logFormat, logLevel                         string
-	outMaxAge, ackWait                          time.Duration
+	outMaxAge, ackWait, lease                   time.Duration
 	syncAlways                                  bool
 }
 
@@ -57,6 +57,7 @@ func run(args []string, stderr io.Writer) error {
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&o.outMaxAge, "out-max-age", engine.DefaultOutMaxAge, "how long out messages are kept")
 	fs.DurationVar(&o.ackWait, "ack-wait", engine.DefaultAckWait, "how long a crashed engine's runs wait before they are taken over")
+	fs.DurationVar(&o.lease, "lease", engine.DefaultLease, "how long a sandbox worker's claim lasts without a heartbeat")
 	fs.BoolVar(&o.syncAlways, "sync-always", false, "embedded server: fsync every write (slower; survives power loss)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -79,7 +80,7 @@ func run(args []string, stderr io.Writer) error {
 			return err
 		}
 	}
-	cfg := engine.Config{Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Catalog: cat, Logger: log}
+	cfg := engine.Config{Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Lease: o.lease, Catalog: cat, Logger: log}
 
 	url := o.natsURL
 	if url == "" {

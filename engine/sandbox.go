@@ -1,0 +1,280 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/aggregate"
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// Sandbox calls run on sandbox workers. The engine's side, in order:
+//
+//  1. When a sandbox call's CallExecuting is committed, publish its dispatch
+//     on <prefix>.dispatch.<pool>.<tool_id> (message id
+//     <operation_id>/<attempt>) and schedule its dispatch deadline.
+//  2. A worker asks for the attempt on <prefix>.api.claim. The engine
+//     decides the claim, commits CallClaimed (the dispatch boundary), and
+//     only then answers with a claim token and a lease. A second claim of
+//     the same attempt (a redelivered or duplicated dispatch) is refused.
+//  3. The worker heartbeats on <prefix>.api.heartbeat while the tool runs;
+//     each heartbeat renews the lease. A lease that runs out is decided by
+//     the recovery table (LeaseExpired). After a restart the engine waits
+//     one lease period for heartbeats before it decides.
+//  4. The worker publishes the outcome on <prefix>.result.<run_id> with its
+//     claim token. A result whose token is not the call's current claim is
+//     refused (fencing), recorded as ResultRefused, and never applied.
+//  5. No claim before the dispatch deadline: the call completes (or is
+//     retried, within max_attempts) with unavailable_before_dispatch.
+//
+// Workers advertise the tools they serve, with each tool's recovery
+// capability, in the workers bucket: key sandbox.<pool>.<tool_id>.<worker_id>,
+// value the capability, kept alive by the worker (the bucket forgets a key
+// WorkerTTL after its last write).
+
+// Sandbox defaults.
+const (
+	DefaultLease = 10 * time.Second
+	// WorkerTTL is how long a worker's advertisement lives without renewal.
+	WorkerTTL = 30 * time.Second
+)
+
+// Timer actions of sandbox calls.
+const timerDispatchDeadline = "dispatch_deadline"
+
+// lease is what the engine knows of a claimed attempt's owner.
+type lease struct {
+	attempt  int
+	token    string
+	deadline time.Time
+}
+
+// dispatch publishes a sandbox attempt's job and schedules its deadline.
+func (e *Engine) dispatch(ctx context.Context, inv invocation) error {
+	body, err := events.Marshal(events.Dispatch{BatchID: inv.batchID, RunID: inv.runID, CallID: inv.callID, ToolID: inv.toolID,
+		Arguments: inv.arguments, Attempt: inv.attempt, OperationID: inv.operationID})
+	if err != nil {
+		return err
+	}
+	pool := inv.tool.Pool
+	if pool == "" {
+		pool = "default"
+	}
+	msg := nats.NewMsg(e.names.Dispatch(pool, inv.toolID))
+	msg.Data = body
+	if _, err := e.js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("%s/%d", inv.operationID, inv.attempt))); err != nil {
+		return fmt.Errorf("dispatch %s attempt %d: %w", inv.operationID, inv.attempt, err)
+	}
+	deadline := DefaultDispatchDeadline
+	if t, ok := e.cfg.Catalog.Tool(inv.toolID); ok && t.DispatchDeadline > 0 {
+		deadline = t.DispatchDeadline
+	}
+	f := timerFire{Action: timerDispatchDeadline, CorrelationID: fmt.Sprintf("%s-%d", inv.callID, inv.attempt), CallID: inv.callID, Attempt: inv.attempt}
+	return e.schedule(ctx, inv.runID, f, e.cfg.Now().Add(deadline))
+}
+
+// DefaultDispatchDeadline is how long a sandbox attempt may wait for a
+// worker's claim when the catalog names no deadline.
+const DefaultDispatchDeadline = 30 * time.Second
+
+// serveWorkers answers claims and heartbeats: each is routed to its run's
+// shard, so that it is decided in order with the run's other work.
+func (e *Engine) serveWorkers() ([]*nats.Subscription, error) {
+	var subs []*nats.Subscription
+	for _, kind := range []string{"claim", "heartbeat"} {
+		kind := kind
+		sub, err := e.nc.QueueSubscribe(e.names.API(kind), "toolbatch-engine", func(m *nats.Msg) {
+			var op string
+			var err error
+			if kind == "claim" {
+				var req events.ClaimRequest
+				err = events.Unmarshal(m.Data, &req)
+				op = req.OperationID
+			} else {
+				var hb events.Heartbeat
+				err = events.Unmarshal(m.Data, &hb)
+				op = hb.OperationID
+			}
+			runID, _, _, ok := splitOperationID(op)
+			if err != nil || !ok {
+				respond(m, events.ClaimReply{Reason: fmt.Sprintf("undecodable %s request", kind)})
+				return
+			}
+			e.shardOf(runID).post(item{runID: runID, kind: kind, req: m})
+		})
+		if err != nil {
+			return nil, err
+		}
+		subs = append(subs, sub)
+	}
+	return subs, nil
+}
+
+func respond(m *nats.Msg, r events.ClaimReply) {
+	body, err := events.Marshal(r)
+	if err == nil {
+		_ = m.Respond(body)
+	}
+}
+
+// splitOperationID splits <run_id>/<step>/<call_id>.
+func splitOperationID(op string) (runID, batchID, callID string, ok bool) {
+	parts := strings.Split(op, "/")
+	if len(parts) != 3 || !events.ValidRunID(parts[0]) || !events.ValidCallID(parts[2]) {
+		return "", "", "", false
+	}
+	return parts[0], parts[0] + "/" + parts[1], parts[2], true
+}
+
+// onClaim grants an attempt to a worker, after CallClaimed is committed.
+func (s *shard) onClaim(ctx context.Context, rs *runState, it item) error {
+	var req events.ClaimRequest
+	if err := events.Unmarshal(it.req.Data, &req); err != nil {
+		respond(it.req, events.ClaimReply{Reason: "undecodable claim"})
+		return nil
+	}
+	_, batchID, callID, _ := splitOperationID(req.OperationID)
+	if b := rs.run.OpenBatch(); b == nil || b.ID != batchID {
+		respond(it.req, events.ClaimReply{Reason: "the batch is not open"})
+		return nil
+	}
+	leaseMS := s.e.cfg.Lease.Milliseconds()
+	token := newID()
+	err := s.decide(ctx, rs, aggregate.Claim{CallID: callID, Attempt: req.Attempt, WorkerID: req.WorkerID, Token: token, LeaseMS: leaseMS, At: s.e.cfg.Now()})
+	if errors.Is(err, ErrConflict) {
+		return err
+	}
+	if err != nil {
+		respond(it.req, events.ClaimReply{Reason: err.Error()})
+		return nil
+	}
+	rs.leases[callID] = lease{attempt: req.Attempt, token: token, deadline: time.Now().Add(s.e.cfg.Lease)}
+	respond(it.req, events.ClaimReply{Granted: true, ClaimToken: token, LeaseMS: leaseMS})
+	return nil
+}
+
+// onHeartbeat renews the lease of a current claim.
+func (s *shard) onHeartbeat(rs *runState, it item) error {
+	var hb events.Heartbeat
+	if err := events.Unmarshal(it.req.Data, &hb); err != nil {
+		respond(it.req, events.ClaimReply{Reason: "undecodable heartbeat"})
+		return nil
+	}
+	_, batchID, callID, _ := splitOperationID(hb.OperationID)
+	b := rs.run.OpenBatch()
+	var c *aggregate.Call
+	if b != nil && b.ID == batchID {
+		c, _ = b.Call(callID)
+	}
+	if c == nil || c.Phase != events.PhaseExecuting || c.Attempt != hb.Attempt || c.Claim == nil || c.Claim.Token != hb.ClaimToken {
+		respond(it.req, events.ClaimReply{Reason: "the claim is not current"})
+		return nil
+	}
+	rs.leases[callID] = lease{attempt: hb.Attempt, token: hb.ClaimToken, deadline: time.Now().Add(s.e.cfg.Lease)}
+	respond(it.req, events.ClaimReply{Granted: true, ClaimToken: hb.ClaimToken, LeaseMS: s.e.cfg.Lease.Milliseconds()})
+	return nil
+}
+
+// onResult applies a worker's result, or records it as refused.
+func (s *shard) onResult(ctx, runCtx context.Context, rs *runState, it item) error {
+	res, err := events.DecodeResult(it.msg.Data(), s.e.cfg.Limits)
+	if err != nil {
+		s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("undecodable result: terminated")
+		return it.msg.TermWithReason("undecodable result: " + err.Error())
+	}
+	_, batchID, callID, ok := splitOperationID(res.OperationID)
+	if !ok {
+		return it.msg.TermWithReason("result with a bad operation id " + res.OperationID)
+	}
+	err = s.decide(ctx, rs, aggregate.Complete{CallID: callID, Attempt: res.Attempt, ClaimToken: res.ClaimToken,
+		Output: res.Output, Error: res.Error, At: s.e.cfg.Now()})
+	if errors.Is(err, ErrConflict) {
+		return err
+	}
+	if err != nil {
+		// Fencing: not the current claim (or no longer open). Record it.
+		if b := rs.run.Batch; b != nil && b.ID == batchID {
+			ev := &events.ResultRefused{BatchID: batchID, CallID: callID, Attempt: res.Attempt, ClaimToken: res.ClaimToken,
+				Reason: err.Error(), At: s.e.cfg.Now()}
+			if err := s.commitEvents(ctx, rs, []events.Event{ev}); err != nil {
+				return err
+			}
+		}
+		s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, callID).Err(err).Msg("result refused")
+		return it.msg.Ack()
+	}
+	delete(rs.leases, callID)
+	rs.held = append(rs.held, it.msg)
+	return s.drive(ctx, runCtx, rs)
+}
+
+// checkLeases decides the attempts whose lease ran out.
+func (s *shard) checkLeases() {
+	now := time.Now()
+	for _, rs := range s.runs {
+		for callID, l := range rs.leases {
+			if now.Before(l.deadline) || !rs.loaded {
+				continue
+			}
+			delete(rs.leases, callID)
+			s.handle(s.runCtx, item{runID: rs.id, kind: "lease", lease: &leaseExpiry{callID: callID, lease: l}})
+		}
+	}
+}
+
+type leaseExpiry struct {
+	callID string
+	lease  lease
+}
+
+func (s *shard) onLeaseExpired(ctx, runCtx context.Context, rs *runState, le *leaseExpiry) error {
+	b := rs.run.OpenBatch()
+	if b == nil {
+		return nil
+	}
+	c, _ := b.Call(le.callID)
+	if c == nil {
+		return nil
+	}
+	err := s.decide(ctx, rs, aggregate.LeaseExpired{CallID: le.callID, Attempt: le.lease.attempt, ClaimToken: le.lease.token,
+		Capability: s.e.capability(ctx, c.ToolID, c.Tool), At: s.e.cfg.Now()})
+	if errors.Is(err, ErrConflict) {
+		return err
+	}
+	if err != nil {
+		return nil // the attempt moved on (a result arrived first)
+	}
+	s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, le.callID).Msg("lease expired")
+	return s.drive(ctx, runCtx, rs)
+}
+
+// sandboxCapability is what the live workers advertise for a tool: the
+// first advertisement found; none means non_recoverable.
+func (e *Engine) sandboxCapability(ctx context.Context, pool, toolID string) events.Capability {
+	kv, err := e.js.KeyValue(ctx, e.names.WorkersBucket())
+	if err != nil {
+		return events.CapNonRecoverable
+	}
+	lister, err := kv.ListKeysFiltered(ctx, "sandbox."+pool+"."+toolID+".*")
+	if err != nil {
+		return events.CapNonRecoverable
+	}
+	defer lister.Stop()
+	for key := range lister.Keys() {
+		entry, err := kv.Get(ctx, key)
+		if err != nil {
+			continue
+		}
+		switch c := events.Capability(entry.Value()); c {
+		case events.CapNonRecoverable, events.CapReplaySafe, events.CapIdempotent, events.CapDurableRequest:
+			return c
+		}
+	}
+	return events.CapNonRecoverable
+}
