@@ -1,17 +1,131 @@
-// Command sandbox-worker will connect to NATS, consume its pools' dispatch
-// subjects, claim each job, run the tool in a sandboxed subprocess,
-// heartbeat while it runs and report the result. Any number of workers may
-// run, on any number of machines.
+// Command sandbox-worker runs sandbox tools for the toolbatch engine:
+// it takes jobs of its pools from NATS, claims each from the engine, runs
+// the tool in a sandboxed subprocess (or a built-in), heartbeats while it
+// runs, and reports the result. Start as many as you like, on as many
+// machines as reach NATS.
 //
-// It is not built yet: for now it says so and exits with status 2.
+//	sandbox-worker --nats-url URL --config worker.yaml [--pools a,b] [--concurrency N] [--worker-id ID]
+//
+// SIGTERM or SIGINT drains: no new jobs, running calls finish within the
+// grace period and report; a second signal stops them at once.
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	"github.com/toolbatch/toolbatch/sandbox"
+	"github.com/toolbatch/toolbatch/worker"
 )
 
 func main() {
-	fmt.Fprintln(os.Stderr, "sandbox-worker: not built yet: the sandbox worker and its subprocess sandbox do not exist")
-	os.Exit(2)
+	if err := run(os.Args[1:], os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox-worker:", err)
+		os.Exit(2)
+	}
+}
+
+func run(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sandbox-worker", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	natsURL := fs.String("nats-url", "nats://127.0.0.1:4222", "NATS server or cluster")
+	configPath := fs.String("config", "", "worker config (YAML): pools, isolation, tools (required)")
+	pools := fs.String("pools", "", "comma-separated pools to serve (default: the config's)")
+	concurrency := fs.Int("concurrency", worker.DefaultConcurrency, "calls run at once")
+	workerID := fs.String("worker-id", "", "this worker's id (default <hostname>-<pid>)")
+	prefix := fs.String("prefix", "toolbatch", "subject prefix")
+	grace := fs.Duration("grace", worker.DefaultGrace, "how long a drain waits for running calls")
+	logFormat := fs.String("log-format", "console", "console or json")
+	workRoot := fs.String("work-root", "", "where the calls' working directories are made (default: a directory of this worker under the system temp dir); working directories left there by a killed worker are removed at start")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			fs.PrintDefaults()
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *configPath == "" {
+		return errors.New("--config is required")
+	}
+	var log zerolog.Logger
+	switch *logFormat {
+	case "json":
+		log = zerolog.New(stderr).With().Timestamp().Logger()
+	case "console":
+		log = zerolog.New(zerolog.ConsoleWriter{Out: stderr, TimeFormat: time.RFC3339}).With().Timestamp().Logger()
+	default:
+		return fmt.Errorf("--log-format %q: want console or json", *logFormat)
+	}
+	sc, err := sandbox.LoadConfig(*configPath)
+	if err != nil {
+		return err
+	}
+	if *workerID == "" {
+		host, _ := os.Hostname()
+		*workerID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if *workRoot == "" {
+		*workRoot = filepath.Join(os.TempDir(), "toolbatch-worker-"+*workerID)
+	}
+	if err := os.MkdirAll(*workRoot, 0o755); err != nil {
+		return fmt.Errorf("--work-root %s: %w", *workRoot, err)
+	}
+	// Working directories left by a worker that was killed are removed here
+	// (only the sandbox's own, never anything else in the directory).
+	left, _ := filepath.Glob(filepath.Join(*workRoot, "toolbatch-call-*"))
+	for _, dir := range left {
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("--work-root: remove %s: %w", dir, err)
+		}
+	}
+	runner, err := sandbox.NewRunner(sc, sandbox.WithWorkRoot(*workRoot))
+	if err != nil {
+		return err
+	}
+	if w := runner.Warning(); w != "" {
+		log.Warn().Msg(w)
+	}
+	var poolList []string
+	if *pools != "" {
+		poolList = strings.Split(*pools, ",")
+	}
+	nc, err := nats.Connect(*natsURL, nats.Name("toolbatch-sandbox-worker"), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", *natsURL, err)
+	}
+	defer nc.Close()
+	w, err := worker.New(nc, sc, runner, worker.Config{Prefix: *prefix, WorkerID: *workerID, Pools: poolList,
+		Concurrency: *concurrency, Grace: *grace, Logger: log})
+	if err != nil {
+		return err
+	}
+	drain, stopDrain := context.WithCancel(context.Background())
+	abort, stopAbort := context.WithCancel(context.Background())
+	defer stopDrain()
+	defer stopAbort()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sigs
+		stopDrain()
+		<-sigs
+		stopAbort()
+	}()
+	return w.Run(drain, abort)
 }

@@ -1,0 +1,387 @@
+package main_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/toolbatch/toolbatch/client"
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// These tests run the engine and several sandbox-worker processes, built
+// from this module, against the engine's embedded JetStream, and talk to
+// them only over NATS.
+
+var engineBin, workerBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "toolbatch-worker-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	engineBin, workerBin = filepath.Join(dir, "engine"), filepath.Join(dir, "sandbox-worker")
+	for bin, pkg := range map[string]string{engineBin: "../engine", workerBin: "."} {
+		build := exec.Command("go", "build", "-o", bin, pkg)
+		build.Stderr = os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build:", err)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type proc struct {
+	name   string
+	cmd    *exec.Cmd
+	mu     sync.Mutex
+	logs   bytes.Buffer
+	ready  chan struct{}
+	exited chan struct{}
+}
+
+// start runs a binary and waits for a log line containing ready.
+func start(t *testing.T, name, ready string, bin string, args ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, ready: make(chan struct{}), exited: make(chan struct{})}
+	p.cmd = exec.Command(bin, args...)
+	pipe, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(pipe)
+		var once sync.Once
+		for sc.Scan() {
+			p.mu.Lock()
+			p.logs.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+			if strings.Contains(sc.Text(), ready) {
+				once.Do(func() { close(p.ready) })
+			}
+		}
+	}()
+	go func() { _ = p.cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() {
+		p.kill()
+		if t.Failed() {
+			p.mu.Lock()
+			t.Logf("--- %s logs:\n%s", p.name, p.logs.String())
+			p.mu.Unlock()
+		}
+	})
+	select {
+	case <-p.ready:
+	case <-p.exited:
+		t.Fatalf("%s exited before it was ready:\n%s", name, p.logs.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s not ready", name)
+	}
+	return p
+}
+
+func (p *proc) kill() {
+	select {
+	case <-p.exited:
+	default:
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.exited
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// cluster is an engine and its workers.
+type cluster struct {
+	url     string
+	effects string // the mounted directory where tools record side effects
+	workers map[string]*proc
+	client  *client.Client
+}
+
+const catalogYAML = `
+tools:
+  - {id: append, target: sandbox, recovery: {mode: replay_safe}, dispatch_deadline: 20s}
+  - {id: slow_nr, target: sandbox, recovery: {mode: never_replay}, dispatch_deadline: 20s}
+  - {id: slow_rs, target: sandbox, recovery: {mode: replay_safe, max_attempts: 3}, dispatch_deadline: 20s}
+  - {id: nothing_serves_it, target: sandbox, recovery: {max_attempts: 1}, dispatch_deadline: 1s}
+  - {id: missing_binary, target: sandbox, dispatch_deadline: 20s}
+`
+
+// workerYAML: every tool records "<worker> <operation id>" in the effects
+// directory before it does anything else.
+func workerYAML(name, effects string) string {
+	rec := fmt.Sprintf(`echo "$WORKER $TOOLBATCH_OPERATION_ID" >> %s/effects.log`, effects)
+	return fmt.Sprintf(`
+pools: [default]
+isolation: bubblewrap
+tools:
+  - id: append
+    command: ["/bin/sh", "-c", %q]
+    capability: replay_safe
+    timeout: 20s
+    env: {WORKER: %s}
+    mounts: [{path: %s, writable: true}]
+  - id: slow_nr
+    command: ["/bin/sh", "-c", %q]
+    capability: non_recoverable
+    timeout: 60s
+    env: {WORKER: %s}
+    mounts: [{path: %s, writable: true}]
+  - id: slow_rs
+    command: ["/bin/sh", "-c", %q]
+    capability: replay_safe
+    timeout: 60s
+    env: {WORKER: %s}
+    mounts: [{path: %s, writable: true}]
+  - id: missing_binary
+    command: ["/nonexistent/tool"]
+`, rec+"; echo ok", name, effects,
+		rec+"; sleep 30; echo late", name, effects,
+		rec+`; if [ "$TOOLBATCH_ATTEMPT" = 1 ]; then sleep 30; fi; echo "done by $WORKER"`, name, effects)
+}
+
+func startCluster(t *testing.T, workers ...string) *cluster {
+	t.Helper()
+	dir := t.TempDir()
+	port := freePort(t)
+	cat := filepath.Join(dir, "catalog.yaml")
+	if err := os.WriteFile(cat, []byte(catalogYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The tools run as an unprivileged user in the sandbox: the effects
+	// directory must be reachable and writable by it (t.TempDir is not).
+	effects, err := os.MkdirTemp("", "toolbatch-effects")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(effects) })
+	if err := os.Chmod(effects, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{url: fmt.Sprintf("nats://127.0.0.1:%d", port), effects: effects, workers: map[string]*proc{}}
+	start(t, "engine", `"engine ready"`, engineBin, "--store", filepath.Join(dir, "store"), "--listen", fmt.Sprintf("127.0.0.1:%d", port),
+		"--catalog", cat, "--log-format", "json", "--lease", "1s", "--ack-wait", "2s")
+	for _, name := range workers {
+		cfg := filepath.Join(dir, name+".yaml")
+		if err := os.WriteFile(cfg, []byte(workerYAML(name, c.effects)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c.workers[name] = start(t, name, `"ready"`, workerBin, "--nats-url", c.url, "--config", cfg,
+			"--worker-id", name, "--log-format", "json", "--concurrency", "8")
+	}
+	nc, err := nats.Connect(c.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if c.client, err = client.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// effects returns the recorded side effects: operation id -> workers.
+func (c *cluster) effectLines(t *testing.T) map[string][]string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(c.effects, "effects.log"))
+	if os.IsNotExist(err) {
+		return map[string][]string{}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		worker, op, ok := strings.Cut(line, " ")
+		if ok {
+			out[op] = append(out[op], worker)
+		}
+	}
+	return out
+}
+
+func batch(run string, step int64, tools ...string) *events.Submit {
+	s := &events.Submit{RunID: run, ThreadID: "t", Step: step, Assistant: events.Message{ID: "m"}}
+	for i, tool := range tools {
+		s.Assistant.Content = append(s.Assistant.Content, events.ContentBlock{Type: events.BlockToolUse,
+			ID: fmt.Sprintf("c%d", i+1), Name: tool, Input: events.MustJSON(fmt.Sprintf(`{"i":%d}`, i))})
+	}
+	return s
+}
+
+func texts(r *events.ResultsOut) []string {
+	var out []string
+	for _, b := range r.Results {
+		out = append(out, events.DescribeOutput(events.Output{Content: b.Content, IsError: b.IsError}))
+	}
+	return out
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestThreeHundredCallsExactlyOnce: three workers run 300 sandbox calls
+// across 30 runs; each call's side effect happens exactly once.
+func TestThreeHundredCallsExactlyOnce(t *testing.T) {
+	c := startCluster(t, "w1", "w2", "w3")
+	ctx := ctxT(t, 240*time.Second)
+	const runs, calls = 30, 10
+	tools := make([]string, calls)
+	for i := range tools {
+		tools[i] = "append"
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, runs)
+	for r := 0; r < runs; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			run := fmt.Sprintf("many%d", r)
+			if err := c.client.Submit(ctx, batch(run, 1, tools...)); err != nil {
+				errs <- err
+				return
+			}
+			res, err := c.client.WaitResults(ctx, run, run+"/1")
+			if err != nil {
+				errs <- fmt.Errorf("%s: %w", run, err)
+				return
+			}
+			for i, txt := range texts(res) {
+				if txt != `ok "ok\n"` {
+					errs <- fmt.Errorf("%s call %d: %s", run, i+1, txt)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	lines := c.effectLines(t)
+	if len(lines) != runs*calls {
+		t.Fatalf("%d distinct side effects, want %d", len(lines), runs*calls)
+	}
+	workersUsed := map[string]bool{}
+	for op, ws := range lines {
+		if len(ws) != 1 {
+			t.Fatalf("%s: side effect happened %d times (%v)", op, len(ws), ws)
+		}
+		workersUsed[ws[0]] = true
+	}
+	if len(workersUsed) < 2 {
+		t.Fatalf("only workers %v took work", workersUsed)
+	}
+}
+
+// TestKilledWorker: a worker killed with SIGKILL inside a never_replay
+// call leaves it indeterminate with its effect counted once; inside a
+// replay_safe call, the call completes on another worker. Missing binaries
+// and tools no worker serves are reported as results, and the workers keep
+// serving.
+func TestKilledWorker(t *testing.T) {
+	c := startCluster(t, "w1", "w2")
+	ctx := ctxT(t, 120*time.Second)
+	waitEffect := func(op string) string {
+		t.Helper()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if ws := c.effectLines(t)[op]; len(ws) > 0 {
+				return ws[0]
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("%s never started", op)
+			case <-tick.C:
+			}
+		}
+	}
+
+	if err := c.client.Submit(ctx, batch("nr", 1, "slow_nr")); err != nil {
+		t.Fatal(err)
+	}
+	victim := waitEffect("nr/1/c1")
+	c.workers[victim].kill()
+	res, err := c.client.WaitResults(ctx, "nr", "nr/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(texts(res)); got != `[error "tool outcome is indeterminate: owner lost after the executor was entered"]` {
+		t.Fatalf("never_replay after the kill: %s", got)
+	}
+	if n := len(c.effectLines(t)["nr/1/c1"]); n != 1 {
+		t.Fatalf("never_replay call entered %d times", n)
+	}
+
+	// The surviving worker takes the replayable call's second attempt.
+	survivor := "w1"
+	if victim == "w1" {
+		survivor = "w2"
+	}
+	if err := c.client.Submit(ctx, batch("rs", 1, "slow_rs")); err != nil {
+		t.Fatal(err)
+	}
+	if who := waitEffect("rs/1/c1"); who != survivor {
+		t.Fatalf("replay_safe ran first on %s, not on the surviving %s", who, survivor)
+	}
+	// Kill the survivor inside attempt 1 too; a fresh worker takes
+	// attempt 2 once the lease runs out.
+	c.workers[survivor].kill()
+	cfg := filepath.Join(t.TempDir(), "w3.yaml")
+	if err := os.WriteFile(cfg, []byte(workerYAML("w3", c.effects)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	start(t, "w3", `"ready"`, workerBin, "--nats-url", c.url, "--config", cfg, "--worker-id", "w3", "--log-format", "json")
+	if res, err = c.client.WaitResults(ctx, "rs", "rs/1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(texts(res)); got != `[ok "done by w3\n"]` {
+		t.Fatalf("replay_safe after the kill: %s", got)
+	}
+
+	// A missing binary is an error output; a tool no worker serves is
+	// unavailable before dispatch; the worker still serves.
+	if err := c.client.Submit(ctx, batch("misc", 1, "missing_binary", "nothing_serves_it", "append")); err != nil {
+		t.Fatal(err)
+	}
+	if res, err = c.client.WaitResults(ctx, "misc", "misc/1"); err != nil {
+		t.Fatal(err)
+	}
+	got := texts(res)
+	if len(got) != 3 || !strings.HasPrefix(got[0], "error ") || got[1] != `error "unavailable before dispatch: no worker claimed it before its dispatch deadline"` || got[2] != `ok "ok\n"` {
+		t.Fatalf("results: %v", got)
+	}
+}

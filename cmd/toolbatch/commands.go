@@ -1,0 +1,494 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/client"
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// Defaults of the common flags.
+const (
+	defaultURL     = "nats://127.0.0.1:4222"
+	defaultTimeout = 30 * time.Second
+	// maxBody bounds what submit reads from stdin; NATS refuses far smaller
+	// messages anyway (1 MiB by default).
+	maxBody = 64 << 20
+)
+
+// prefixPattern is the client package's rule for a subject prefix.
+var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
+
+// common holds the flags every command takes.
+type common struct {
+	fs      *flag.FlagSet
+	natsURL string
+	prefix  string
+	timeout time.Duration
+}
+
+func newCommon(name string) *common {
+	c := &common{fs: flag.NewFlagSet(name, flag.ContinueOnError)}
+	c.fs.SetOutput(io.Discard) // a bad flag is one line, from run
+	c.fs.StringVar(&c.natsURL, "nats-url", defaultURL, "NATS server")
+	c.fs.StringVar(&c.prefix, "prefix", client.DefaultPrefix, "subject prefix")
+	c.fs.DurationVar(&c.timeout, "timeout", defaultTimeout, "how long to wait for NATS and the engine")
+	return c
+}
+
+// parse reads flags and positional arguments in any order ("--" ends the
+// flags) and checks the number of positional arguments.
+func (c *common) parse(args []string, names ...string) ([]string, error) {
+	var pos []string
+	for {
+		if err := c.fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, usageErrorf("%s: %v", c.fs.Name(), err)
+		}
+		rest := c.fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	if len(pos) != len(names) {
+		want := "no arguments"
+		if len(names) > 0 {
+			want = strings.Join(names, " ")
+		}
+		return nil, usageErrorf("%s: want %s, got %d argument(s) (toolbatch help)", c.fs.Name(), want, len(pos))
+	}
+	if !prefixPattern.MatchString(c.prefix) {
+		return nil, usageErrorf("--prefix %q must be dot-separated tokens of [A-Za-z0-9_-]", c.prefix)
+	}
+	if c.timeout < 0 {
+		return nil, usageErrorf("--timeout %v must not be negative", c.timeout)
+	}
+	return pos, nil
+}
+
+// context returns a context bounded by --timeout (none for 0) and ended by
+// SIGINT or SIGTERM.
+func (c *common) context() (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	if c.timeout == 0 {
+		return ctx, stop
+	}
+	tctx, cancel := context.WithTimeout(ctx, c.timeout)
+	return tctx, func() { cancel(); stop() }
+}
+
+// connect opens the NATS connection and the client.
+func (c *common) connect() (*nats.Conn, *client.Client, error) {
+	nc, err := nats.Connect(c.natsURL, nats.Name("toolbatch-cli"))
+	if err != nil {
+		return nil, nil, failf("connect to %s: %v", c.natsURL, err)
+	}
+	cl, err := client.New(nc, client.WithPrefix(c.prefix))
+	if err != nil {
+		nc.Close()
+		return nil, nil, usageErrorf("%v", err)
+	}
+	return nc, cl, nil
+}
+
+// explain turns an error of the client into the CLI's one-line error: a
+// refusal shows its code, an expired context says what was awaited.
+func explain(ctx context.Context, err error, what string) error {
+	var ref *events.Refusal
+	switch {
+	case errors.As(err, &ref):
+		return failf("refused %s: %s", ref.Code, ref.Reason)
+	case ctx.Err() != nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded):
+		return failf("timed out %s", what)
+	case ctx.Err() != nil:
+		return failf("interrupted %s", what)
+	case errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrNoStreamResponse):
+		return failf("%s: %v (is an engine running with this --prefix?)", what, err)
+	default:
+		return failf("%s: %v", what, err)
+	}
+}
+
+func validRun(cmd, runID string) error {
+	if !events.ValidRunID(runID) {
+		return usageErrorf("%s: RUN_ID %q must match [A-Za-z0-9_-]{1,64}", cmd, runID)
+	}
+	return nil
+}
+
+func validCorrelation(cmd, id string) error {
+	if !events.ValidCallID(id) {
+		return usageErrorf("%s: CORRELATION_ID %q must match [A-Za-z0-9_-]{1,128}", cmd, id)
+	}
+	return nil
+}
+
+// cmdSubmit: toolbatch submit [--wait] < batch.json
+func cmdSubmit(args []string, stdin io.Reader, stdout io.Writer) error {
+	c := newCommon("submit")
+	wait := c.fs.Bool("wait", false, "wait for the batch's results and print them")
+	if _, err := c.parse(args); err != nil {
+		return err
+	}
+	body, err := io.ReadAll(io.LimitReader(stdin, maxBody+1))
+	if err != nil {
+		return failf("read stdin: %v", err)
+	}
+	if len(body) > maxBody {
+		return failf("rejected %s: body is larger than %d bytes", events.CodeLimitExceeded, maxBody)
+	}
+	sub, err := events.DecodeSubmit(body, true, events.DefaultLimits())
+	if err != nil {
+		return rejected(err)
+	}
+	nc, cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, cancel := c.context()
+	defer cancel()
+	// A step that already holds a batch publishes no results for this
+	// submission: the engine is silent for the identical batch (its results
+	// are the answer) and rejects any other.
+	var accepted string
+	if *wait {
+		if accepted, err = acceptedDigest(ctx, nc, c.prefix, sub.RunID, sub.Step); err != nil {
+			return explain(ctx, err, "reading the event log of run "+sub.RunID)
+		}
+	}
+	if err := cl.Submit(ctx, sub); err != nil {
+		if _, ok := events.CodeOf(err); ok {
+			return rejected(err)
+		}
+		return explain(ctx, err, "publishing batch "+sub.BatchID())
+	}
+	if !*wait {
+		return nil
+	}
+	var res *events.ResultsOut
+	if accepted != "" && accepted != sub.Digest() {
+		err = waitRejection(ctx, cl, sub.RunID, sub.BatchID())
+	} else {
+		res, err = cl.WaitResults(ctx, sub.RunID, sub.BatchID())
+	}
+	var ended *client.EndedError
+	switch {
+	case errors.Is(err, client.ErrRejected):
+		return rejected(err)
+	case errors.As(err, &ended):
+		msg := fmt.Sprintf("run %s ended (%s) without the results of batch %s", sub.RunID, ended.Ended.Cause, sub.BatchID())
+		if ended.Ended.Reason != "" {
+			msg += ": " + ended.Ended.Reason
+		}
+		return failf("%s", msg)
+	case err != nil:
+		return explain(ctx, err, "waiting for the results of batch "+sub.BatchID())
+	}
+	if res.Results == nil {
+		res.Results = []events.ContentBlock{}
+	}
+	if res.State == nil {
+		res.State = []events.Command{}
+	}
+	return writeJSON(stdout, res)
+}
+
+// rejected is the one-line error of a refused submission.
+func rejected(err error) error {
+	var ref *events.Refusal
+	if errors.As(err, &ref) {
+		return failf("rejected %s: %s", ref.Code, ref.Reason)
+	}
+	return failf("rejected: %v", err)
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return failf("write output: %v", err)
+	}
+	return nil
+}
+
+// watchLine is one line of toolbatch watch.
+type watchLine struct {
+	Kind    string `json:"kind"`
+	Subject string `json:"subject"`
+	Body    any    `json:"body"`
+}
+
+// cmdWatch: toolbatch watch RUN_ID
+func cmdWatch(args []string, stdout, stderr io.Writer) error {
+	c := newCommon("watch")
+	pos, err := c.parse(args, "RUN_ID")
+	if err != nil {
+		return err
+	}
+	runID := pos[0]
+	if err := validRun("watch", runID); err != nil {
+		return err
+	}
+	nc, cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	startCtx, cancel := context.WithCancel(ctx)
+	if c.timeout > 0 {
+		startCtx, cancel = context.WithTimeout(ctx, c.timeout)
+	}
+	w, err := cl.Watch(startCtx, runID)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // interrupted while starting
+		}
+		return explain(startCtx, err, "starting to watch run "+runID)
+	}
+	defer w.Stop()
+	for {
+		m, err := w.Next(ctx)
+		if ctx.Err() != nil {
+			return nil // SIGINT or SIGTERM: done
+		}
+		var derr *client.DecodeError
+		switch {
+		case errors.As(err, &derr):
+			fmt.Fprintln(stderr, "toolbatch: skipped an unreadable out message:", strings.ReplaceAll(derr.Error(), "\n", " "))
+			continue
+		case err != nil:
+			return failf("watch run %s: %v", runID, err)
+		}
+		if err := writeJSON(stdout, watchLine{Kind: m.Kind, Subject: m.Subject, Body: body(m)}); err != nil {
+			return err
+		}
+	}
+}
+
+// body returns the payload of an out message.
+func body(m client.Message) any {
+	switch {
+	case m.Disposition != nil:
+		return m.Disposition
+	case m.Results != nil:
+		r := *m.Results
+		if r.Results == nil {
+			r.Results = []events.ContentBlock{}
+		}
+		if r.State == nil {
+			r.State = []events.Command{}
+		}
+		return r
+	case m.Awaiting != nil:
+		return m.Awaiting
+	case m.Rejected != nil:
+		return m.Rejected
+	case m.Refused != nil:
+		return m.Refused
+	case m.Ended != nil:
+		return m.Ended
+	}
+	return struct{}{}
+}
+
+// cmdAnswer: toolbatch approve|deny RUN_ID CORRELATION_ID [--principal P]
+// [--note|--reason TEXT]
+func cmdAnswer(cmd string, args []string) error {
+	c := newCommon(cmd)
+	principal := c.fs.String("principal", "", "who decides: the resume goes to <prefix>.resume.<run_id>.<principal>")
+	var text *string
+	if cmd == "approve" {
+		text = c.fs.String("note", "", "a note recorded with the approval")
+	} else {
+		text = c.fs.String("reason", "", "the reason shown to the model (blocked: <reason>; default denied)")
+	}
+	pos, err := c.parse(args, "RUN_ID", "CORRELATION_ID")
+	if err != nil {
+		return err
+	}
+	runID, corr := pos[0], pos[1]
+	if err := validRun(cmd, runID); err != nil {
+		return err
+	}
+	if err := validCorrelation(cmd, corr); err != nil {
+		return err
+	}
+	if *principal != "" && !events.ValidRunID(*principal) {
+		return usageErrorf("%s: --principal %q must match [A-Za-z0-9_-]{1,64}", cmd, *principal)
+	}
+	nc, cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, cancel := c.context()
+	defer cancel()
+	t, err := findTicket(ctx, nc, cl, runID, corr)
+	if err != nil {
+		return err
+	}
+	switch t.Reason {
+	case events.WaitPermission, events.WaitScheduledAction:
+	default:
+		return failf("ticket %s of run %s waits for a %s, not for a permission", corr, runID, t.Reason)
+	}
+	if cmd == "approve" {
+		err = cl.Approve(ctx, *t, *principal, *text)
+	} else {
+		err = cl.Deny(ctx, *t, *principal, *text)
+	}
+	if err != nil {
+		return explain(ctx, err, "answering ticket "+corr)
+	}
+	return nil
+}
+
+// findTicket reads the run's out messages until it has caught up and
+// returns the ticket with the correlation id. It fails when the run has no
+// such ticket, or when a later out message shows that the ticket is no
+// longer open (another ticket, the batch's results, the run's end).
+func findTicket(ctx context.Context, nc *nats.Conn, cl *client.Client, runID, corr string) (*events.AwaitingOut, error) {
+	// Watch waits for messages; a run without any ticket would make it wait
+	// until the timeout, so look first.
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, failf("jetstream: %v", err)
+	}
+	base := cl.Prefix() + ".out." + runID + "."
+	name, err := js.StreamNameBySubject(ctx, cl.Prefix()+".out.>")
+	if err != nil {
+		return nil, explain(ctx, err, "finding the out stream")
+	}
+	stream, err := js.Stream(ctx, name)
+	if err != nil {
+		return nil, explain(ctx, err, "finding the out stream")
+	}
+	if _, err := stream.GetLastMsgForSubject(ctx, base+client.KindAwaiting); errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, failf("run %s has no ticket %s (it has no ticket at all)", runID, corr)
+	} else if err != nil {
+		return nil, explain(ctx, err, "reading the tickets of run "+runID)
+	}
+	w, err := cl.Watch(ctx, runID)
+	if err != nil {
+		return nil, explain(ctx, err, "reading the tickets of run "+runID)
+	}
+	defer w.Stop()
+	var (
+		ticket *events.AwaitingOut
+		closed string // why the ticket is no longer open
+	)
+	for {
+		m, err := w.Next(ctx)
+		var derr *client.DecodeError
+		switch {
+		case errors.As(err, &derr):
+			continue
+		case err != nil:
+			return nil, explain(ctx, err, "reading the tickets of run "+runID)
+		}
+		switch {
+		case m.Awaiting != nil && m.Awaiting.CorrelationID == corr:
+			ticket, closed = m.Awaiting, ""
+		case ticket == nil || closed != "":
+		case m.Awaiting != nil:
+			closed = "the run has awaited another ticket since"
+		case m.Results != nil && m.Results.BatchID == ticket.BatchID:
+			closed = "its batch " + ticket.BatchID + " has published its results"
+		case m.Ended != nil:
+			closed = "the run ended (" + string(m.Ended.Cause) + ")"
+		}
+		if m.Pending == 0 {
+			break
+		}
+	}
+	switch {
+	case ticket == nil:
+		return nil, failf("run %s has no ticket %s", runID, corr)
+	case closed != "":
+		return nil, failf("ticket %s of run %s is no longer open: %s", corr, runID, closed)
+	}
+	return ticket, nil
+}
+
+// cmdEnd: toolbatch cancel|interrupt RUN_ID [--reason TEXT]
+func cmdEnd(cmd string, args []string) error {
+	c := newCommon(cmd)
+	reason := c.fs.String("reason", "", "why the run ends")
+	pos, err := c.parse(args, "RUN_ID")
+	if err != nil {
+		return err
+	}
+	runID := pos[0]
+	if err := validRun(cmd, runID); err != nil {
+		return err
+	}
+	nc, cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, cancel := c.context()
+	defer cancel()
+	if cmd == "cancel" {
+		err = cl.Cancel(ctx, runID, *reason)
+	} else {
+		err = cl.Interrupt(ctx, runID, *reason)
+	}
+	if err != nil {
+		return explain(ctx, err, cmd+"ing run "+runID)
+	}
+	return nil
+}
+
+// cmdPerform: toolbatch perform RUN_ID CORRELATION_ID
+func cmdPerform(args []string) error {
+	c := newCommon("perform")
+	pos, err := c.parse(args, "RUN_ID", "CORRELATION_ID")
+	if err != nil {
+		return err
+	}
+	runID, corr := pos[0], pos[1]
+	if err := validRun("perform", runID); err != nil {
+		return err
+	}
+	if err := validCorrelation("perform", corr); err != nil {
+		return err
+	}
+	nc, cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, cancel := c.context()
+	defer cancel()
+	if err := cl.Perform(ctx, runID, corr); err != nil {
+		return explain(ctx, err, "performing ticket "+corr)
+	}
+	return nil
+}

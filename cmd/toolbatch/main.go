@@ -1,0 +1,118 @@
+// Command toolbatch is a small command-line client of the toolbatch engine,
+// for people and shell scripts. It talks to the engine over NATS JetStream
+// through the client package, exactly as any other client would (see
+// docs/protocol.md).
+//
+//	toolbatch submit [--wait] < batch.json
+//	toolbatch watch RUN_ID
+//	toolbatch approve RUN_ID CORRELATION_ID [--principal P] [--note TEXT]
+//	toolbatch deny RUN_ID CORRELATION_ID [--principal P] [--reason TEXT]
+//	toolbatch cancel RUN_ID [--reason TEXT]
+//	toolbatch interrupt RUN_ID [--reason TEXT]
+//	toolbatch perform RUN_ID CORRELATION_ID
+//
+// Every command takes --nats-url (default nats://127.0.0.1:4222), --prefix
+// (default toolbatch) and --timeout (default 30s). Errors are one line on
+// stderr; the exit status is 2 for a usage error and 1 for anything else
+// that failed (a refusal, a rejection, a timeout, NATS unreachable).
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+// usage is the text printed for a usage error and for help.
+const usage = `usage:
+  toolbatch submit [--wait] [flags] < batch.json
+      publish one JSON submit body read from stdin; with --wait, print the
+      batch's results as one JSON object on stdout
+  toolbatch watch RUN_ID [flags]
+      print every out message of the run as one JSON line
+      {"kind":...,"subject":...,"body":{...}} until interrupted
+  toolbatch approve RUN_ID CORRELATION_ID [--principal P] [--note TEXT] [flags]
+  toolbatch deny RUN_ID CORRELATION_ID [--principal P] [--reason TEXT] [flags]
+      answer the run's permission (or scheduled action) ticket
+  toolbatch cancel RUN_ID [--reason TEXT] [flags]
+  toolbatch interrupt RUN_ID [--reason TEXT] [flags]
+      end the run
+  toolbatch perform RUN_ID CORRELATION_ID [flags]
+      perform the run's scheduled action now
+
+flags of every command:
+  --nats-url URL   NATS server (default nats://127.0.0.1:4222)
+  --prefix P       subject prefix, the engine's --prefix (default toolbatch)
+  --timeout D      how long to wait for NATS and the engine (default 30s;
+                   0 waits without limit; watch: only while starting)
+
+exit status: 0 done, 1 refused, rejected, timed out or failed, 2 usage error
+`
+
+// exitError is an error with its exit status.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+// usageErrorf is a usage error: exit status 2.
+func usageErrorf(format string, args ...any) error {
+	return &exitError{code: 2, msg: fmt.Sprintf(format, args...)}
+}
+
+// failf is any other failure: exit status 1.
+func failf(format string, args ...any) error {
+	return &exitError{code: 1, msg: fmt.Sprintf(format, args...)}
+}
+
+// run runs one command and returns its exit status.
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, "toolbatch: no command\n"+usage)
+		return 2
+	}
+	cmd, rest := args[0], args[1:]
+	var err error
+	switch cmd {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	case "submit":
+		err = cmdSubmit(rest, stdin, stdout)
+	case "watch":
+		err = cmdWatch(rest, stdout, stderr)
+	case "approve", "deny":
+		err = cmdAnswer(cmd, rest)
+	case "cancel", "interrupt":
+		err = cmdEnd(cmd, rest)
+	case "perform":
+		err = cmdPerform(rest)
+	default:
+		err = usageErrorf("unknown command %q (want submit, watch, approve, deny, cancel, interrupt or perform; toolbatch help)", cmd)
+	}
+	if err == nil {
+		return 0
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	code := 1
+	var ee *exitError
+	if errors.As(err, &ee) {
+		code = ee.code
+	}
+	// One line, whatever the error holds.
+	msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+	fmt.Fprintln(stderr, "toolbatch: "+msg)
+	return code
+}

@@ -1,0 +1,39 @@
+// Package sandbox is the execution side of a sandbox worker: it loads the
+// worker config (the operator's public interface, described in
+// docs/workers.md) and runs one call of a tool, either a trusted builtin in
+// process or a command as a sandboxed subprocess. It knows nothing of NATS,
+// claims or leases: the worker loop calls Runner.Run once per claimed
+// attempt and publishes the Result.
+//
+// A subprocess call, with isolation bubblewrap:
+//
+//	worker (root)            bwrap as 65534:65534 (its own process group)
+//	  └─ bwrap ─ new user, PID, IPC, UTS (and network) namespaces
+//	       └─ bwrap (PID 1)
+//	            └─ env -u PWD (bwrap sets PWD; execs)
+//	                 └─ prlimit --as --cpu --nproc --fsize --core (sets rlimits, execs)
+//	                      └─ the tool: argv from the config, arguments on stdin
+//
+// The tool sees a read-only view of the host (--ro-bind / /), a private
+// /proc and /dev, a private /tmp (tmpfs of limits.memory_mb), its mounts
+// at the same paths, and a fresh empty working directory, bound at the same
+// path, that is its cwd and HOME and is removed afterwards. Its environment
+// is exactly PATH, HOME, LANG, the TOOLBATCH_* variables and its env map.
+//
+// rlimits are set by prlimit inside the sandbox, after the user namespace
+// exists: RLIMIT_NPROC is then counted per user namespace and user, so
+// max_procs caps each call on its own rather than all calls of the uid
+// together; and because bwrap runs as an unprivileged uid, root's exemption
+// from RLIMIT_NPROC does not apply. Go cannot set a child's rlimits before
+// exec (SysProcAttr has no rlimit field), and a re-exec helper would tie
+// the sandbox to the worker binary; prlimit (util-linux) is on every Linux.
+//
+// Every failure is a Result: a missing program, a non-zero exit (with the
+// tail of stderr), a timeout, a cancelled context, too much output,
+// malformed JSON output. On a timeout, cancellation or too much output the
+// sandbox's init process is killed, which makes the kernel kill every
+// process of its PID namespace; Run returns once bubblewrap has exited.
+//
+// With isolation none the same command line runs without bubblewrap, in
+// its own process group; Runner.Warning says what is then not isolated.
+package sandbox

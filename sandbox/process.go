@@ -1,0 +1,396 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// Grace periods of the kill path. They bound waits for the kernel, not for
+// the tool: a killed sandbox is normally gone in microseconds.
+const (
+	// killGrace is how long the runner waits for bubblewrap to exit after
+	// killing the sandbox's init process, before it kills bubblewrap too.
+	killGrace = 2 * time.Second
+	// pipeGrace is how long stdout and stderr may stay open after the tool
+	// has exited (held by a process that escaped the kill, possible only
+	// without bubblewrap) before the runner stops reading them.
+	pipeGrace = 2 * time.Second
+)
+
+// Causes that end a call early.
+var (
+	errTimedOut       = errors.New("sandbox: timed out")
+	errOutputExceeded = errors.New("sandbox: output exceeded")
+)
+
+// outcome is what one subprocess run left behind.
+type outcome struct {
+	startErr   error
+	state      *os.ProcessState
+	stdout     []byte
+	stdoutOver bool
+	stderr     []byte // the tail
+	stderrCut  bool   // stderr was longer than the tail
+	timedOut   bool
+	cancelled  error // ctx ended first: its cause
+}
+
+// runProcess runs a subprocess tool in its sandbox.
+func (r *Runner) runProcess(ctx context.Context, t ToolConfig, call Call) Result {
+	prog, err := resolveProgram(t.Command[0])
+	if err != nil {
+		return failure(events.ErrorExecution, "%v", err)
+	}
+	workdir, err := r.newWorkdir()
+	if err != nil {
+		return failure(events.ErrorExecution, "cannot create the working directory: %v", err)
+	}
+	defer removeWorkdir(workdir)
+
+	argv := r.argv(t, prog, workdir)
+	stdin := call.Arguments
+	if len(stdin) == 0 {
+		stdin = []byte("{}")
+	}
+	o := r.execute(ctx, t, argv, toolEnv(t, call, workdir), workdir, stdin)
+	return interpret(t, call, o)
+}
+
+// toolEnv returns the tool's whole environment: nothing of the worker's.
+func toolEnv(t ToolConfig, call Call, workdir string) []string {
+	env := []string{
+		"PATH=" + ToolPATH,
+		"HOME=" + workdir,
+		"LANG=C.UTF-8",
+		"TOOLBATCH_OPERATION_ID=" + call.OperationID,
+		"TOOLBATCH_ATTEMPT=" + strconv.Itoa(call.Attempt),
+		"TOOLBATCH_CALL_ID=" + call.CallID,
+	}
+	for _, k := range sortedKeys(t.Env) {
+		env = append(env, k+"="+t.Env[k])
+	}
+	return env
+}
+
+// resolveProgram returns the absolute path of a tool's program, looking a
+// bare name up in ToolPATH.
+func resolveProgram(p string) (string, error) {
+	check := func(path string) error {
+		fi, err := os.Stat(path)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return fmt.Errorf("program %s does not exist", path)
+		case err != nil:
+			return fmt.Errorf("program %s: %v", path, errors.Unwrap(err))
+		case !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0:
+			return fmt.Errorf("program %s is not an executable file", path)
+		}
+		return nil
+	}
+	switch {
+	case filepath.IsAbs(p):
+		if err := check(p); err != nil {
+			return "", err
+		}
+		return p, nil
+	case strings.Contains(p, "/"):
+		return "", fmt.Errorf("program %q is a relative path (LoadConfig resolves it against the config file's directory; a Config built in Go needs an absolute path)", p)
+	}
+	for _, dir := range filepath.SplitList(ToolPATH) {
+		path := filepath.Join(dir, p)
+		if check(path) == nil {
+			return path, nil
+		}
+	}
+	return "", fmt.Errorf("program %q not found in PATH %s", p, ToolPATH)
+}
+
+// newWorkdir creates a call's fresh, empty working directory, owned by the
+// sandbox user.
+func (r *Runner) newWorkdir() (string, error) {
+	dir, err := os.MkdirTemp(r.workRoot, "toolbatch-call-")
+	if err != nil {
+		return "", err
+	}
+	if r.dropUser && r.cfg.Isolation == IsolationBubblewrap {
+		if err := os.Chown(dir, r.uid, r.gid); err != nil {
+			_ = os.Remove(dir)
+			return "", err
+		}
+	}
+	return dir, nil
+}
+
+// removeWorkdir removes a call's working directory, making the
+// directories a tool locked (chmod 0) writable again first if it must.
+func removeWorkdir(dir string) {
+	if os.RemoveAll(dir) == nil {
+		return
+	}
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if d != nil && d.IsDir() {
+			_ = os.Chmod(p, 0o700)
+		}
+		return nil
+	})
+	_ = os.RemoveAll(dir)
+}
+
+// under reports whether path is dir or inside it.
+func under(path, dir string) bool {
+	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
+}
+
+// argv returns the command line of one call: bubblewrap (unless isolation
+// is none), then prlimit with the call's rlimits, then the tool.
+func (r *Runner) argv(t ToolConfig, prog, workdir string) []string {
+	var a []string
+	if r.cfg.Isolation == IsolationBubblewrap {
+		a = append(a, r.bwrapArgs(t, workdir)...)
+		a = append(a, r.env, "-u", "PWD", "--")
+	}
+	l := t.Limits
+	mem := int64(l.MemoryMB) << 20
+	fsize := max(int64(l.OutputKB)<<10, mem)
+	a = append(a, r.prlimit,
+		"--as="+strconv.FormatInt(mem, 10),
+		fmt.Sprintf("--cpu=%d:%d", l.CPUSeconds, l.CPUSeconds+1),
+		"--nproc="+strconv.Itoa(l.MaxProcs),
+		"--fsize="+strconv.FormatInt(fsize, 10),
+		"--core=0",
+		"--", prog)
+	return append(a, t.Command[1:]...)
+}
+
+// bwrapArgs returns bubblewrap and its flags for one call; the command
+// follows them.
+func (r *Runner) bwrapArgs(t ToolConfig, workdir string) []string {
+	a := []string{r.bwrap, "--unshare-user"}
+	if r.disableUserns {
+		a = append(a, "--disable-userns")
+	}
+	a = append(a, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "toolbatch-sandbox")
+	if !t.Limits.Network {
+		a = append(a, "--unshare-net")
+	}
+	a = append(a, "--die-with-parent", "--new-session",
+		"--ro-bind", "/", "/",
+		"--proc", "/proc",
+		"--dev", "/dev")
+	if r.tmpfsSize {
+		a = append(a, "--size", strconv.FormatInt(int64(t.Limits.MemoryMB)<<20, 10))
+	}
+	a = append(a, "--tmpfs", "/tmp")
+	if !under(r.workRoot, "/tmp") {
+		// Hide the other calls' working directories.
+		a = append(a, "--tmpfs", r.workRoot)
+	}
+	for _, m := range t.Mounts {
+		flag := "--ro-bind"
+		if m.Writable {
+			flag = "--bind"
+		}
+		a = append(a, flag, m.Path, m.Path)
+	}
+	return append(a,
+		"--bind", workdir, workdir,
+		"--chdir", workdir,
+		"--info-fd", "3",
+		"--")
+}
+
+// execute starts argv with its pipes, waits for it to end (or kills it on
+// the timeout, ctx's end or too much stdout) and collects what it wrote.
+func (r *Runner) execute(ctx context.Context, t ToolConfig, argv, env []string, workdir string, stdin []byte) (o outcome) {
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	timer := time.AfterFunc(t.Timeout, func() { cancel(errTimedOut) })
+	defer timer.Stop()
+
+	bwrap := r.cfg.Isolation == IsolationBubblewrap
+	var files []*os.File // every pipe end this function opened
+	defer func() {
+		for _, f := range files {
+			_ = f.Close()
+		}
+	}()
+	pipe := func() (*os.File, *os.File, error) {
+		pr, pw, err := os.Pipe()
+		if err == nil {
+			files = append(files, pr, pw)
+		}
+		return pr, pw, err
+	}
+	inR, inW, err1 := pipe()
+	outR, outW, err2 := pipe()
+	errR, errW, err3 := pipe()
+	infoR, infoW, err4 := pipe()
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		return outcome{startErr: err}
+	}
+
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = env
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if bwrap {
+		cmd.Dir = "/"
+		cmd.ExtraFiles = []*os.File{infoW}
+		if r.dropUser {
+			cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(r.uid), Gid: uint32(r.gid), Groups: []uint32{}}
+		}
+	} else {
+		cmd.Dir = workdir
+	}
+	if err := cmd.Start(); err != nil {
+		return outcome{startErr: err}
+	}
+	// The child holds its ends now.
+	for _, f := range []*os.File{inR, outW, errW, infoW} {
+		_ = f.Close()
+	}
+	pgid := cmd.Process.Pid
+
+	go func() {
+		_, _ = inW.Write(stdin)
+		_ = inW.Close()
+	}()
+	type captured struct {
+		data []byte
+		cut  bool
+	}
+	stdoutc := make(chan captured, 1)
+	go func() {
+		data, over := readCapped(outR, t.Limits.OutputKB<<10)
+		if over {
+			cancel(errOutputExceeded)
+		}
+		stdoutc <- captured{data, over}
+	}()
+	stderrc := make(chan captured, 1)
+	go func() {
+		data, cut := readTail(errR, StderrTailBytes)
+		stderrc <- captured{data, cut}
+	}()
+	// bubblewrap reports the host pid of the sandbox's init process: killing
+	// it tears down the whole PID namespace.
+	var inner atomic.Int64
+	if bwrap {
+		go func() {
+			var info struct {
+				ChildPID int64 `json:"child-pid"`
+			}
+			if json.NewDecoder(infoR).Decode(&info) == nil && info.ChildPID > 0 {
+				inner.Store(info.ChildPID)
+			}
+		}()
+	}
+
+	waitc := make(chan error, 1)
+	go func() { waitc <- cmd.Wait() }()
+	select {
+	case <-waitc:
+	case <-runCtx.Done():
+		switch cause := context.Cause(runCtx); {
+		case errors.Is(cause, errTimedOut):
+			o.timedOut = true
+		case errors.Is(cause, errOutputExceeded):
+		default:
+			o.cancelled = cause
+		}
+		kill(pgid, &inner, waitc)
+	}
+	o.state = cmd.ProcessState
+	// Anything left in the process group (only possible without
+	// bubblewrap): the group outlives its reaped leader only while it has
+	// members, so its id cannot have been reused.
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	_ = inW.Close()
+	_ = infoR.Close()
+
+	grace := time.NewTimer(pipeGrace)
+	defer grace.Stop()
+	var out, errs captured
+	for got := 0; got < 2; {
+		select {
+		case out = <-stdoutc:
+			got++
+		case errs = <-stderrc:
+			got++
+		case <-grace.C:
+			// A process that escaped the kill holds a pipe: stop reading.
+			_ = outR.Close()
+			_ = errR.Close()
+		}
+	}
+	o.stdout, o.stdoutOver = out.data, out.cut
+	o.stderr, o.stderrCut = errs.data, errs.cut
+	return o
+}
+
+// kill ends a running sandbox and waits until its process has exited:
+// SIGKILL to the sandbox's init process (the kernel then kills every
+// process of its PID namespace and bubblewrap exits), and SIGKILL to the
+// whole process group when that is not known or not enough.
+func kill(pgid int, inner *atomic.Int64, waitc <-chan error) {
+	if pid := inner.Load(); pid > 0 {
+		_ = syscall.Kill(int(pid), syscall.SIGKILL)
+		t := time.NewTimer(killGrace)
+		defer t.Stop()
+		select {
+		case <-waitc:
+			return
+		case <-t.C:
+		}
+	}
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	<-waitc
+}
+
+// readCapped reads r to its end, keeping at most limit bytes; over reports
+// that there was more, and then it stops reading at once.
+func readCapped(r io.Reader, limit int) (data []byte, over bool) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(buf)
+		if len(data)+n > limit {
+			return append(data, buf[:limit-len(data)]...), true
+		}
+		data = append(data, buf[:n]...)
+		if err != nil {
+			return data, false
+		}
+	}
+}
+
+// readTail reads r to its end, keeping the last n bytes; cut reports that
+// there were more.
+func readTail(r io.Reader, n int) (tail []byte, cut bool) {
+	buf := make([]byte, 32<<10)
+	for {
+		k, err := r.Read(buf)
+		tail = append(tail, buf[:k]...)
+		if len(tail) > n {
+			tail = slices.Clone(tail[len(tail)-n:])
+			cut = true
+		}
+		if err != nil {
+			return tail, cut
+		}
+	}
+}

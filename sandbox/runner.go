@@ -1,0 +1,313 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// ToolPATH is the PATH of every subprocess tool, and where a bare
+// command[0] is looked up.
+const ToolPATH = "/usr/local/bin:/usr/bin:/bin"
+
+// DefaultSandboxUID and DefaultSandboxGID are the ids tools run as when the
+// worker runs as root: nobody and nogroup on Debian.
+const (
+	DefaultSandboxUID = 65534
+	DefaultSandboxGID = 65534
+)
+
+// StderrTailBytes is how much of the end of a tool's stderr is kept for
+// the error output of a failed call.
+const StderrTailBytes = 4 << 10
+
+// Errors of NewRunner: the worker cannot serve its config on this machine.
+var (
+	// ErrNoBubblewrap: the config asks for bubblewrap and bwrap is not on
+	// PATH.
+	ErrNoBubblewrap = errors.New("sandbox: isolation is bubblewrap but bwrap is not on PATH (install the bubblewrap package, or set isolation: none to run tools unisolated)")
+	// ErrBubblewrapBroken: bwrap is installed but cannot build a sandbox
+	// here (user namespaces disabled, the work root not reachable, ...).
+	ErrBubblewrapBroken = errors.New("sandbox: bubblewrap cannot create a sandbox on this machine")
+	// ErrNoPrlimit: prlimit (util-linux), which sets every tool's rlimits,
+	// is not on PATH.
+	ErrNoPrlimit = errors.New("sandbox: prlimit is not on PATH (install util-linux)")
+)
+
+// Call is one attempt of one call, as a worker received it.
+type Call struct {
+	ToolID      string
+	CallID      string
+	OperationID string // <run_id>/<step>/<call_id>: the idempotency key
+	Attempt     int
+	Arguments   []byte // JSON; empty is sent as {}
+}
+
+// Result is a call's outcome: exactly one of Output (what the tool
+// produced, possibly an error output of its own) and Err (the call failed:
+// the tool could not be started, exited non-zero, timed out, wrote too
+// much or malformed output). Every Err becomes an error output.
+type Result struct {
+	Output *events.Output
+	Err    *events.ToolError
+}
+
+// Option changes how a Runner runs tools.
+type Option func(*Runner)
+
+// WithWorkRoot sets the directory under which each call's working
+// directory is created (default os.TempDir()). It must exist and be
+// reachable by the sandbox user.
+func WithWorkRoot(dir string) Option { return func(r *Runner) { r.workRoot = dir } }
+
+// WithSandboxUser sets the uid and gid bubblewrap and the tools run as
+// when the worker runs as root (default 65534:65534). It is ignored when
+// the worker is not root: tools then run as the worker's user.
+func WithSandboxUser(uid, gid int) Option {
+	return func(r *Runner) { r.uid, r.gid = uid, gid }
+}
+
+// Runner runs calls of the tools of one worker config. It is safe for
+// concurrent use; each call has its own sandbox.
+type Runner struct {
+	cfg      Config
+	workRoot string
+	uid, gid int
+	dropUser bool // the worker is root: run bwrap as uid:gid
+
+	bwrap   string // absolute path of bwrap (bubblewrap only)
+	prlimit string // absolute path of prlimit
+	env     string // absolute path of env (bubblewrap only)
+	// Optional bwrap flags, when this bwrap has them.
+	disableUserns bool
+	tmpfsSize     bool
+
+	warning string
+}
+
+// NewRunner checks the config and this machine and returns a Runner. It
+// refuses isolation bubblewrap when bwrap is not on PATH (ErrNoBubblewrap)
+// or cannot build a sandbox here (ErrBubblewrapBroken, after a trial run of
+// at most 10 s), and any config whose mounts do not exist.
+func NewRunner(cfg Config, opts ...Option) (*Runner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	r := &Runner{cfg: cfg.WithDefaults(), uid: DefaultSandboxUID, gid: DefaultSandboxGID}
+	for _, o := range opts {
+		o(r)
+	}
+	if r.workRoot == "" {
+		r.workRoot = os.TempDir()
+	}
+	root, err := filepath.Abs(r.workRoot)
+	if err == nil {
+		root, err = filepath.EvalSymlinks(root)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: work root: %w", err)
+	}
+	if fi, err := os.Stat(root); err != nil {
+		return nil, fmt.Errorf("sandbox: work root: %w", err)
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("sandbox: work root %s is not a directory", root)
+	}
+	r.workRoot = root
+	r.dropUser = os.Geteuid() == 0
+	for _, t := range r.cfg.Tools {
+		if !t.IsBuiltin() && !filepath.IsAbs(t.Command[0]) && strings.Contains(t.Command[0], "/") {
+			return nil, fmt.Errorf("sandbox: tool %q: program %q is a relative path (LoadConfig resolves it against the config file's directory; a Config built in Go needs an absolute path)", t.ID, t.Command[0])
+		}
+		for _, m := range t.Mounts {
+			if _, err := os.Stat(m.Path); err != nil {
+				return nil, fmt.Errorf("sandbox: tool %q: mount %s: %w", t.ID, m.Path, errors.Unwrap(err))
+			}
+			if real, err := filepath.EvalSymlinks(m.Path); err == nil && under(root, real) || under(root, m.Path) {
+				return nil, fmt.Errorf("sandbox: tool %q: mount %s holds the work root %s: it would show the tool every call's working directory", t.ID, m.Path, root)
+			}
+		}
+	}
+	if !r.hasSubprocessTools() {
+		if r.cfg.Isolation == IsolationNone {
+			r.warning = "isolation: none (every tool of this worker is a builtin, so no subprocess runs)"
+		}
+		return r, nil
+	}
+	if r.cfg.Isolation == IsolationNone {
+		if err := r.findPrlimit(); err != nil {
+			return nil, err
+		}
+		r.warning = noneWarning(r.dropUser)
+		return r, nil
+	}
+	if err := r.findBubblewrap(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *Runner) findPrlimit() error {
+	p, err := exec.LookPath("prlimit")
+	if err != nil {
+		return ErrNoPrlimit
+	}
+	if r.prlimit, err = filepath.Abs(p); err != nil {
+		return fmt.Errorf("%w: %v", ErrNoPrlimit, err)
+	}
+	return nil
+}
+
+// Config returns the runner's config, with every default applied.
+func (r *Runner) Config() Config { return r.cfg.WithDefaults() }
+
+// Warning returns what a worker must say loudly at start, or "" when its
+// tools are isolated: with isolation none, everything that is not.
+func (r *Runner) Warning() string { return r.warning }
+
+func (r *Runner) hasSubprocessTools() bool {
+	for _, t := range r.cfg.Tools {
+		if !t.IsBuiltin() {
+			return true
+		}
+	}
+	return false
+}
+
+// findBubblewrap locates bwrap, learns which optional flags it has and
+// runs one trial sandbox.
+func (r *Runner) findBubblewrap() error {
+	p, err := exec.LookPath("bwrap")
+	if err != nil {
+		return ErrNoBubblewrap
+	}
+	if r.bwrap, err = filepath.Abs(p); err != nil {
+		return fmt.Errorf("%w: %v", ErrNoBubblewrap, err)
+	}
+	if err := r.findPrlimit(); err != nil {
+		return err
+	}
+	// bwrap sets PWD; env (coreutils) takes it out again.
+	if p, err = exec.LookPath("env"); err == nil {
+		r.env, err = filepath.Abs(p)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: env (coreutils) is not on PATH", ErrBubblewrapBroken)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	help, _ := exec.CommandContext(ctx, r.bwrap, "--help").CombinedOutput()
+	r.disableUserns = strings.Contains(string(help), "--disable-userns")
+	r.tmpfsSize = strings.Contains(string(help), "--size")
+	trial := ToolConfig{ID: "trial", Command: []string{"/bin/true"}, Timeout: 10 * time.Second}
+	res := r.runProcess(ctx, trial.withDefaults(), Call{ToolID: "trial", CallID: "trial", OperationID: "trial/0/trial", Attempt: 1})
+	if res.Err != nil {
+		return fmt.Errorf("%w: a trial run of /bin/true failed: %s", ErrBubblewrapBroken, res.Err.Message)
+	}
+	return nil
+}
+
+// withDefaults applies the tool defaults to one tool.
+func (t ToolConfig) withDefaults() ToolConfig {
+	return Config{Tools: []ToolConfig{t}}.WithDefaults().Tools[0]
+}
+
+func noneWarning(root bool) string {
+	var b strings.Builder
+	b.WriteString("isolation: none: subprocess tools run WITHOUT a sandbox, as plain child processes of this worker. NOT isolated: ")
+	b.WriteString("the filesystem (a tool reads and writes whatever this worker's user can; its working directory is only a starting point), ")
+	b.WriteString("the network (tools reach everything this machine reaches, whatever limits.network says), ")
+	b.WriteString("processes (tools see and can signal this worker's processes, and a process that leaves its process group survives the call), ")
+	b.WriteString("IPC and mounts (limits.mounts are not needed and not enforced)")
+	if root {
+		b.WriteString("; and this worker runs as ROOT, so tools run as root: max_procs is not enforced and a tool can raise or drop every limit")
+	}
+	b.WriteString(". Still applied: the scrubbed environment, the timeout with the process-group kill, the output caps, and the rlimits. Use isolation: bubblewrap for untrusted tools.")
+	return b.String()
+}
+
+// Run runs one call and returns its result. It never panics and never
+// returns a Go error: every failure is a Result with Err. The steps:
+//
+//  1. Find the tool; a tool this worker does not serve is an error.
+//  2. A builtin runs in-process under the tool's timeout.
+//  3. A subprocess tool: resolve its program (a missing program is an
+//     error, nothing runs), create a fresh working directory, start the
+//     sandbox with the arguments on stdin and the exact environment, read
+//     stdout (capped) and the tail of stderr.
+//  4. On the timeout, ctx's end or too much stdout, kill the whole sandbox
+//     (its PID namespace, or its process group without bubblewrap).
+//  5. Wait until it has exited, remove the working directory, and turn the
+//     exit status and stdout into the result.
+func (r *Runner) Run(ctx context.Context, call Call) (res Result) {
+	defer func() {
+		if p := recover(); p != nil {
+			res = failure(events.ErrorExecution, "internal error in the sandbox runner: %v", p)
+		}
+	}()
+	t, ok := r.cfg.Tool(call.ToolID)
+	if !ok {
+		return failure(events.ErrorExecution, "tool %q is not served by this worker", call.ToolID)
+	}
+	t = t.withDefaults()
+	if t.IsBuiltin() {
+		return r.runBuiltin(ctx, t, call)
+	}
+	return r.runProcess(ctx, t, call)
+}
+
+// failure returns a Result holding a tool error.
+func failure(kind events.ErrorKind, format string, args ...any) Result {
+	return Result{Err: &events.ToolError{Kind: kind, Message: fmt.Sprintf(format, args...)}}
+}
+
+// success returns a Result holding an output.
+func success(o events.Output) Result { return Result{Output: &o} }
+
+// runBuiltin runs a trusted in-process tool under the tool's timeout.
+func (r *Runner) runBuiltin(ctx context.Context, t ToolConfig, call Call) Result {
+	switch t.Builtin {
+	case BuiltinNoop:
+		return success(events.Output{CallID: call.CallID})
+	case BuiltinEcho:
+		text := string(call.Arguments)
+		if len(call.Arguments) == 0 {
+			text = "{}"
+		}
+		return success(events.TextOutput(call.CallID, text))
+	case BuiltinSleep:
+		var a struct {
+			Duration string `json:"duration"`
+		}
+		if len(call.Arguments) > 0 {
+			if err := json.Unmarshal(call.Arguments, &a); err != nil {
+				return failure(events.ErrorInvalidArguments, "%v", err)
+			}
+		}
+		d, err := time.ParseDuration(a.Duration)
+		if err != nil || d < 0 {
+			return failure(events.ErrorInvalidArguments, "duration %q is not a Go duration", a.Duration)
+		}
+		timer := time.NewTimer(d)
+		defer timer.Stop()
+		deadline := time.NewTimer(t.Timeout)
+		defer deadline.Stop()
+		select {
+		case <-timer.C:
+			return success(events.TextOutput(call.CallID, "slept "+d.String()))
+		case <-deadline.C:
+			return failure(events.ErrorExecution, "timed out after %s", t.Timeout)
+		case <-ctx.Done():
+			return failure(events.ErrorExecution, "interrupted: %v", context.Cause(ctx))
+		}
+	default:
+		return failure(events.ErrorExecution, "builtin %q does not exist", t.Builtin)
+	}
+}

@@ -1,0 +1,3 @@
+#!/bin/sh
+# Never ends.
+while :; do :; done

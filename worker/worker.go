@@ -1,0 +1,350 @@
+// Package worker is the sandbox worker loop: it takes sandbox jobs from
+// the dispatch stream, claims each one from the engine before it runs it,
+// heartbeats while it runs, and reports the outcome with its claim token.
+// Any number of workers, on any machines, share the work: each (pool, tool)
+// has one durable consumer that all workers pull from.
+//
+// Duties for one job, in order:
+//
+//  1. Claim the attempt on <prefix>.api.claim. Refused: the job is a
+//     duplicate or stale; acknowledge it and run nothing. No answer: give
+//     the job back (nak) and run nothing.
+//  2. Run the tool, heartbeating on <prefix>.api.heartbeat and marking the
+//     job in progress every third of the lease. A heartbeat that says the
+//     claim is no longer current stops the tool: its result would be
+//     refused anyway.
+//  3. Publish the result on <prefix>.result.<run_id> with the claim token,
+//     then acknowledge the job.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/sandbox"
+)
+
+// Runner runs one call; *sandbox.Runner is the implementation.
+type Runner interface {
+	Run(ctx context.Context, call sandbox.Call) sandbox.Result
+}
+
+// Defaults.
+const (
+	DefaultConcurrency = 4
+	DefaultGrace       = 30 * time.Second
+	advertiseEvery     = 10 * time.Second
+	claimTimeout       = 5 * time.Second
+)
+
+// Config configures a worker.
+type Config struct {
+	// Prefix is the subject prefix (default "toolbatch").
+	Prefix string
+	// WorkerID names the worker in claims and in the registry (default
+	// <hostname>-<pid>).
+	WorkerID string
+	// Pools restricts the pools served (default: the sandbox config's).
+	Pools []string
+	// Concurrency is how many calls run at once (default 4).
+	Concurrency int
+	// Grace is how long a drain waits for running calls (default 30s).
+	Grace time.Duration
+	// Logger receives the logs.
+	Logger zerolog.Logger
+}
+
+// Worker serves sandbox jobs.
+type Worker struct {
+	cfg    Config
+	tools  []sandbox.ToolConfig
+	runner Runner
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	log    zerolog.Logger
+}
+
+// New returns a worker for the tools of a sandbox config.
+func New(nc *nats.Conn, sc sandbox.Config, runner Runner, cfg Config) (*Worker, error) {
+	if cfg.Prefix == "" {
+		cfg.Prefix = "toolbatch"
+	}
+	if cfg.WorkerID == "" {
+		host, _ := os.Hostname()
+		cfg.WorkerID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if !events.ValidRunID(cfg.WorkerID) {
+		return nil, fmt.Errorf("worker id %q must match [A-Za-z0-9_-]{1,64}", cfg.WorkerID)
+	}
+	if len(cfg.Pools) == 0 {
+		cfg.Pools = sc.Pools
+	}
+	if len(cfg.Pools) == 0 {
+		cfg.Pools = []string{"default"}
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = DefaultGrace
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	return &Worker{cfg: cfg, tools: sc.Tools, runner: runner, nc: nc, js: js, log: cfg.Logger}, nil
+}
+
+func (w *Worker) subject(parts ...string) string {
+	s := w.cfg.Prefix
+	for _, p := range parts {
+		s += "." + p
+	}
+	return s
+}
+
+func (w *Worker) streamName(kind string) string {
+	up := []byte(w.cfg.Prefix)
+	for i, c := range up {
+		switch {
+		case c >= 'a' && c <= 'z':
+			up[i] = c - 'a' + 'A'
+		case c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		default:
+			up[i] = '_'
+		}
+	}
+	return string(up) + "_" + kind
+}
+
+// Run serves until drain is done: it then stops taking jobs, lets running
+// calls finish for the grace period, publishes their results, and returns
+// nil. When abort is done as well, running calls are stopped at once.
+func (w *Worker) Run(drain, abort context.Context) error {
+	setup, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := w.js.KeyValue(setup, w.streamName("WORKERS"))
+	if err != nil {
+		return fmt.Errorf("workers bucket (is the engine running?): %w", err)
+	}
+	var consumers []jetstream.Consumer
+	for _, pool := range w.cfg.Pools {
+		for _, t := range w.tools {
+			c, err := w.js.CreateOrUpdateConsumer(setup, w.streamName("DISPATCH"), jetstream.ConsumerConfig{
+				Durable: "pool-" + pool + "-" + t.ID, FilterSubject: w.subject("dispatch", pool, t.ID),
+				AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: -1,
+				Description: "toolbatch sandbox workers of pool " + pool + ", tool " + t.ID,
+			})
+			if err != nil {
+				return fmt.Errorf("consumer for pool %s tool %s: %w", pool, t.ID, err)
+			}
+			consumers = append(consumers, c)
+		}
+	}
+	advertise := func(ctx context.Context) {
+		for _, pool := range w.cfg.Pools {
+			for _, t := range w.tools {
+				capability := t.Capability
+				if capability == "" {
+					capability = events.CapNonRecoverable
+				}
+				if _, err := kv.Put(ctx, fmt.Sprintf("sandbox.%s.%s.%s", pool, t.ID, w.cfg.WorkerID), []byte(capability)); err != nil {
+					w.log.Warn().Err(err).Msg("advertise failed")
+				}
+			}
+		}
+	}
+	advertise(setup)
+
+	runCtx, stopRuns := context.WithCancel(context.Background())
+	defer stopRuns()
+	go func() {
+		<-abort.Done()
+		stopRuns()
+	}()
+	slots := make(chan struct{}, w.cfg.Concurrency)
+	var running sync.WaitGroup
+	var iters []jetstream.MessagesContext
+	var fetchers sync.WaitGroup
+	for _, c := range consumers {
+		it, err := c.Messages(jetstream.PullMaxMessages(w.cfg.Concurrency))
+		if err != nil {
+			return err
+		}
+		iters = append(iters, it)
+		fetchers.Add(1)
+		go func() {
+			defer fetchers.Done()
+			for {
+				select {
+				case slots <- struct{}{}:
+				case <-drain.Done():
+					return
+				}
+				m, err := it.Next()
+				if err != nil {
+					<-slots
+					if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+						return
+					}
+					continue
+				}
+				if drain.Err() != nil {
+					_ = m.Nak() // taken after the drain began: give it back
+					<-slots
+					return
+				}
+				running.Add(1)
+				go func() {
+					defer running.Done()
+					defer func() { <-slots }()
+					w.handle(runCtx, m)
+				}()
+			}
+		}()
+	}
+	w.log.Info().Str("worker_id", w.cfg.WorkerID).Strs("pools", w.cfg.Pools).Int("concurrency", w.cfg.Concurrency).Msg("ready")
+
+	tick := time.NewTicker(advertiseEvery)
+	defer tick.Stop()
+loop:
+	for {
+		select {
+		case <-drain.Done():
+			break loop
+		case <-tick.C:
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			advertise(ctx)
+			cancel()
+		}
+	}
+	w.log.Info().Msg("draining")
+	for _, it := range iters {
+		it.Stop()
+	}
+	fetchers.Wait()
+	done := make(chan struct{})
+	go func() { running.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(w.cfg.Grace):
+		w.log.Warn().Msg("grace period over: stopping running calls")
+		stopRuns()
+		<-done
+	case <-abort.Done():
+		<-done
+	}
+	// Leave the registry: the engine stops counting on this worker at once.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, pool := range w.cfg.Pools {
+		for _, t := range w.tools {
+			_ = kv.Delete(ctx, fmt.Sprintf("sandbox.%s.%s.%s", pool, t.ID, w.cfg.WorkerID))
+		}
+	}
+	w.log.Info().Msg("stopped")
+	return nil
+}
+
+// handle claims, runs and reports one job.
+func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
+	var d events.Dispatch
+	if err := events.Unmarshal(m.Data(), &d); err != nil {
+		w.log.Warn().Err(err).Str("subject", m.Subject()).Msg("undecodable dispatch: terminated")
+		_ = m.TermWithReason("undecodable dispatch: " + err.Error())
+		return
+	}
+	log := w.log.With().Str("run_id", d.RunID).Str("call_id", d.CallID).Int("attempt", d.Attempt).Logger()
+	reply, err := w.request("claim", events.ClaimRequest{OperationID: d.OperationID, Attempt: d.Attempt, WorkerID: w.cfg.WorkerID})
+	if err != nil {
+		log.Warn().Err(err).Msg("claim unanswered: job given back")
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	if !reply.Granted {
+		log.Info().Str("reason", reply.Reason).Msg("claim refused: job dropped")
+		_ = m.Ack()
+		return
+	}
+	lease := time.Duration(reply.LeaseMS) * time.Millisecond
+	if lease <= 0 {
+		lease = 10 * time.Second
+	}
+	toolCtx, stopTool := context.WithCancel(runCtx)
+	defer stopTool()
+	beatDone := make(chan struct{})
+	go func() {
+		defer close(beatDone)
+		tick := time.NewTicker(lease / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-toolCtx.Done():
+				return
+			case <-tick.C:
+				_ = m.InProgress()
+				r, err := w.request("heartbeat", events.Heartbeat{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, WorkerID: w.cfg.WorkerID})
+				if err == nil && !r.Granted {
+					log.Warn().Str("reason", r.Reason).Msg("claim lost: stopping the tool")
+					stopTool()
+					return
+				}
+			}
+		}
+	}()
+	res := w.runner.Run(toolCtx, sandbox.Call{ToolID: d.ToolID, CallID: d.CallID, OperationID: d.OperationID, Attempt: d.Attempt, Arguments: d.Arguments})
+	stopTool()
+	<-beatDone
+	result := events.Result{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, Output: res.Output, Error: res.Err}
+	if result.Output == nil && result.Error == nil {
+		result.Error = &events.ToolError{Kind: events.ErrorExecution, Message: "the tool reported nothing"}
+	}
+	body, err := events.Marshal(result)
+	if err != nil {
+		log.Error().Err(err).Msg("encode result")
+		return
+	}
+	msg := nats.NewMsg(w.subject("result", d.RunID))
+	msg.Data = body
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := w.js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("result/%s/%d/%s", d.OperationID, d.Attempt, reply.ClaimToken)))
+		cancel()
+		if err == nil {
+			break
+		}
+		log.Warn().Err(err).Msg("publish result failed; retrying")
+		select {
+		case <-runCtx.Done():
+			return // aborted: the lease runs out and the engine decides
+		case <-time.After(time.Second):
+		}
+	}
+	_ = m.Ack()
+	log.Debug().Msg("done")
+}
+
+func (w *Worker) request(kind string, v any) (events.ClaimReply, error) {
+	var r events.ClaimReply
+	body, err := events.Marshal(v)
+	if err != nil {
+		return r, err
+	}
+	msg, err := w.nc.Request(w.subject("api", kind), body, claimTimeout)
+	if err != nil {
+		return r, err
+	}
+	if err := events.Unmarshal(msg.Data, &r); err != nil {
+		return r, err
+	}
+	return r, nil
+}
