@@ -1,0 +1,149 @@
+package engine_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/catalog"
+	"github.com/toolbatch/toolbatch/engine"
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// TestClaimsAndFencing plays a sandbox worker over raw NATS: a claim is
+// granted once per attempt; an attempt whose lease runs out is dispatched
+// again; the stale worker's late result is refused, recorded as
+// ResultRefused, and never applied.
+func TestClaimsAndFencing(t *testing.T) {
+	cat, err := catalog.Parse([]byte(`
+tools:
+  - {id: build, target: sandbox, recovery: {mode: replay_safe, max_attempts: 3}, dispatch_deadline: 20s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, t.TempDir())
+	url := srv.ClientURL()
+	startEngine(t, url, engine.Config{Catalog: cat, Lease: 300 * time.Millisecond})
+	nc := connect(t, url)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, url)
+	ctx := ctxT(t, 30*time.Second)
+
+	// Advertise the tool as a worker does.
+	kv, err := js.KeyValue(ctx, "TOOLBATCH_WORKERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "sandbox.default.build.fake", []byte("replay_safe")); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, "TOOLBATCH_DISPATCH", jetstream.ConsumerConfig{
+		Durable: "fake", FilterSubject: "toolbatch.dispatch.default.build", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func() events.Dispatch {
+		t.Helper()
+		m, err := cons.Next(jetstream.FetchMaxWait(10 * time.Second))
+		if err != nil {
+			t.Fatalf("no dispatch: %v", err)
+		}
+		_ = m.Ack()
+		var d events.Dispatch
+		if err := events.Unmarshal(m.Data(), &d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	request := func(subject string, v any) events.ClaimReply {
+		t.Helper()
+		body, _ := events.Marshal(v)
+		m, err := nc.Request(subject, body, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r events.ClaimReply
+		if err := events.Unmarshal(m.Data, &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	result := func(d events.Dispatch, token, text string) {
+		t.Helper()
+		o := events.TextOutput(d.CallID, text)
+		body, _ := events.Marshal(events.Result{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: token, Output: &o})
+		m := nats.NewMsg("toolbatch.result." + d.RunID)
+		m.Data = body
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if err := c.Submit(ctx, submitOf("fence", 1, "build", `{"x":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	d1 := next()
+	if d1.Attempt != 1 || d1.OperationID != "fence/1/c1" {
+		t.Fatalf("dispatch %+v", d1)
+	}
+	g1 := request("toolbatch.api.claim", events.ClaimRequest{OperationID: d1.OperationID, Attempt: 1, WorkerID: "old"})
+	if !g1.Granted || g1.ClaimToken == "" {
+		t.Fatalf("first claim: %+v", g1)
+	}
+	// The same attempt again (a redelivered dispatch) is refused.
+	if g := request("toolbatch.api.claim", events.ClaimRequest{OperationID: d1.OperationID, Attempt: 1, WorkerID: "other"}); g.Granted {
+		t.Fatalf("second claim of attempt 1 granted: %+v", g)
+	}
+	// No heartbeat: the lease runs out and attempt 2 is dispatched.
+	d2 := next()
+	if d2.Attempt != 2 {
+		t.Fatalf("redispatch %+v", d2)
+	}
+	if hb := request("toolbatch.api.heartbeat", events.Heartbeat{OperationID: d1.OperationID, Attempt: 1, ClaimToken: g1.ClaimToken, WorkerID: "old"}); hb.Granted {
+		t.Fatalf("heartbeat of a lost claim granted: %+v", hb)
+	}
+	g2 := request("toolbatch.api.claim", events.ClaimRequest{OperationID: d2.OperationID, Attempt: 2, WorkerID: "new"})
+	if !g2.Granted {
+		t.Fatalf("claim of attempt 2: %+v", g2)
+	}
+	// The old worker's late result is refused; the current one applies.
+	result(d1, g1.ClaimToken, "stale")
+	result(d2, g2.ClaimToken, "fresh")
+	res, err := c.WaitResults(ctx, "fence", "fence/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(resultTexts(res)); got != `[c1=ok "fresh"]` {
+		t.Fatalf("results: %s", got)
+	}
+	// The refusal is on the record.
+	ord, err := js.OrderedConsumer(ctx, "TOOLBATCH_EVENTS", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"toolbatch.events.fence"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log []string
+	for {
+		m, err := ord.Next(jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			break
+		}
+		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(engine.HeaderEvent))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs {
+			log = append(log, string(e.EventType()))
+		}
+	}
+	want := "[BatchSubmitted CallGated CallExecuting CallClaimed CallExecuting CallClaimed ResultRefused CallCompleted BatchFinalized]"
+	if fmt.Sprint(log) != want {
+		t.Fatalf("events\n got %v\nwant %s", log, want)
+	}
+}
