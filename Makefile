@@ -23,7 +23,7 @@ if [ -n "$$unformatted" ]; then \
 fi
 endef
 
-.PHONY: build test run bench lint fuzz chaos
+.PHONY: build test run bench lint fuzz chaos sandbox-deps
 
 # build: compile every package and program.
 build:
@@ -31,7 +31,7 @@ build:
 
 # test: vet, check formatting, then run all tests with the race detector
 # (the race detector needs cgo, so a C compiler such as gcc must be installed).
-test:
+test: sandbox-deps
 	$(GO) vet ./...
 	@$(GOFMT_CHECK)
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 15m ./...
@@ -66,3 +66,16 @@ fuzz:
 # chaos: the crash/restart chaos suite is not written yet; say so and fail.
 chaos:
 	@echo "chaos: not built yet (issue 6)" >&2; exit 1
+
+# sandbox-deps: the sandbox tests run real bubblewrap sandboxes; install
+# bubblewrap (Debian's package) when it is missing and we are root.
+sandbox-deps:
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing bubblewrap for the sandbox tests"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
+		else \
+			echo "the sandbox tests need bubblewrap: install the bubblewrap package (e.g. sudo apt-get install bubblewrap)" >&2; \
+			exit 1; \
+		fi; \
+	fi
