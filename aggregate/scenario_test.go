@@ -225,7 +225,7 @@ func (h *harness) submit(c *datadriven.Case) (string, error) {
 		var err error
 		s, err = events.DecodeSubmit([]byte(c.Input), true, lim)
 		if err != nil {
-			return h.reject(nil, err)
+			return h.reject(s, err)
 		}
 	} else {
 		s = &events.Submit{RunID: arg(c, "run", h.run.RunID), ThreadID: arg(c, "thread", "t1"),

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strings"
 	"sync"
 	"time"
 
@@ -115,15 +116,17 @@ func (c Config) Validate() error {
 }
 
 func validPrefix(p string) bool {
-	if p == "" {
-		return false
-	}
-	for _, r := range p {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' || r == '.') {
+	for _, tok := range strings.Split(p, ".") {
+		if tok == "" {
 			return false
 		}
+		for _, r := range tok {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+				return false
+			}
+		}
 	}
-	return p[0] != '.' && p[len(p)-1] != '.'
+	return true
 }
 
 // Engine serves runs. Create it with New and run it with Run.

@@ -185,8 +185,21 @@ func (s *shard) onHeartbeat(rs *runState, it item) error {
 func (s *shard) onResult(ctx, runCtx context.Context, rs *runState, it item) error {
 	res, err := events.DecodeResult(it.msg.Data(), s.e.cfg.Limits)
 	if err != nil {
-		s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("undecodable result: terminated")
-		return it.msg.TermWithReason("undecodable result: " + err.Error())
+		// A result that names its attempt but whose outcome is malformed
+		// (an invalid staged command, an oversized output) completes the
+		// call with an error output, as a brain tool's would; one that
+		// names nothing is terminated.
+		var head struct {
+			OperationID string `msgpack:"operation_id"`
+			Attempt     int    `msgpack:"attempt"`
+			ClaimToken  string `msgpack:"claim_token"`
+		}
+		if herr := events.Unmarshal(it.msg.Data(), &head); herr != nil || head.OperationID == "" {
+			s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("undecodable result: terminated")
+			return it.msg.TermWithReason("undecodable result: " + err.Error())
+		}
+		res = &events.Result{OperationID: head.OperationID, Attempt: head.Attempt, ClaimToken: head.ClaimToken,
+			Error: &events.ToolError{Kind: events.ErrorExecution, Message: "malformed result from the worker: " + err.Error()}}
 	}
 	_, batchID, callID, ok := splitOperationID(res.OperationID)
 	if !ok {

@@ -314,6 +314,11 @@ func (s *shard) onSubmit(ctx, runCtx context.Context, rs *runState, it item) err
 	if _, refused := events.CodeOf(err); refused {
 		return s.reject(ctx, rs, it.msg, sub, err, now)
 	}
+	if errors.Is(err, nats.ErrMaxPayload) {
+		// The batch fits the limits but not one message of this server.
+		return s.reject(ctx, rs, it.msg, sub, events.Refuse(events.CodeLimitExceeded,
+			"the batch does not fit one message of the NATS server (max_payload %d bytes)", s.e.nc.MaxPayload()), now)
+	}
 	if err != nil {
 		return err
 	}

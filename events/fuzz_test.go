@@ -193,8 +193,8 @@ func FuzzDecodeSubmit(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte, isJSON bool) {
 		s, err := events.DecodeSubmit(b, isJSON, lim)
 		if err != nil {
-			if s != nil {
-				t.Fatalf("DecodeSubmit returned a submission and an error: %v", err)
+			if s != nil && s.Validate(lim) == nil {
+				t.Fatalf("DecodeSubmit returned a valid submission with an error: %v", err)
 			}
 			checkRefusal(t, err, events.CodeUndecodable, events.CodeForbiddenField, events.CodeInvalidID,
 				events.CodeLimitExceeded, events.CodeDuplicateCallID)

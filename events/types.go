@@ -271,10 +271,18 @@ func (o Output) Text() string {
 }
 
 // Normalized returns the output for call with the contract's texts for empty
-// outputs: an output with no content at all gets one text block.
+// outputs: an output with no content, or only empty text blocks, gets one
+// text block.
 func (o Output) Normalized(callID string) Output {
 	o.CallID = callID
-	if len(o.Content) == 0 {
+	empty := true
+	for _, c := range o.Content {
+		if c.Type != BlockText || c.Text != "" {
+			empty = false
+			break
+		}
+	}
+	if empty {
 		if o.IsError {
 			o.Content = []ContentBlock{TextBlock(EmptyErrorText)}
 		} else {

@@ -69,7 +69,8 @@ var forbiddenFields = []string{"target", "kind", "pool", "recovery", "capability
 
 // DecodeSubmit decodes a submission from msgpack, or JSON when isJSON, and
 // validates it against the limits. Every failure is a *Refusal with its
-// protocol code.
+// protocol code; when the body decoded but is not valid, the submission is
+// returned with the refusal, so that the refusal can name its batch.
 func DecodeSubmit(body []byte, isJSON bool, lim Limits) (*Submit, error) {
 	v, err := decodeGeneric(body, isJSON)
 	if err != nil {
@@ -114,7 +115,7 @@ func DecodeSubmit(body []byte, isJSON bool, lim Limits) (*Submit, error) {
 		return nil, err
 	}
 	if err := s.Validate(lim); err != nil {
-		return nil, err
+		return s, err // decoded but not acceptable: the caller may still name its batch
 	}
 	return s, nil
 }
@@ -279,8 +280,10 @@ func parseResumeResult(v any, path string) (ResumeResult, error) {
 		if err := only(m, path, "kind", "allow", "note", "reason"); err != nil {
 			return r, err
 		}
-		if _, ok := m["allow"]; !ok {
-			return r, undecodablef("%s.allow: missing", path)
+		if b, ok := m["allow"].(bool); !ok {
+			return r, undecodablef("%s.allow: want true or false", path)
+		} else {
+			r.Allow = b
 		}
 		if r.Allow, err = boolean(m, "allow", path); err != nil {
 			return r, err
@@ -508,8 +511,8 @@ func DecodeControl(body []byte, isJSON bool) (*Control, error) {
 	switch c.Action {
 	case ControlCancel, ControlInterrupt:
 	case ControlPerform:
-		if id, _ := m["correlation_id"].(string); id == "" {
-			return nil, undecodablef("control.correlation_id: perform needs the scheduled ticket's correlation_id")
+		if id, _ := m["correlation_id"].(string); !ValidCallID(id) {
+			return nil, undecodablef("control.correlation_id: perform needs the scheduled ticket's correlation_id ([A-Za-z0-9_-]{1,128})")
 		}
 	default:
 		return nil, undecodablef("control.action: %q is not cancel, interrupt or perform", a)

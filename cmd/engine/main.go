@@ -120,6 +120,7 @@ func embedded(o options) (*server.Server, error) {
 	}
 	srv, err := server.NewServer(&server.Options{
 		ServerName: "toolbatch", Host: host, Port: port, JetStream: true, StoreDir: o.store,
+		MaxPayload: 8 << 20, // a commit holds a whole batch: up to 128 calls' arguments
 		SyncAlways: o.syncAlways, NoSigs: true, NoLog: true,
 	})
 	if err != nil {
