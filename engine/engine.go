@@ -147,6 +147,7 @@ type Engine struct {
 
 	wg    sync.WaitGroup // shards and executors
 	ready chan struct{}
+	id    string // this engine's identity in the owners bucket
 }
 
 // Ready is closed once the engine consumes its inbox.
@@ -168,6 +169,7 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 		events:   &eventLog{js: js, names: n},
 		catalogs: map[string]*catalog.Catalog{cfg.Catalog.SnapshotID(): cfg.Catalog},
 		ready:    make(chan struct{}),
+		id:       nuid.Next(),
 	}
 	e.brain = &brainExecutor{nc: nc, js: js, names: n}
 	e.gate = &gateChain{nc: nc, names: n}
@@ -187,7 +189,7 @@ func (e *Engine) Names() Names { return e.names }
 // snapshot id, so that batches pinned to it keep their rules when the file
 // changes later.
 func (e *Engine) Setup(ctx context.Context) error {
-	if err := EnsureStreams(ctx, e.js, e.names, StreamConfig{Replicas: e.cfg.Replicas, OutMaxAge: e.cfg.OutMaxAge}); err != nil {
+	if err := EnsureStreams(ctx, e.js, e.names, StreamConfig{Replicas: e.cfg.Replicas, OutMaxAge: e.cfg.OutMaxAge, OwnerTTL: e.cfg.AckWait}); err != nil {
 		return err
 	}
 	kv, err := e.js.KeyValue(ctx, e.names.CatalogBucket())

@@ -97,3 +97,6 @@ func (n Names) API(kind string) string { return n.Prefix + ".api." + kind }
 
 // WorkersBucket holds the live workers' advertisements.
 func (n Names) WorkersBucket() string { return n.stream("WORKERS") }
+
+// OwnersBucket holds which engine works on which run.
+func (n Names) OwnersBucket() string { return n.stream("OWNERS") }

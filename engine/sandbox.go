@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -89,7 +88,8 @@ func (e *Engine) serveWorkers() ([]*nats.Subscription, error) {
 	var subs []*nats.Subscription
 	for _, kind := range []string{"claim", "heartbeat"} {
 		kind := kind
-		sub, err := e.nc.QueueSubscribe(e.names.API(kind), "toolbatch-engine", func(m *nats.Msg) {
+		// Every engine receives every request; only the run's owner answers.
+		sub, err := e.nc.Subscribe(e.names.API(kind), func(m *nats.Msg) {
 			var op string
 			var err error
 			if kind == "claim" {
@@ -147,8 +147,8 @@ func (s *shard) onClaim(ctx context.Context, rs *runState, it item) error {
 	leaseMS := s.e.cfg.Lease.Milliseconds()
 	token := newID()
 	err := s.decide(ctx, rs, aggregate.Claim{CallID: callID, Attempt: req.Attempt, WorkerID: req.WorkerID, Token: token, LeaseMS: leaseMS, At: s.e.cfg.Now()})
-	if errors.Is(err, ErrConflict) {
-		return err
+	if err != nil && !isDomain(err) {
+		return err // answered busy: the worker gives the job back
 	}
 	if err != nil {
 		respond(it.req, events.ClaimReply{Reason: err.Error()})
@@ -207,8 +207,8 @@ func (s *shard) onResult(ctx, runCtx context.Context, rs *runState, it item) err
 	}
 	err = s.decide(ctx, rs, aggregate.Complete{CallID: callID, Attempt: res.Attempt, ClaimToken: res.ClaimToken,
 		Output: res.Output, Error: res.Error, At: s.e.cfg.Now()})
-	if errors.Is(err, ErrConflict) {
-		return err
+	if err != nil && !isDomain(err) {
+		return err // not recorded: the message comes back
 	}
 	if err != nil {
 		// Fencing: not the current claim (or no longer open). Record it.
@@ -223,6 +223,7 @@ func (s *shard) onResult(ctx, runCtx context.Context, rs *runState, it item) err
 		return it.msg.Ack()
 	}
 	delete(rs.leases, callID)
+	delete(rs.inflight, fmt.Sprintf("%s/%d", callID, res.Attempt))
 	rs.held = append(rs.held, it.msg)
 	return s.drive(ctx, runCtx, rs)
 }
@@ -257,9 +258,13 @@ func (s *shard) onLeaseExpired(ctx, runCtx context.Context, rs *runState, le *le
 	}
 	err := s.decide(ctx, rs, aggregate.LeaseExpired{CallID: le.callID, Attempt: le.lease.attempt, ClaimToken: le.lease.token,
 		Capability: s.e.capability(ctx, c.ToolID, c.Tool), At: s.e.cfg.Now()})
-	if errors.Is(err, ErrConflict) {
+	if err != nil && !isDomain(err) {
+		// Not recorded: watch the lease again and decide it soon.
+		le.lease.deadline = time.Now().Add(time.Second)
+		rs.leases[le.callID] = le.lease
 		return err
 	}
+	delete(rs.inflight, fmt.Sprintf("%s/%d", le.callID, le.lease.attempt))
 	if err != nil {
 		return nil // the attempt moved on (a result arrived first)
 	}

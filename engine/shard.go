@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -49,6 +50,8 @@ type runState struct {
 	inflight map[string]bool  // "<call_id>/<attempt>" executing here
 	leases   map[string]lease // claimed sandbox attempts, by call id
 	used     time.Time
+	owned    bool   // this engine holds the run's owner key
+	ownRev   uint64 // its revision
 }
 
 // shard serializes the work of the runs hashed to it.
@@ -89,13 +92,33 @@ func (s *shard) loop(ctx context.Context) {
 		case <-leaseTick.C:
 			s.checkLeases()
 		case <-tick.C:
-			// Long work keeps its messages in progress.
-			for _, rs := range s.runs {
-				for _, m := range rs.held {
-					_ = m.InProgress()
-				}
+			s.keepAlive(ctx)
+		}
+	}
+}
+
+// keepAlive renews the runs this engine works on, keeps their messages in
+// progress, and drives again a run whose last attempt at it failed.
+func (s *shard) keepAlive(runCtx context.Context) {
+	ctx, cancel := opCtx()
+	defer cancel()
+	for _, rs := range s.runs {
+		if !rs.owned {
+			continue
+		}
+		s.renew(ctx, rs)
+		if !rs.owned {
+			continue
+		}
+		for _, m := range rs.held {
+			_ = m.InProgress()
+		}
+		if len(rs.held) > 0 && len(rs.inflight) == 0 && rs.loaded {
+			if err := s.drive(ctx, runCtx, rs); err != nil {
+				s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("drive failed; will retry")
 			}
 		}
+		s.release(ctx, rs)
 	}
 }
 
@@ -105,81 +128,124 @@ func opCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 10*time.Second)
 }
 
-func (s *shard) handle(runCtx context.Context, it item) {
-	log := s.e.log.With().Str(fieldRunID, it.runID).Logger()
-	var err error
-	for try := 0; try < 3; try++ {
-		var rs *runState
-		rs, err = s.get(it.runID)
-		if err == nil {
-			err = s.handleOnce(runCtx, rs, it)
-		}
-		if !errors.Is(err, ErrConflict) {
-			break
-		}
-		log.Debug().Err(err).Msg("run extended elsewhere: reloading")
-		if rs != nil {
-			rs.loaded = false
-		}
-	}
-	if err != nil {
-		log.Error().Err(err).Str("kind", it.kind).Msg("work failed; will retry")
-		if it.msg != nil {
-			_ = it.msg.NakWithDelay(time.Second)
-		}
-		if it.req != nil {
-			respond(it.req, events.ClaimReply{Reason: "engine busy, try again: " + err.Error()})
-		}
-		if rs := s.runs[it.runID]; rs != nil {
-			rs.loaded = false // fold again next time
-		}
-	}
-	s.evict()
-}
-
-// get returns the cached run, folding it from the log (and recovering it)
-// when needed.
-func (s *shard) get(runID string) (*runState, error) {
+func (s *shard) state(runID string) *runState {
 	rs := s.runs[runID]
 	if rs == nil {
 		rs = &runState{id: runID, inflight: map[string]bool{}, leases: map[string]lease{}}
 		s.runs[runID] = rs
 	}
 	rs.used = time.Now()
-	if rs.loaded {
-		return rs, nil
-	}
+	return rs
+}
+
+func (s *shard) handle(runCtx context.Context, it item) {
+	log := s.e.log.With().Str(fieldRunID, it.runID).Logger()
+	rs := s.state(it.runID)
 	ctx, cancel := opCtx()
 	defer cancel()
-	run, seq, err := s.e.events.load(ctx, runID)
-	if err != nil {
-		return nil, err
+	if it.done != nil || it.lease != nil {
+		if !rs.owned {
+			return // this engine lost the run since: the new owner recovers the call
+		}
+	} else if err := s.acquire(ctx, rs); err != nil {
+		s.busy(it, err)
+		return
 	}
-	rs.run, rs.seq, rs.loaded = run, seq, true
-	rs.inflight = map[string]bool{}
-	rs.leases = map[string]lease{}
-	// A run taken over with executing calls is recovered before anything
-	// else touches it. A claimed sandbox attempt may still be running on
-	// its worker: its lease is watched for one period before it is decided.
-	if aggregate.Next(run).Kind == aggregate.NextExecuting {
-		caps := map[string]events.Capability{}
-		leased := map[string]bool{}
-		if b := run.OpenBatch(); b != nil {
-			for _, c := range b.Calls {
-				caps[c.ToolID] = s.e.capability(ctx, c.ToolID, c.Tool)
-				if c.Phase == events.PhaseExecuting && c.Claim != nil {
-					leased[c.CallID] = true
-					rs.leases[c.CallID] = lease{attempt: c.Attempt, token: c.Claim.Token, deadline: time.Now().Add(s.e.cfg.Lease)}
-					rs.inflight[fmt.Sprintf("%s/%d", c.CallID, c.Attempt)] = true
-				}
+	var err error
+	for try := 0; try < 3; try++ {
+		if err = s.load(ctx, rs); err == nil {
+			err = s.handleOnce(runCtx, rs, it)
+			if err == nil {
+				// Whatever the item was, the run goes on from where it is.
+				err = s.drive(ctx, runCtx, rs)
 			}
 		}
-		if err := s.decide(ctx, rs, aggregate.Recover{Capabilities: caps, Exclude: leased, At: s.e.cfg.Now()}); err != nil {
-			return nil, fmt.Errorf("recover run %s: %w", runID, err)
+		if !errors.Is(err, ErrConflict) {
+			break
 		}
-		s.e.log.Info().Str(fieldRunID, runID).Msg("run recovered")
+		log.Debug().Err(err).Msg("run extended elsewhere: reloading")
+		rs.loaded = false
 	}
-	return rs, nil
+	if err != nil {
+		log.Error().Err(err).Str("kind", it.kind).Msg("work failed; will retry")
+		if it.msg != nil && !slices.Contains(rs.held, it.msg) {
+			_ = it.msg.NakWithDelay(time.Second)
+		}
+		if it.req != nil {
+			respond(it.req, events.ClaimReply{Reason: ReasonBusy})
+		}
+		rs.loaded = false // fold again next time
+	}
+	s.release(ctx, rs)
+	s.evict()
+}
+
+// ReasonBusy answers a claim the engine could not decide now: try again.
+const ReasonBusy = events.ReasonBusy
+
+// busy gives an item back when another engine owns its run, or the owners
+// bucket cannot be reached.
+func (s *shard) busy(it item, err error) {
+	if !errors.Is(err, ErrNotOwner) {
+		s.e.log.Warn().Str(fieldRunID, it.runID).Err(err).Msg("cannot own the run; will retry")
+	}
+	switch {
+	case it.msg != nil:
+		_ = it.msg.NakWithDelay(max(s.e.cfg.AckWait/4, 100*time.Millisecond))
+	case it.req != nil && !errors.Is(err, ErrNotOwner):
+		respond(it.req, events.ClaimReply{Reason: ReasonBusy})
+	}
+	// A claim or heartbeat of a run another engine owns is answered by it.
+}
+
+// load folds the run from the log when the cache is not current, and
+// recovers it: executing calls that are not in progress here (a crash, a
+// takeover) are decided by the recovery table before anything else touches
+// the run. A claimed sandbox attempt may still run on its worker: its lease
+// is watched for one period before it is decided.
+func (s *shard) load(ctx context.Context, rs *runState) error {
+	if rs.loaded {
+		return nil
+	}
+	run, seq, err := s.e.events.load(ctx, rs.id)
+	if err != nil {
+		return err
+	}
+	rs.run, rs.seq = run, seq
+	if aggregate.Next(run).Kind == aggregate.NextExecuting {
+		caps := map[string]events.Capability{}
+		exclude := map[string]bool{}
+		b := run.OpenBatch()
+		for _, c := range b.Calls {
+			caps[c.ToolID] = s.e.capability(ctx, c.ToolID, c.Tool)
+			if c.Phase != events.PhaseExecuting {
+				continue
+			}
+			key := fmt.Sprintf("%s/%d", c.CallID, c.Attempt)
+			switch {
+			case rs.inflight[key]:
+				exclude[c.CallID] = true // running here: its outcome comes
+			case c.Claim != nil:
+				exclude[c.CallID] = true
+				if _, ok := rs.leases[c.CallID]; !ok {
+					rs.leases[c.CallID] = lease{attempt: c.Attempt, token: c.Claim.Token, deadline: time.Now().Add(s.e.cfg.Lease)}
+				}
+				rs.inflight[key] = true
+			}
+		}
+		evs, err := aggregate.Decide(run, aggregate.Recover{Capabilities: caps, Exclude: exclude, At: s.e.cfg.Now()})
+		if err != nil {
+			return fmt.Errorf("recover run %s: %w", rs.id, err)
+		}
+		if len(evs) > 0 {
+			if err := s.commitEvents(ctx, rs, evs); err != nil {
+				return fmt.Errorf("recover run %s: %w", rs.id, err)
+			}
+			s.e.log.Info().Str(fieldRunID, rs.id).Msg("run recovered")
+		}
+	}
+	rs.loaded = true
+	return nil
 }
 
 // evict drops idle runs beyond the cache size.
@@ -456,16 +522,58 @@ func (s *shard) onOutcome(ctx, runCtx context.Context, rs *runState, o *outcome)
 		}
 		cmd = aggregate.Complete{CallID: o.callID, Attempt: o.attempt, Output: o.output, Error: o.err, At: now}
 	}
-	if err := s.decide(ctx, rs, cmd); err != nil {
-		if errors.Is(err, ErrConflict) {
-			return err
+	// Budget the batch's commits: the barrier carries every output again.
+	if c, ok := cmd.(aggregate.Complete); ok && c.Output != nil {
+		if total := batchOutputBytes(rs) + events.OutputSize(*c.Output); total > int(s.e.nc.MaxPayload())/2 {
+			c.Output, c.Error = nil, &events.ToolError{Kind: events.ErrorExecution,
+				Message: fmt.Sprintf("output too large: the batch's outputs would exceed %d bytes", s.e.nc.MaxPayload()/2)}
+			cmd = c
 		}
-		// The call moved on without this outcome (cancelled, say): it is
-		// not applied.
-		s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, o.callID).Err(err).Msg("outcome not applied")
-		return nil
 	}
-	return s.drive(ctx, runCtx, rs)
+	if err := s.decide(ctx, rs, cmd); err != nil {
+		if isDomain(err) {
+			// The call moved on without this outcome (cancelled, say): it
+			// is not applied.
+			s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, o.callID).Err(err).Msg("outcome not applied")
+			return nil
+		}
+		// Not recorded: keep the outcome and try again.
+		rs.inflight[key] = true
+		time.AfterFunc(time.Second, func() { s.postCtx(runCtx, item{runID: rs.id, done: o}) })
+		return err
+	}
+	return nil
+}
+
+// batchOutputBytes is the size of the outputs the open batch holds.
+func batchOutputBytes(rs *runState) int {
+	n := 0
+	if b := rs.run.OpenBatch(); b != nil {
+		for _, c := range b.Calls {
+			if c.Output != nil {
+				n += events.OutputSize(*c.Output)
+			}
+		}
+	}
+	return n
+}
+
+// isDomain reports whether err is the aggregate's answer (a refusal or an
+// illegal transition) rather than a failure to reach the log.
+func isDomain(err error) bool {
+	if _, ok := events.CodeOf(err); ok {
+		return true
+	}
+	for _, target := range []error{aggregate.ErrNoBatch, aggregate.ErrUnknownCall, aggregate.ErrCallTerminal,
+		aggregate.ErrOutOfOrder, aggregate.ErrParked, aggregate.ErrNotRequested, aggregate.ErrNotExecuting,
+		aggregate.ErrStaleAttempt, aggregate.ErrAlreadyClaimed, aggregate.ErrNotSandbox, aggregate.ErrStaleClaim,
+		aggregate.ErrNotClaimed, aggregate.ErrNotDue, aggregate.ErrCorrelationUsed, aggregate.ErrBadDecision,
+		aggregate.ErrFinalized, aggregate.ErrRunEnded, aggregate.ErrMalformedCommand} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
 }
 
 // drive does what the run needs until it waits for an executor, a ticket
@@ -552,7 +660,7 @@ func (s *shard) onTimer(ctx, runCtx context.Context, rs *runState, it item) erro
 	case timerDispatchDeadline:
 		err := s.decide(ctx, rs, aggregate.Complete{CallID: f.CallID, Attempt: f.Attempt, At: now,
 			Error: &events.ToolError{Kind: events.ErrorUnavailableBeforeDispatch, Message: "no worker claimed it before its dispatch deadline"}})
-		if errors.Is(err, ErrConflict) {
+		if err != nil && !isDomain(err) {
 			return err
 		}
 		if err != nil {

@@ -38,6 +38,7 @@ const (
 type StreamConfig struct {
 	Replicas  int           // replicas of every stream (default 1)
 	OutMaxAge time.Duration // how long out messages are kept (default 168h)
+	OwnerTTL  time.Duration // how long a run's owner key lives unrenewed (default 30s)
 }
 
 // EnsureStreams creates or updates the four streams and the catalog bucket.
@@ -83,6 +84,15 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n Names, sc Stre
 		Description: "toolbatch catalogs by snapshot id",
 	}); err != nil {
 		return fmt.Errorf("create bucket %s: %w", n.CatalogBucket(), err)
+	}
+	if sc.OwnerTTL <= 0 {
+		sc.OwnerTTL = DefaultAckWait
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: n.OwnersBucket(), Storage: jetstream.FileStorage, Replicas: sc.Replicas, TTL: sc.OwnerTTL,
+		Description: "toolbatch: which engine works on which run (and the projector's leader)",
+	}); err != nil {
+		return fmt.Errorf("create bucket %s: %w", n.OwnersBucket(), err)
 	}
 	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: n.StateBucket(), Storage: jetstream.FileStorage, Replicas: sc.Replicas,
@@ -144,11 +154,28 @@ func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, uint
 	return run, seq, nil
 }
 
+// lastSeq returns the sequence of the run's last commit (0: none).
+func (l *eventLog) lastSeq(ctx context.Context, runID string) (uint64, error) {
+	stream, err := l.js.Stream(ctx, l.names.EventsStream())
+	if err != nil {
+		return 0, err
+	}
+	last, err := stream.GetLastMsgForSubject(ctx, l.names.Events(runID))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return last.Sequence, nil
+}
+
 // readSubject delivers every message of a subject in order, up to and
 // including seq, through an ordered consumer.
 func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject string, upTo uint64, fn func(jetstream.Msg, uint64) error) error {
 	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{subject}, DeliverPolicy: jetstream.DeliverAllPolicy,
+		InactiveThreshold: 5 * time.Second, MaxResetAttempts: 3,
 	})
 	if err != nil {
 		return err

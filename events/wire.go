@@ -554,6 +554,10 @@ type ClaimReply struct {
 	Reason     string `msgpack:"reason,omitempty" json:"reason,omitempty"`
 }
 
+// ReasonBusy in a refused ClaimReply means the engine could not decide
+// now: give the job back and try again later (nothing was granted).
+const ReasonBusy = "engine busy, try again"
+
 // Heartbeat extends a claim's lease on toolbatch.api.heartbeat; the reply is
 // a ClaimReply (granted false when the claim is no longer current).
 type Heartbeat struct {

@@ -270,6 +270,10 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
+	if !reply.Granted && reply.Reason == events.ReasonBusy {
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
 	if !reply.Granted {
 		log.Info().Str("reason", reply.Reason).Msg("claim refused: job dropped")
 		_ = m.Ack()
@@ -293,7 +297,7 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 			case <-tick.C:
 				_ = m.InProgress()
 				r, err := w.request("heartbeat", events.Heartbeat{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, WorkerID: w.cfg.WorkerID})
-				if err == nil && !r.Granted {
+				if err == nil && !r.Granted && r.Reason != events.ReasonBusy {
 					log.Warn().Str("reason", r.Reason).Msg("claim lost: stopping the tool")
 					stopTool()
 					return

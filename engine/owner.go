@@ -1,0 +1,110 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Ownership: one engine at a time works on a run. Every engine shares the
+// inbox, timers and worker subjects, so a message of a run may reach any of
+// them; the engine that holds the run's key in the owners bucket
+// (run.<run_id>, value its engine id) is the only one that decides for it.
+// It creates the key before it touches the run, renews it while the run has
+// work in progress here, and deletes it when the run is quiescent. An engine
+// that dies stops renewing: the key expires after the ack wait and another
+// engine takes the run over, folding it from the log and recovering it.
+// Others give the message back (nak with delay), or stay silent to a claim
+// or heartbeat, which every engine receives.
+
+// ErrNotOwner means another engine works on the run now.
+var ErrNotOwner = errors.New("engine: another engine owns the run")
+
+func (e *Engine) owners(ctx context.Context) (jetstream.KeyValue, error) {
+	return e.js.KeyValue(ctx, e.names.OwnersBucket())
+}
+
+// acquire makes this engine the run's owner. A run acquired anew is
+// checked against the log: if another engine extended it since this engine
+// last held it, the cache is folded again.
+func (s *shard) acquire(ctx context.Context, rs *runState) error {
+	if rs.owned {
+		return nil
+	}
+	kv, err := s.e.owners(ctx)
+	if err != nil {
+		return err
+	}
+	key := "run." + rs.id
+	rev, err := kv.Create(ctx, key, []byte(s.e.id))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		entry, gerr := kv.Get(ctx, key)
+		switch {
+		case errors.Is(gerr, jetstream.ErrKeyNotFound):
+			return ErrNotOwner // it just went away: the message comes back soon
+		case gerr != nil:
+			return gerr
+		case string(entry.Value()) != s.e.id:
+			return ErrNotOwner
+		}
+		rev, err = entry.Revision(), nil
+	}
+	if err != nil {
+		return fmt.Errorf("own run %s: %w", rs.id, err)
+	}
+	rs.owned, rs.ownRev = true, rev
+	if rs.loaded {
+		seq, err := s.e.events.lastSeq(ctx, rs.id)
+		if err != nil {
+			return err
+		}
+		if seq != rs.seq {
+			rs.loaded = false
+		}
+	}
+	return nil
+}
+
+// renew keeps the run's key alive; a key another engine took means this
+// engine lost the run: it forgets its work on it (the new owner recovers
+// it).
+func (s *shard) renew(ctx context.Context, rs *runState) {
+	kv, err := s.e.owners(ctx)
+	if err != nil {
+		return
+	}
+	rev, err := kv.Update(ctx, "run."+rs.id, []byte(s.e.id), rs.ownRev)
+	if err != nil {
+		s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("lost the run to another engine")
+		s.forget(rs)
+		return
+	}
+	rs.ownRev = rev
+}
+
+// forget drops this engine's hold on a run it no longer owns: its messages
+// are not acknowledged here (they come back to the owner), its executors'
+// outcomes are stale.
+func (s *shard) forget(rs *runState) {
+	rs.owned, rs.loaded = false, false
+	rs.held = nil
+	clear(rs.inflight)
+	clear(rs.leases)
+}
+
+// release gives the run up when nothing of it is in progress here.
+func (s *shard) release(ctx context.Context, rs *runState) {
+	if !rs.owned || len(rs.held) > 0 || len(rs.inflight) > 0 || len(rs.leases) > 0 {
+		return
+	}
+	kv, err := s.e.owners(ctx)
+	if err == nil {
+		err = kv.Delete(ctx, "run."+rs.id, jetstream.LastRevision(rs.ownRev))
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		s.e.log.Debug().Str(fieldRunID, rs.id).Err(err).Msg("release")
+	}
+	rs.owned = false
+}
