@@ -67,8 +67,24 @@ func newProjectorRunner(ctx context.Context, e *Engine) (*projectorRunner, error
 	return &projectorRunner{e: e, state: e.state, cons: cons, out: out, models: map[string]*projected{}}, nil
 }
 
+// run projects while this engine leads the projection: one engine at a
+// time (the key "projector" in the owners bucket), so that commits are
+// projected in stream order and the committed state has one writer. A
+// commit that fails is retried in place until it succeeds: it is never
+// skipped, and nothing after it is projected before it.
 func (p *projectorRunner) run(ctx context.Context) error {
+	lead := &leader{e: p.e, key: "projector"}
+	defer lead.resign()
 	for ctx.Err() == nil {
+		if !lead.hold(ctx) {
+			clear(p.models) // another engine projects meanwhile
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(max(p.e.cfg.AckWait/3, 100*time.Millisecond)):
+			}
+			continue
+		}
 		batch, err := p.cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
 			if ctx.Err() != nil {
@@ -77,18 +93,23 @@ func (p *projectorRunner) run(ctx context.Context) error {
 			p.e.log.Warn().Err(err).Msg("projector fetch failed")
 			continue
 		}
-		failed := false
 		for m := range batch.Messages() {
-			if failed {
-				_ = m.Nak()
-				continue
-			}
-			if err := p.handle(m); err != nil {
-				p.e.log.Error().Err(err).Str(fieldSubject, m.Subject()).Msg("projector: will retry")
-				_ = m.NakWithDelay(time.Second)
-				failed = true
-				clear(p.models) // fold again from the log: order after a redelivery is not trusted
-				continue
+			for {
+				err := p.handle(m)
+				if err == nil {
+					break
+				}
+				p.e.log.Error().Err(err).Str(fieldSubject, m.Subject()).Msg("projector: commit not projected; retrying")
+				clear(p.models)
+				_ = m.InProgress()
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(time.Second):
+				}
+				if !lead.hold(ctx) {
+					break // the lead moved on: the message comes back to the new leader
+				}
 			}
 			if len(p.models) > p.e.cfg.CacheRuns {
 				clear(p.models)
@@ -96,6 +117,48 @@ func (p *projectorRunner) run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// leader holds a key of the owners bucket for as long as it renews it.
+type leader struct {
+	e       *Engine
+	key     string
+	rev     uint64
+	renewed time.Time
+}
+
+// hold reports whether this engine holds the key, taking or renewing it.
+func (l *leader) hold(ctx context.Context) bool {
+	kv, err := l.e.owners(ctx)
+	if err != nil {
+		return false
+	}
+	if l.rev != 0 && time.Since(l.renewed) < l.e.cfg.AckWait/3 {
+		return true
+	}
+	var rev uint64
+	if l.rev != 0 {
+		rev, err = kv.Update(ctx, l.key, []byte(l.e.id), l.rev)
+	} else {
+		rev, err = kv.Create(ctx, l.key, []byte(l.e.id))
+	}
+	if err != nil {
+		l.rev = 0
+		return false
+	}
+	l.rev, l.renewed = rev, time.Now()
+	return true
+}
+
+func (l *leader) resign() {
+	if l.rev == 0 {
+		return
+	}
+	ctx, cancel := opCtx()
+	defer cancel()
+	if kv, err := l.e.owners(ctx); err == nil {
+		_ = kv.Delete(ctx, l.key, jetstream.LastRevision(l.rev))
+	}
 }
 
 func (p *projectorRunner) handle(m jetstream.Msg) error {
