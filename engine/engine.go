@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -58,6 +59,10 @@ type Config struct {
 	// Lease is how long a sandbox worker's claim lasts without a heartbeat
 	// (default 10s).
 	Lease time.Duration
+	// Grace is how long a shutdown waits for the brain and delegation
+	// calls in progress to finish and be recorded (default 10s); calls
+	// still running then are left to the recovery of the next owner.
+	Grace time.Duration
 	// Now is the engine's clock (default time.Now).
 	Now func() time.Time
 }
@@ -95,6 +100,9 @@ func (c *Config) defaults() {
 	}
 	if c.Lease <= 0 {
 		c.Lease = DefaultLease
+	}
+	if c.Grace <= 0 {
+		c.Grace = 10 * time.Second
 	}
 }
 
@@ -145,9 +153,10 @@ type Engine struct {
 	catMu    sync.Mutex
 	catalogs map[string]*catalog.Catalog // by snapshot id
 
-	wg    sync.WaitGroup // shards and executors
-	ready chan struct{}
-	id    string // this engine's identity in the owners bucket
+	wg      sync.WaitGroup // shards and executors
+	running atomic.Int64   // brain and delegation calls in progress
+	ready   chan struct{}
+	id      string // this engine's identity in the owners bucket
 }
 
 // Ready is closed once the engine consumes its inbox.
@@ -259,6 +268,11 @@ func (e *Engine) Run(ctx context.Context) error {
 	tc.Drain()
 	<-cc.Closed()
 	<-tc.Closed()
+	// Let the calls in progress finish and their outcomes be recorded.
+	deadline := time.Now().Add(e.cfg.Grace)
+	for e.running.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
 	stop()
 	e.wg.Wait()
 	<-projDone

@@ -36,6 +36,8 @@ type outcome struct {
 	lost    bool // the executor's owner was lost: the recovery table decides
 	// awaiting: a delegated child waits for input.
 	awaiting bool
+	// counted: the engine counts this call as running until it is handled.
+	counted bool
 }
 
 // runState is a cached run.
@@ -69,11 +71,14 @@ func newShard(e *Engine, max int) *shard {
 
 func (s *shard) post(it item) { s.in <- it }
 
-// postCtx posts unless ctx is done (executors finishing after shutdown).
-func (s *shard) postCtx(ctx context.Context, it item) {
+// postCtx posts unless ctx is done (executors finishing after shutdown),
+// and reports whether it posted.
+func (s *shard) postCtx(ctx context.Context, it item) bool {
 	select {
 	case s.in <- it:
+		return true
 	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -139,6 +144,10 @@ func (s *shard) state(runID string) *runState {
 }
 
 func (s *shard) handle(runCtx context.Context, it item) {
+	if it.done != nil && it.done.counted {
+		it.done.counted = false // a retry of the same outcome is not counted again
+		defer s.e.running.Add(-1)
+	}
 	log := s.e.log.With().Str(fieldRunID, it.runID).Logger()
 	rs := s.state(it.runID)
 	ctx, cancel := opCtx()
@@ -639,8 +648,12 @@ func (s *shard) startExecutors(runCtx context.Context, rs *runState, callIDs []s
 				}
 				return
 			}
+			s.e.running.Add(1)
 			o := s.e.brain.invoke(runCtx, s.e.cfg.Catalog, inv)
-			s.postCtx(runCtx, item{runID: inv.runID, done: &o})
+			o.counted = true // the shard counts it done once it is recorded
+			if !s.postCtx(runCtx, item{runID: inv.runID, done: &o}) {
+				s.e.running.Add(-1)
+			}
 		}()
 	}
 }
