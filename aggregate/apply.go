@@ -95,7 +95,7 @@ func (r *Run) apply(e events.Event) error {
 		if r.Batch.Ticket != nil {
 			return fail(e, ev.CallID, ErrParked)
 		}
-		if r.Batch.earlierOpen(i) && !r.Batch.ParallelEligible() {
+		if r.Batch.earlierOpen(i) && !r.Batch.pendingParallel(i) {
 			return fail(e, ev.CallID, ErrOutOfOrder)
 		}
 		g := *ev
@@ -129,7 +129,7 @@ func (r *Run) apply(e events.Event) error {
 		}
 		switch c.Phase {
 		case events.PhaseRequested:
-			if r.Batch.earlierOpen(i) && !r.Batch.ParallelEligible() {
+			if r.Batch.earlierOpen(i) && !r.Batch.Parallel && !r.Batch.pendingParallel(i) {
 				return fail(e, ev.CallID, ErrOutOfOrder)
 			}
 		case events.PhaseExecuting:
@@ -314,7 +314,11 @@ func (r *Run) applyExecuting(ev *events.CallExecuting) error {
 	}
 	c.Phase = events.PhaseExecuting
 	c.Attempt = ev.Attempt
-	c.Input, c.HasInput = "", false
+	if ev.Cause != events.CauseRecovered {
+		// A recovered attempt resumes the child with the input it was
+		// last given; any other attempt starts it.
+		c.Input, c.HasInput = "", false
+	}
 	c.Capability = ev.Capability
 	c.Claim = nil
 	c.Crossed = c.Tool.Target != events.TargetSandbox
@@ -348,4 +352,24 @@ func (c *Call) undoEntry() {
 		c.Entries--
 	}
 	c.Crossed = false
+}
+
+// pendingParallel reports whether the calls before index i are all still
+// requested with an allowing gate decision in a batch eligible for the
+// parallel branch: the gates of the parallel branch are committed together,
+// before any call starts.
+func (b *Batch) pendingParallel(i int) bool {
+	if !b.ParallelEligible() {
+		return false
+	}
+	for j := 0; j < i; j++ {
+		c := b.Calls[j]
+		if c.Phase.Terminal() {
+			continue
+		}
+		if c.Phase != events.PhaseRequested || c.Gate == nil || c.Gate.Outcome != events.GateAllow {
+			return false
+		}
+	}
+	return true
 }

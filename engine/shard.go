@@ -302,14 +302,22 @@ func (s *shard) commitEvents(ctx context.Context, rs *runState, evs []events.Eve
 // afterCommit delivers what a commit asks of the outside world after it is
 // durable: cancellation of the delegated children a run end stopped.
 func (s *shard) afterCommit(rs *runState, evs []events.Event) {
+	// Children to cancel: every delegation call a run end stopped, and one
+	// whose input never came (its ticket expired).
 	ended := false
+	expired := map[string]bool{}
 	for _, e := range evs {
-		if _, ok := e.(*events.RunEnded); ok {
+		switch ev := e.(type) {
+		case *events.RunEnded:
 			ended = true
+		case *events.TicketResolved:
+			if ev.Resolution == events.ResolutionExpired {
+				expired[ev.CallID] = true
+			}
 		}
 	}
 	b := rs.run.Batch
-	if !ended || b == nil {
+	if (!ended && len(expired) == 0) || b == nil {
 		return
 	}
 	var reqs []DelegateRequest
@@ -324,7 +332,7 @@ func (s *shard) afterCommit(rs *runState, evs []events.Event) {
 			continue
 		}
 		c, _ := b.Call(callID)
-		if c != nil && c.Tool.Kind == events.KindDelegation && c.Attempt > 0 {
+		if (ended || expired[callID]) && c != nil && c.Tool.Kind == events.KindDelegation && c.Attempt > 0 {
 			reqs = append(reqs, DelegateRequest{Op: DelegateCancel, DelegationID: b.OperationID(callID), RunID: rs.id,
 				CallID: callID, ToolID: c.ToolID, Attempt: c.Attempt})
 		}
