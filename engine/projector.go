@@ -100,6 +100,9 @@ func (p *projectorRunner) run(ctx context.Context) error {
 					break
 				}
 				p.e.log.Error().Err(err).Str(fieldSubject, m.Subject()).Msg("projector: commit not projected; retrying")
+				if meta, merr := m.Metadata(); merr == nil {
+					p.e.log.Debug().Uint64(fieldStreamSeq, meta.Sequence.Stream).Msg("projector: stuck at this commit")
+				}
 				clear(p.models)
 				_ = m.InProgress()
 				select {

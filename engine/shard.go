@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
@@ -285,6 +286,15 @@ func (s *shard) decide(ctx context.Context, rs *runState, cmd aggregate.Command)
 // cached run.
 func (s *shard) commitEvents(ctx context.Context, rs *runState, evs []events.Event) error {
 	seq, err := s.e.events.append(ctx, rs.id, rs.seq, evs)
+	if err == nil && s.e.log.GetLevel() <= zerolog.DebugLevel {
+		for _, e := range evs {
+			ev := s.e.log.Debug().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, seq)
+			if b := rs.run.Batch; b != nil {
+				ev = ev.Str(fieldBatchID, b.ID)
+			}
+			ev.Msg(events.Describe(e))
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -419,7 +429,7 @@ func (s *shard) reject(ctx context.Context, rs *runState, m jetstream.Msg, sub *
 	if aerr := s.commitEvents(ctx, rs, []events.Event{ev}); aerr != nil {
 		return aerr
 	}
-	s.e.log.Info().Str(fieldRunID, rs.id).Str("code", string(ev.Code)).Str("reason", ev.Reason).Msg("submission rejected")
+	s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldBatchID, ev.BatchID).Str("code", string(ev.Code)).Str("reason", ev.Reason).Msg("submission rejected")
 	return m.Ack()
 }
 
