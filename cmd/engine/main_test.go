@@ -1,11 +1,8 @@
 package main_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +18,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testproc"
 )
 
 // These tests build the engine binary, start it as a process with its
@@ -34,88 +32,28 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	binary = filepath.Join(dir, "engine")
-	build := exec.Command("go", "build", "-o", binary, ".")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build engine:", err)
+	bins, err := testproc.Build(dir, ".")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	binary = bins[0]
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// proc is a running engine process.
+// proc is a running engine and the URL of its embedded server.
 type proc struct {
-	cmd    *exec.Cmd
-	url    string
-	mu     sync.Mutex
-	stderr bytes.Buffer
-	ready  chan struct{}
-	exited chan struct{}
-}
-
-func (p *proc) logs() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stderr.String()
+	*testproc.Proc
+	url string
 }
 
 // startEngine starts the binary and waits for its "engine ready" log line.
 func startEngine(t *testing.T, store string, port int, args ...string) *proc {
 	t.Helper()
-	p := &proc{url: fmt.Sprintf("nats://127.0.0.1:%d", port), ready: make(chan struct{}), exited: make(chan struct{})}
 	all := append([]string{"--store", store, "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-format", "json", "--ack-wait", "1s"}, args...)
-	p.cmd = exec.Command(binary, all...)
-	pipe, err := p.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(pipe)
-		once := sync.Once{}
-		for sc.Scan() {
-			p.mu.Lock()
-			p.stderr.WriteString(sc.Text() + "\n")
-			p.mu.Unlock()
-			if strings.Contains(sc.Text(), `"engine ready"`) {
-				once.Do(func() { close(p.ready) })
-			}
-		}
-	}()
-	go func() { _ = p.cmd.Wait(); close(p.exited) }()
-	t.Cleanup(func() { p.kill() })
-	select {
-	case <-p.ready:
-	case <-p.exited:
-		t.Fatalf("engine exited before it was ready:\n%s", p.logs())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("engine not ready:\n%s", p.logs())
-	}
-	return p
-}
-
-func (p *proc) kill() {
-	select {
-	case <-p.exited:
-	default:
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		<-p.exited
-	}
+	return &proc{Proc: testproc.Start(t, "engine", `"engine ready"`, binary, all...), url: fmt.Sprintf("nats://127.0.0.1:%d", port)}
 }
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
@@ -127,7 +65,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 // TestJSONBatchFromAPlainClient submits a JSON batch with nothing but a
 // NATS client and reads its results from the out stream.
 func TestJSONBatchFromAPlainClient(t *testing.T) {
-	p := startEngine(t, t.TempDir(), freePort(t))
+	p := startEngine(t, t.TempDir(), testproc.FreePort(t))
 	nc, err := nats.Connect(p.url)
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +93,7 @@ func TestJSONBatchFromAPlainClient(t *testing.T) {
 	}
 	m, err := cons.Next(jetstream.FetchMaxWait(20 * time.Second))
 	if err != nil {
-		t.Fatalf("no results: %v\n%s", err, p.logs())
+		t.Fatalf("no results: %v\n%s", err, p.Logs())
 	}
 	var body map[string]any
 	if err := msgpack.Unmarshal(m.Data(), &body); err != nil {
@@ -199,17 +137,17 @@ func TestBadFlagsAndCatalog(t *testing.T) {
 }
 
 func TestSIGTERMExitsZero(t *testing.T) {
-	p := startEngine(t, t.TempDir(), freePort(t))
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	p := startEngine(t, t.TempDir(), testproc.FreePort(t))
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-p.exited:
+	case <-p.Exited():
 	case <-time.After(30 * time.Second):
 		t.Fatal("engine did not exit on SIGTERM")
 	}
-	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
-		t.Fatalf("exit code %d after SIGTERM:\n%s", code, p.logs())
+	if code := p.Cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM:\n%s", code, p.Logs())
 	}
 }
 
@@ -218,7 +156,7 @@ func TestSIGTERMExitsZero(t *testing.T) {
 // store: every accepted batch gets exactly one results message, with every
 // call's result in model order.
 func TestKillNineLosesNothing(t *testing.T) {
-	store, port := t.TempDir(), freePort(t)
+	store, port := t.TempDir(), testproc.FreePort(t)
 	p := startEngine(t, store, port)
 	nc, err := nats.Connect(p.url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
@@ -280,11 +218,11 @@ func TestKillNineLosesNothing(t *testing.T) {
 			t.Fatal("no batch accepted")
 		}
 	}
-	p.kill()
+	p.Kill()
 	p = startEngine(t, store, port)
 	wg.Wait()
 	if ctx.Err() != nil {
-		t.Fatalf("runs did not finish:\n%s", p.logs())
+		t.Fatalf("runs did not finish:\n%s", p.Logs())
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {

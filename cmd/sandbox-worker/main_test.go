@@ -1,17 +1,12 @@
 package main_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +14,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testproc"
 )
 
 // These tests run the engine and several sandbox-worker processes, built
@@ -33,96 +29,22 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	engineBin, workerBin = filepath.Join(dir, "engine"), filepath.Join(dir, "sandbox-worker")
-	for bin, pkg := range map[string]string{engineBin: "../engine", workerBin: "."} {
-		build := exec.Command("go", "build", "-o", bin, pkg)
-		build.Stderr = os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "build:", err)
-			os.Exit(1)
-		}
+	bins, err := testproc.Build(dir, "../engine", ".")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
+	engineBin, workerBin = bins[0], bins[1]
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	mu     sync.Mutex
-	logs   bytes.Buffer
-	ready  chan struct{}
-	exited chan struct{}
-}
-
-// start runs a binary and waits for a log line containing ready.
-func start(t *testing.T, name, ready string, bin string, args ...string) *proc {
-	t.Helper()
-	p := &proc{name: name, ready: make(chan struct{}), exited: make(chan struct{})}
-	p.cmd = exec.Command(bin, args...)
-	pipe, err := p.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(pipe)
-		var once sync.Once
-		for sc.Scan() {
-			p.mu.Lock()
-			p.logs.WriteString(sc.Text() + "\n")
-			p.mu.Unlock()
-			if strings.Contains(sc.Text(), ready) {
-				once.Do(func() { close(p.ready) })
-			}
-		}
-	}()
-	go func() { _ = p.cmd.Wait(); close(p.exited) }()
-	t.Cleanup(func() {
-		p.kill()
-		if t.Failed() {
-			p.mu.Lock()
-			t.Logf("--- %s logs:\n%s", p.name, p.logs.String())
-			p.mu.Unlock()
-		}
-	})
-	select {
-	case <-p.ready:
-	case <-p.exited:
-		t.Fatalf("%s exited before it was ready:\n%s", name, p.logs.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("%s not ready", name)
-	}
-	return p
-}
-
-func (p *proc) kill() {
-	select {
-	case <-p.exited:
-	default:
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		<-p.exited
-	}
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // cluster is an engine and its workers.
 type cluster struct {
 	url     string
 	effects string // the mounted directory where tools record side effects
-	workers map[string]*proc
+	workers map[string]*testproc.Proc
 	client  *client.Client
 }
 
@@ -171,7 +93,7 @@ tools:
 func startCluster(t *testing.T, workers ...string) *cluster {
 	t.Helper()
 	dir := t.TempDir()
-	port := freePort(t)
+	port := testproc.FreePort(t)
 	cat := filepath.Join(dir, "catalog.yaml")
 	if err := os.WriteFile(cat, []byte(catalogYAML), 0o644); err != nil {
 		t.Fatal(err)
@@ -186,15 +108,15 @@ func startCluster(t *testing.T, workers ...string) *cluster {
 	if err := os.Chmod(effects, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{url: fmt.Sprintf("nats://127.0.0.1:%d", port), effects: effects, workers: map[string]*proc{}}
-	start(t, "engine", `"engine ready"`, engineBin, "--store", filepath.Join(dir, "store"), "--listen", fmt.Sprintf("127.0.0.1:%d", port),
+	c := &cluster{url: fmt.Sprintf("nats://127.0.0.1:%d", port), effects: effects, workers: map[string]*testproc.Proc{}}
+	testproc.Start(t, "engine", `"engine ready"`, engineBin, "--store", filepath.Join(dir, "store"), "--listen", fmt.Sprintf("127.0.0.1:%d", port),
 		"--catalog", cat, "--log-format", "json", "--lease", "1s", "--ack-wait", "2s")
 	for _, name := range workers {
 		cfg := filepath.Join(dir, name+".yaml")
 		if err := os.WriteFile(cfg, []byte(workerYAML(name, c.effects)), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		c.workers[name] = start(t, name, `"ready"`, workerBin, "--nats-url", c.url, "--config", cfg,
+		c.workers[name] = testproc.Start(t, name, `"ready"`, workerBin, "--nats-url", c.url, "--config", cfg,
 			"--worker-id", name, "--log-format", "json", "--concurrency", "8")
 	}
 	nc, err := nats.Connect(c.url)
@@ -334,7 +256,7 @@ func TestKilledWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	victim := waitEffect("nr/1/c1")
-	c.workers[victim].kill()
+	c.workers[victim].Kill()
 	res, err := c.client.WaitResults(ctx, "nr", "nr/1")
 	if err != nil {
 		t.Fatal(err)
@@ -359,12 +281,12 @@ func TestKilledWorker(t *testing.T) {
 	}
 	// Kill the survivor inside attempt 1 too; a fresh worker takes
 	// attempt 2 once the lease runs out.
-	c.workers[survivor].kill()
+	c.workers[survivor].Kill()
 	cfg := filepath.Join(t.TempDir(), "w3.yaml")
 	if err := os.WriteFile(cfg, []byte(workerYAML("w3", c.effects)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	start(t, "w3", `"ready"`, workerBin, "--nats-url", c.url, "--config", cfg, "--worker-id", "w3", "--log-format", "json")
+	testproc.Start(t, "w3", `"ready"`, workerBin, "--nats-url", c.url, "--config", cfg, "--worker-id", "w3", "--log-format", "json")
 	if res, err = c.client.WaitResults(ctx, "rs", "rs/1"); err != nil {
 		t.Fatal(err)
 	}
