@@ -129,6 +129,9 @@ func (r *Run) apply(e events.Event) error {
 		}
 		switch c.Phase {
 		case events.PhaseRequested:
+			if ev.Attempt != c.Attempt {
+				return fail(e, ev.CallID, ErrStaleAttempt)
+			}
 			if r.Batch.earlierOpen(i) && !r.Batch.Parallel && !r.Batch.pendingParallel(i) {
 				return fail(e, ev.CallID, ErrOutOfOrder)
 			}

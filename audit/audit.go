@@ -1,0 +1,357 @@
+// Package audit checks a recorded toolbatch stream against the invariants
+// of contract.md §6. It folds the events stream with the same aggregate the
+// engine uses (so an illegal transition in the log is caught by the same
+// checks that refuse it live), adds the checks a fold cannot make on its own
+// (a gap in a run's commits, a forged result, replays the recovery table
+// does not allow), and compares what the projector derives from the events
+// with what the out stream holds. It does no IO: the caller feeds it
+// messages.
+package audit
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/toolbatch/toolbatch/aggregate"
+	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/projector"
+)
+
+// Record is one message of a stream.
+type Record struct {
+	Seq     uint64
+	Subject string
+	Time    time.Time
+	Headers map[string][]string
+	Data    []byte
+}
+
+// Violation is one invariant that does not hold, where it was seen.
+type Violation struct {
+	Run, Batch, Call string
+	Seq              uint64
+	Invariant        string
+	Detail           string
+}
+
+// String is the violation on one line.
+func (v Violation) String() string {
+	where := "seq " + strconv.FormatUint(v.Seq, 10)
+	if v.Run != "" {
+		where += " run " + v.Run
+	}
+	if v.Batch != "" {
+		where += " batch " + v.Batch
+	}
+	if v.Call != "" {
+		where += " call " + v.Call
+	}
+	return where + ": " + v.Invariant + ": " + v.Detail
+}
+
+// Invariants, named as contract.md §6 numbers them, plus the log's own.
+const (
+	InvEntry       = "invariant 1 (no executor entry before executing is committed)"
+	InvBarrier     = "invariant 2 (nothing published before the barrier; one result per tool_use, in model order)"
+	InvNeverRan    = "invariant 3 (an awaiting, denied or blocked call never runs)"
+	InvTerminal    = "invariant 4 (terminal calls never reopen; a finalized batch never changes)"
+	InvOneTicket   = "invariant 5 (one awaiting call per batch, one ticket per run)"
+	InvNeverReplay = "invariant 6 (a never_replay call is entered at most once)"
+	InvReplay      = "invariant 7 (replay only when the pinned mode equals the live capability, within max_attempts)"
+	InvProjection  = "invariant 8 (the projection derived from the events equals what was published)"
+	InvLog         = "log (every commit of a run, in order, decodable)"
+)
+
+// Headers the engine writes (engine/store.go, engine/projector.go).
+const (
+	headerEvent  = "Toolbatch-Event"
+	headerPrev   = "Toolbatch-Prev"
+	headerSource = "Toolbatch-Source"
+)
+
+// Auditor folds a stream and collects violations.
+type Auditor struct {
+	prefix     string
+	runs       map[string]*runAudit
+	order      []string
+	out        []Record
+	sawOut     bool
+	violations []Violation
+	reported   map[string]bool
+}
+
+type runAudit struct {
+	id      string
+	run     *aggregate.Run
+	model   projector.Model
+	lastSeq uint64
+	broken  bool              // folding stopped at an illegal transition
+	derived map[string][]byte // "<subject> <source>" -> body the projector derives
+}
+
+// New returns an auditor for the streams of a subject prefix.
+func New(prefix string) *Auditor {
+	if prefix == "" {
+		prefix = "toolbatch"
+	}
+	return &Auditor{prefix: prefix, runs: map[string]*runAudit{}, reported: map[string]bool{}}
+}
+
+// Runs returns the folded runs, by id.
+func (a *Auditor) Runs() map[string]*aggregate.Run {
+	out := make(map[string]*aggregate.Run, len(a.runs))
+	for id, ra := range a.runs {
+		out[id] = ra.run
+	}
+	return out
+}
+
+// add records a violation once per run, batch, call and invariant: a
+// state that breaks an invariant is reported where it first appears.
+func (a *Auditor) add(v Violation) {
+	key := v.Run + "|" + v.Batch + "|" + v.Call + "|" + v.Invariant
+	if v.Invariant == InvLog || v.Invariant == InvProjection || v.Invariant == InvBarrier {
+		key += "|" + v.Detail
+	}
+	if a.reported[key] {
+		return
+	}
+	a.reported[key] = true
+	a.violations = append(a.violations, v)
+}
+
+// Event folds one message of the events stream; messages must come in
+// stream order.
+func (a *Auditor) Event(r Record) {
+	runID, ok := strings.CutPrefix(r.Subject, a.prefix+".events.")
+	if !ok || !events.ValidRunID(runID) {
+		a.add(Violation{Seq: r.Seq, Invariant: InvLog, Detail: fmt.Sprintf("subject %q is not a run's events subject", r.Subject)})
+		return
+	}
+	ra := a.runs[runID]
+	if ra == nil {
+		ra = &runAudit{id: runID, run: aggregate.New(runID), model: projector.NewModel(runID), derived: map[string][]byte{}}
+		a.runs[runID] = ra
+		a.order = append(a.order, runID)
+	}
+	if ra.broken {
+		return
+	}
+	v := Violation{Run: runID, Seq: r.Seq}
+	prev, err := strconv.ParseUint(first(r.Headers[headerPrev]), 10, 64)
+	switch {
+	case err != nil:
+		v.Invariant, v.Detail = InvLog, "the commit has no valid "+headerPrev+" header"
+		a.add(v)
+	case prev != ra.lastSeq:
+		v.Invariant = InvLog
+		if prev > ra.lastSeq {
+			v.Detail = fmt.Sprintf("a commit is missing: this one follows %d, the run's last commit seen is %d", prev, ra.lastSeq)
+		} else {
+			v.Detail = fmt.Sprintf("commit out of order: it follows %d, the run's last commit seen is %d", prev, ra.lastSeq)
+		}
+		a.add(v)
+	}
+	ra.lastSeq = r.Seq
+	evs, err := events.DecodeCommit(r.Data, r.Headers[headerEvent])
+	if err != nil {
+		v.Invariant, v.Detail = InvLog, "undecodable commit: "+err.Error()
+		a.add(v)
+		ra.broken = true
+		return
+	}
+	var outs []projector.Output
+	for _, e := range evs {
+		a.check(ra, r.Seq, e)
+		if err := ra.run.Apply(e); err != nil {
+			a.add(transition(ra, r.Seq, e, err))
+			ra.broken = true
+			return
+		}
+		a.after(ra, r.Seq, e)
+		var o []projector.Output
+		if ra.model, o, err = projector.Project(ra.model, e); err == nil {
+			outs = append(outs, o...)
+		}
+	}
+	// Numbered across the commit, as the engine's projector numbers them.
+	for i, o := range outs {
+		if body, err := o.Encode(); err == nil {
+			ra.derived[fmt.Sprintf("%s.out.%s.%s %d/%d", a.prefix, runID, o.Subject(), r.Seq, i)] = body
+		}
+	}
+}
+
+// check looks at an event before it is folded, for what the fold accepts
+// but the contract forbids.
+func (a *Auditor) check(ra *runAudit, seq uint64, e events.Event) {
+	b := ra.run.OpenBatch()
+	if b == nil {
+		return
+	}
+	switch ev := e.(type) {
+	case *events.CallCompleted:
+		c, _ := b.Call(ev.CallID)
+		if c != nil && c.Tool.Target == events.TargetSandbox && c.Phase == events.PhaseExecuting &&
+			c.Claim == nil && ev.ErrorKind != events.ErrorUnavailableBeforeDispatch {
+			a.add(Violation{Run: ra.id, Batch: b.ID, Call: ev.CallID, Seq: seq, Invariant: InvEntry,
+				Detail: fmt.Sprintf("forged result: attempt %d completed with %s but was never claimed", ev.Attempt, events.DescribeOutput(ev.Output))})
+		}
+	case *events.CallExecuting:
+		c, _ := b.Call(ev.CallID)
+		if c == nil || ev.Cause != events.CauseRecovered {
+			return
+		}
+		if string(c.Tool.Policy.Mode) != string(ev.Capability) || ev.Attempt > c.Tool.Policy.MaxAttempts {
+			a.add(Violation{Run: ra.id, Batch: b.ID, Call: ev.CallID, Seq: seq, Invariant: InvReplay,
+				Detail: fmt.Sprintf("replayed as attempt %d with mode %s, capability %s, max_attempts %d",
+					ev.Attempt, c.Tool.Policy.Mode, ev.Capability, c.Tool.Policy.MaxAttempts)})
+		}
+	}
+}
+
+// after checks the state an event left.
+func (a *Auditor) after(ra *runAudit, seq uint64, e events.Event) {
+	b := ra.run.Batch
+	if b == nil {
+		return
+	}
+	for _, c := range b.Calls {
+		if c.Tool.Policy.Mode == events.ModeNeverReplay && c.Entries > 1 {
+			a.add(Violation{Run: ra.id, Batch: b.ID, Call: c.CallID, Seq: seq, Invariant: InvNeverReplay,
+				Detail: fmt.Sprintf("entered %d times", c.Entries)})
+		}
+		if c.Attempt == 0 && c.Entries > 0 {
+			a.add(Violation{Run: ra.id, Batch: b.ID, Call: c.CallID, Seq: seq, Invariant: InvNeverRan,
+				Detail: "entered without an attempt"})
+		}
+	}
+}
+
+// transition names the invariant an illegal event breaks.
+func transition(ra *runAudit, seq uint64, e events.Event, err error) Violation {
+	v := Violation{Run: ra.id, Seq: seq, Invariant: InvLog, Detail: err.Error()}
+	var te *aggregate.TransitionError
+	if errors.As(err, &te) {
+		v.Call = te.Call
+	}
+	if b := ra.run.Batch; b != nil {
+		v.Batch = b.ID
+	}
+	switch {
+	case errors.Is(err, aggregate.ErrNotExecuting) && e.EventType() == events.TypeCallClaimed,
+		errors.Is(err, aggregate.ErrAlreadyClaimed):
+		v.Invariant = InvEntry
+	case errors.Is(err, aggregate.ErrCallTerminal), errors.Is(err, aggregate.ErrFinalized):
+		v.Invariant = InvTerminal
+	case errors.Is(err, aggregate.ErrParked), errors.Is(err, aggregate.ErrCorrelationUsed):
+		v.Invariant = InvOneTicket
+	case errors.Is(err, aggregate.ErrResultsDiffer), errors.Is(err, aggregate.ErrOutOfOrder):
+		v.Invariant = InvBarrier
+	case errors.Is(err, aggregate.ErrNoBatch) && e.EventType() != events.TypeBatchFinalized:
+		v.Invariant = InvTerminal
+	}
+	return v
+}
+
+// Out records one message of the out stream.
+func (a *Auditor) Out(r Record) {
+	a.sawOut = true
+	a.out = append(a.out, r)
+}
+
+// Finish compares the out stream with the derived projection (when out
+// messages were given) and returns every violation, by stream sequence.
+func (a *Auditor) Finish() []Violation {
+	if a.sawOut {
+		a.compareOut()
+	}
+	sort.SliceStable(a.violations, func(i, j int) bool { return a.violations[i].Seq < a.violations[j].Seq })
+	return a.violations
+}
+
+func (a *Auditor) compareOut() {
+	published := map[string]bool{}
+	for _, r := range a.out {
+		rest, ok := strings.CutPrefix(r.Subject, a.prefix+".out.")
+		if !ok {
+			continue
+		}
+		runID, kind, _ := strings.Cut(rest, ".")
+		if kind == "refused" {
+			continue // refusals of resumes and controls change nothing and are not in the log
+		}
+		src := first(r.Headers[headerSource])
+		v := Violation{Run: runID, Seq: sourceSeq(src), Invariant: InvProjection}
+		ra := a.runs[runID]
+		if ra == nil {
+			v.Detail = fmt.Sprintf("%s (out seq %d) was published for a run with no events", r.Subject, r.Seq)
+			a.add(v)
+			continue
+		}
+		if ra.broken {
+			continue
+		}
+		key := r.Subject + " " + src
+		want, ok := ra.derived[key]
+		switch {
+		case src == "":
+			v.Detail = fmt.Sprintf("%s (out seq %d) has no %s header", r.Subject, r.Seq, headerSource)
+			a.add(v)
+		case !ok:
+			v.Detail = fmt.Sprintf("%s (out seq %d, source %s) was published, but the events derive nothing there", r.Subject, r.Seq, src)
+			if kind == "results" {
+				v.Invariant = InvBarrier
+				v.Detail += ": results before (or without) their barrier"
+			}
+			a.add(v)
+		case published[key]:
+			v.Detail = fmt.Sprintf("%s (source %s) was published twice", r.Subject, src)
+			a.add(v)
+		case !bytes.Equal(want, r.Data):
+			v.Detail = fmt.Sprintf("%s (out seq %d, source %s) differs from what the events derive", r.Subject, r.Seq, src)
+			a.add(v)
+		}
+		published[key] = true
+	}
+	for _, id := range a.order {
+		ra := a.runs[id]
+		if ra.broken {
+			continue
+		}
+		var missing []string
+		for key := range ra.derived {
+			if !published[key] {
+				missing = append(missing, key)
+			}
+		}
+		sort.Strings(missing)
+		for _, key := range missing {
+			subject, src, _ := strings.Cut(key, " ")
+			v := Violation{Run: id, Seq: sourceSeq(src), Invariant: InvProjection,
+				Detail: fmt.Sprintf("%s (source %s) derives from the events but was never published", subject, src)}
+			if strings.HasSuffix(subject, ".results") {
+				v.Invariant = InvBarrier
+			}
+			a.add(v)
+		}
+	}
+}
+
+func sourceSeq(src string) uint64 {
+	s, _, _ := strings.Cut(src, "/")
+	n, _ := strconv.ParseUint(s, 10, 64)
+	return n
+}
+
+func first(vs []string) string {
+	if len(vs) == 0 {
+		return ""
+	}
+	return vs[0]
+}
