@@ -49,6 +49,7 @@ type Tool struct {
 	Policy             events.Policy
 	DispatchDeadline   time.Duration // sandbox tools; 0 for others
 	ParallelCompletion bool          // delegation tools only
+	WaitDeadline       time.Duration // client and delegation tools; 0: none
 }
 
 // Descriptor returns the descriptor pinned into each call of the tool.
@@ -357,6 +358,17 @@ func (k *checker) tool(i int, tc ToolConfig) Tool {
 		k.addf(where, at("parallel_completion"), "parallel_completion is only for kind delegation (kind is %s)", t.Kind)
 	}
 	t.ParallelCompletion = tc.ParallelCompletion && t.Kind == events.KindDelegation
+
+	if d := time.Duration(tc.WaitDeadline); d != 0 {
+		switch {
+		case kindOK && t.Kind != events.KindClient && t.Kind != events.KindDelegation:
+			k.addf(where, at("wait_deadline"), "wait_deadline is only for kind client or delegation (kind is %s)", t.Kind)
+		case d < 0:
+			k.addf(where, at("wait_deadline"), "wait_deadline %s is not positive", d)
+		default:
+			t.WaitDeadline = d
+		}
+	}
 
 	modeOK := tc.Recovery.Mode == ""
 	for _, m := range events.Modes {

@@ -89,6 +89,13 @@ type ToolConfig struct {
 	// completion: a batch made only of such calls may run them concurrently
 	// when every gate allows. Delegation tools only; default false.
 	ParallelCompletion bool `yaml:"parallel_completion"`
+	// WaitDeadline bounds a wait on the client: how long a client tool's
+	// external_result ticket, or a delegation's input ticket, stays open;
+	// when it passes, the call completes with "client result timed out"
+	// (or "delegation input timed out"). Client and delegation tools only;
+	// a Go duration; default none (the ticket waits until resolved or the
+	// run ends).
+	WaitDeadline Duration `yaml:"wait_deadline"`
 }
 
 // RecoveryConfig is a tool's recovery policy: what the engine may do with a

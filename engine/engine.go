@@ -324,3 +324,18 @@ func (e *Engine) catalogFor(ctx context.Context, snapshotID string) (*catalog.Ca
 }
 
 func newID() string { return nuid.Next() }
+
+// waitDeadline is when a client or delegation ticket of a tool expires,
+// from the catalog its batch was pinned to (nil: none).
+func (e *Engine) waitDeadline(ctx context.Context, snapshotID, toolID string, now time.Time) *time.Time {
+	cat, err := e.catalogFor(ctx, snapshotID)
+	if err != nil {
+		return nil
+	}
+	t, ok := cat.Tool(toolID)
+	if !ok || t.WaitDeadline <= 0 {
+		return nil
+	}
+	d := now.Add(t.WaitDeadline)
+	return &d
+}

@@ -885,3 +885,33 @@ func waitTicket(t *testing.T, ctx context.Context, c *client.Client, runID, batc
 		}
 	}
 }
+
+// TestClientWaitDeadline: a client tool's ticket expires after the
+// catalog's wait_deadline, completing the call with "client result timed
+// out".
+func TestClientWaitDeadline(t *testing.T) {
+	cat, err := catalog.Parse([]byte(`
+tools:
+  - {id: ask_user, kind: client, wait_deadline: 1s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, t.TempDir())
+	startEngine(t, srv.ClientURL(), engine.Config{Catalog: cat})
+	c := newClient(t, srv.ClientURL())
+	ctx := ctxT(t, 30*time.Second)
+	if err := c.Submit(ctx, submitOf("cw", 1, "ask_user", `{"q":"?"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if ticket := waitTicket(t, ctx, c, "cw", "cw/1"); ticket.Deadline == "" {
+		t.Fatal("the client ticket has no deadline")
+	}
+	res, err := c.WaitResults(ctx, "cw", "cw/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(resultTexts(res)); got != `[c1=error "client result timed out"]` {
+		t.Fatalf("results: %s", got)
+	}
+}

@@ -531,7 +531,13 @@ func (s *shard) onOutcome(ctx, runCtx context.Context, rs *runState, o *outcome)
 	now := s.e.cfg.Now()
 	var cmd aggregate.Command
 	if o.awaiting {
-		cmd = aggregate.DelegationAwait{CallID: o.callID, Attempt: o.attempt, CorrelationID: newID(), At: now}
+		var deadline *time.Time
+		if b := rs.run.OpenBatch(); b != nil {
+			if c, _ := b.Call(o.callID); c != nil {
+				deadline = s.e.waitDeadline(ctx, b.SnapshotID, c.ToolID, now)
+			}
+		}
+		cmd = aggregate.DelegationAwait{CallID: o.callID, Attempt: o.attempt, CorrelationID: newID(), Deadline: deadline, At: now}
 	} else if o.lost {
 		b := rs.run.OpenBatch()
 		if b == nil {
@@ -618,7 +624,12 @@ func (s *shard) drive(ctx, runCtx context.Context, rs *runState) error {
 				return err
 			}
 		case aggregate.NextParkClient:
-			if err := s.decide(ctx, rs, aggregate.ParkClient{CallID: w.CallIDs[0], CorrelationID: newID(), At: s.e.cfg.Now()}); err != nil {
+			now := s.e.cfg.Now()
+			park := aggregate.ParkClient{CallID: w.CallIDs[0], CorrelationID: newID(), At: now}
+			if c, _ := rs.run.Batch.Call(w.CallIDs[0]); c != nil {
+				park.Deadline = s.e.waitDeadline(ctx, rs.run.Batch.SnapshotID, c.ToolID, now)
+			}
+			if err := s.decide(ctx, rs, park); err != nil {
 				return err
 			}
 		case aggregate.NextExecuting:
