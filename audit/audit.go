@@ -150,7 +150,9 @@ func (a *Auditor) Event(r Record) {
 		a.add(v)
 	case prev != ra.lastSeq:
 		v.Invariant = InvLog
-		if prev > ra.lastSeq {
+		if prev >= r.Seq {
+			v.Detail = fmt.Sprintf("commit out of order: it names %d as the run's previous commit, which is not stored before it", prev)
+		} else if prev > ra.lastSeq {
 			v.Detail = fmt.Sprintf("a commit is missing: this one follows %d, the run's last commit seen is %d", prev, ra.lastSeq)
 		} else {
 			v.Detail = fmt.Sprintf("commit out of order: it follows %d, the run's last commit seen is %d", prev, ra.lastSeq)
@@ -264,6 +266,12 @@ func (a *Auditor) Out(r Record) {
 	a.sawOut = true
 	a.out = append(a.out, r)
 }
+
+// OutRead says the out stream was read, even when it held no message: the
+// projection is then compared with it (an empty out stream next to events
+// that derive messages is a violation). Without Out or OutRead, invariant 8
+// is not checked.
+func (a *Auditor) OutRead() { a.sawOut = true }
 
 // Finish compares the out stream with the derived projection (when out
 // messages were given) and returns every violation, by stream sequence.

@@ -1,16 +1,20 @@
-// Command replay will read an event stream (from NATS or an exported file),
-// fold it, print the history of runs and batches, audit every invariant of
-// the contract (contract.md §6) and exit non-zero on a violation.
+// Command replay reads toolbatch's event log, from NATS or from an export
+// file, folds it with the engine's own aggregate, and tells what happened:
 //
-// It is not built yet: for now it says so and exits with status 2.
+//	replay [flags]                      the history of every call, per run and batch
+//	replay export --out FILE [flags]    write the log (and the out stream) as JSON Lines
+//	replay audit [flags]                check every invariant of contract.md §6
+//	replay what-if --catalog FILE       re-gate the recorded calls with another catalog
+//
+// docs/replay.md describes the commands, the export format, what the audit
+// checks and how, and gives an example report. The work is done by the
+// files of this package: cli.go (flags and exit statuses), source.go
+// (reading NATS and files), history.go and print.go (the history),
+// export.go, auditcmd.go and whatif.go.
 package main
 
-import (
-	"fmt"
-	"os"
-)
+import "os"
 
 func main() {
-	fmt.Fprintln(os.Stderr, "replay: not built yet: the event-stream replay and invariant audit do not exist")
-	os.Exit(2)
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }

@@ -1,0 +1,283 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// usage is printed for help and after a usage error's one line is not
+// enough (never on its own for a bad flag: that is one line).
+const usage = `usage:
+  replay [--nats-url URL | --file FILE] [filters] [--json] [--prefix P]
+      print, per run and batch, the history of every call: gate decisions
+      and their rule, attempts, claims and their worker, waits and who
+      resolved them, outcomes, indeterminate reasons, refused results and
+      the published results
+  replay export --out FILE [--nats-url URL | --file FILE] [filters]
+                [--out-stream] [--out-file FILE] [--prefix P]
+      write the events stream as JSON Lines, one line per message in stream
+      order: {"seq","subject","time","headers","data" (base64 msgpack)};
+      --out - writes to stdout. --out-file FILE (or --out-stream, which
+      defaults it to FILE with .jsonl replaced by .out.jsonl) also writes
+      the out stream, in the same format
+  replay audit [--nats-url URL | --file FILE [--out-file FILE]] [--run ID]
+               [--json] [--prefix P]
+      check every invariant of contract.md §6 and that the out stream holds
+      exactly what the events derive; print each violation on its own line.
+      With --file, the out stream is --out-file, else FILE's .out.jsonl
+      sibling when it exists, else invariant 8 is not checked
+  replay what-if --catalog FILE [--nats-url URL | --file FILE] [filters]
+                 [--changed] [--json] [--prefix P]
+      re-evaluate the policy stage of every recorded gate decision with
+      another catalog and print old -> new per call; no tool runs
+
+source (one of):
+  --nats-url URL   read <PREFIX>_EVENTS (and <PREFIX>_OUT) with an ordered
+                   consumer (default nats://127.0.0.1:4222)
+  --file FILE      read an export file
+
+filters (history, export, what-if; audit takes --run only):
+  --run ID         one run only
+  --since T        messages stored at or after T (RFC 3339)
+  --until T        messages stored up to T (RFC 3339); reading stops at the
+                   first message stored after it
+  --from-seq N     messages from events stream sequence N on
+
+  --prefix P       subject prefix, the engine's --prefix (default toolbatch)
+  --json           one JSON object per line (docs/replay.md gives the shapes)
+
+A progress line goes to stderr every 100000 messages and at the end.
+exit status: 0 done (audit: every invariant holds), 1 audit found a
+violation, 2 usage or read error (one line on stderr)
+`
+
+// defaultNATSURL is where replay reads when neither --nats-url nor --file
+// is given.
+const defaultNATSURL = "nats://127.0.0.1:4222"
+
+// defaultPrefix is the engine's default subject prefix.
+const defaultPrefix = "toolbatch"
+
+// exitError carries an exit status with its one-line message.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+// usageErrorf is a usage or read error: exit status 2.
+func usageErrorf(format string, args ...any) error {
+	return &exitError{code: 2, msg: fmt.Sprintf(format, args...)}
+}
+
+// errViolations makes replay audit exit with status 1; its report is
+// already on stdout.
+var errViolations = &exitError{code: 1}
+
+// options are the flags of every command; each command registers the ones
+// it takes.
+type options struct {
+	natsURL   string
+	file      string
+	prefix    string
+	run       string
+	since     string
+	until     string
+	fromSeq   uint64
+	json      bool
+	out       string
+	outFile   string
+	outStream bool
+	catalog   string
+	changed   bool
+
+	set map[string]bool // flags given on the command line
+	sel selection
+}
+
+// selection is what the filters keep.
+type selection struct {
+	run          string
+	since, until time.Time // zero: no bound
+	fromSeq      uint64    // 0: from the first message
+}
+
+// startsLate reports whether the selection may begin after a run's first
+// commit, so that a run whose first commit is missing is not a gap.
+func (s selection) startsLate() bool { return !s.since.IsZero() || s.fromSeq > 1 }
+
+// run runs one command and returns its exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd := ""
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	var err error
+	switch cmd {
+	case "":
+		err = withOptions("replay", args, stdout, func(o *options) error { return cmdHistory(ctx, o, stdout, stderr) })
+	case "export":
+		err = withOptions(cmd, args, stdout, func(o *options) error { return cmdExport(ctx, o, stdout, stderr) })
+	case "audit":
+		err = withOptions(cmd, args, stdout, func(o *options) error { return cmdAudit(ctx, o, stdout, stderr) })
+	case "what-if":
+		err = withOptions(cmd, args, stdout, func(o *options) error { return cmdWhatIf(ctx, o, stdout, stderr) })
+	case "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		err = usageErrorf("unknown command %q (want export, audit, what-if, or flags; replay --help)", cmd)
+	}
+	if err == nil {
+		return 0
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	code := 2
+	var ee *exitError
+	if errors.As(err, &ee) {
+		code = ee.code
+	}
+	if msg := oneLine(err.Error()); msg != "" {
+		fmt.Fprintln(stderr, "replay: "+msg)
+	}
+	return code
+}
+
+// oneLine folds a message onto one line.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
+}
+
+// withOptions parses a command's flags, checks them, and runs fn.
+func withOptions(cmd string, args []string, stdout io.Writer, fn func(*options) error) error {
+	o := &options{}
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // a bad flag is one line, from run
+	fs.StringVar(&o.natsURL, "nats-url", defaultNATSURL, "NATS server")
+	fs.StringVar(&o.file, "file", "", "export file to read")
+	fs.StringVar(&o.prefix, "prefix", defaultPrefix, "subject prefix")
+	fs.StringVar(&o.run, "run", "", "one run only")
+	if cmd != "export" {
+		fs.BoolVar(&o.json, "json", false, "JSON lines")
+	}
+	if cmd != "audit" {
+		fs.StringVar(&o.since, "since", "", "RFC 3339 time")
+		fs.StringVar(&o.until, "until", "", "RFC 3339 time")
+		fs.Uint64Var(&o.fromSeq, "from-seq", 0, "stream sequence")
+	}
+	switch cmd {
+	case "export":
+		fs.StringVar(&o.out, "out", "", "file to write")
+		fs.StringVar(&o.outFile, "out-file", "", "file to write the out stream to")
+		fs.BoolVar(&o.outStream, "out-stream", false, "also export the out stream")
+	case "audit":
+		fs.StringVar(&o.outFile, "out-file", "", "export file of the out stream")
+	case "what-if":
+		fs.StringVar(&o.catalog, "catalog", "", "catalog to gate with")
+		fs.BoolVar(&o.changed, "changed", false, "only the calls whose decision changes")
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageErrorf("%s", err.Error())
+	}
+	if fs.NArg() > 0 {
+		return usageErrorf("unexpected argument %q", fs.Arg(0))
+	}
+	o.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
+	if err := o.check(cmd); err != nil {
+		return err
+	}
+	return fn(o)
+}
+
+// check validates the flags of a command and fills the selection.
+func (o *options) check(cmd string) error {
+	var problems []string
+	if o.set["nats-url"] && o.set["file"] {
+		problems = append(problems, "--nats-url and --file exclude each other")
+	}
+	if o.set["file"] && o.file == "" {
+		problems = append(problems, "--file needs a file name")
+	}
+	if o.prefix == "" || strings.ContainsAny(o.prefix, " *>") {
+		problems = append(problems, fmt.Sprintf("--prefix %q is not a subject prefix", o.prefix))
+	}
+	if o.run != "" && !events.ValidRunID(o.run) {
+		problems = append(problems, fmt.Sprintf("--run %q is not a run id ([A-Za-z0-9_-]{1,64})", o.run))
+	}
+	o.sel.run = o.run
+	o.sel.fromSeq = o.fromSeq
+	for _, t := range []struct {
+		name, val string
+		dst       *time.Time
+	}{{"since", o.since, &o.sel.since}, {"until", o.until, &o.sel.until}} {
+		if t.val == "" {
+			continue
+		}
+		v, err := time.Parse(time.RFC3339Nano, t.val)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("--%s %q is not an RFC 3339 time", t.name, t.val))
+			continue
+		}
+		*t.dst = v
+	}
+	if !o.sel.since.IsZero() && !o.sel.until.IsZero() && o.sel.until.Before(o.sel.since) {
+		problems = append(problems, "--until is before --since")
+	}
+	switch cmd {
+	case "export":
+		if o.out == "" {
+			problems = append(problems, "export needs --out FILE")
+		}
+		if o.outStream && o.outFile == "" && o.out != "" {
+			if o.out == "-" {
+				problems = append(problems, "--out-stream with --out - needs --out-file FILE")
+			} else {
+				o.outFile = outSibling(o.out)
+			}
+		}
+		if o.outFile != "" && (o.outFile == o.out || o.outFile == "-" && o.out == "-") {
+			problems = append(problems, "--out-file must differ from --out")
+		}
+	case "audit":
+		if o.outFile != "" && !o.set["file"] {
+			problems = append(problems, "--out-file goes with --file (from NATS the audit reads the out stream itself)")
+		}
+	case "what-if":
+		if o.catalog == "" {
+			problems = append(problems, "what-if needs --catalog FILE")
+		}
+	}
+	if len(problems) > 0 {
+		return usageErrorf("%s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// outSibling names the out stream's export file beside an events export:
+// events.jsonl -> events.out.jsonl, anything else gets .out appended.
+func outSibling(path string) string {
+	if base, ok := strings.CutSuffix(path, ".jsonl"); ok {
+		return base + ".out.jsonl"
+	}
+	return path + ".out"
+}

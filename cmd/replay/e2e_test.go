@@ -1,0 +1,156 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/internal/testproc"
+)
+
+// TestEndToEnd runs the engine as a process, submits JSON batches with a
+// plain NATS client, waits for their results, and then replays the stream
+// from NATS and from an export of it: the history names every call, the
+// two histories are the same, and the audit passes on both.
+func TestEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the engine")
+	}
+	bins, err := testproc.Build(t.TempDir(), "../engine", ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	engineBin, replayBin := bins[0], bins[1]
+	port := testproc.FreePort(t)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	testproc.Start(t, "engine", `"engine ready"`, engineBin,
+		"--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-format", "json")
+
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// Each batch: run, step, and its calls as "id tool {json}"; call ids
+	// are unique across the test so that the history can be searched.
+	batches := []struct {
+		run   string
+		step  int
+		calls []string
+	}{
+		{"e2e-a", 1, []string{`a1 echo {"q":"first"}`, `a2 invented_tool {}`, `a3 echo null`}},
+		{"e2e-b", 1, []string{`b1 fail {}`, `b2 echo {"n":2}`}},
+		{"e2e-a", 2, []string{`a4 echo {"q":"second"}`}},
+	}
+	var calls []string
+	for _, b := range batches {
+		var blocks []string
+		for _, c := range b.calls {
+			f := strings.SplitN(c, " ", 3)
+			blocks = append(blocks, fmt.Sprintf(`{"type":"tool_use","id":%q,"name":%q,"input":%s}`, f[0], f[1], f[2]))
+			calls = append(calls, fmt.Sprintf("%s/%d %s", b.run, b.step, f[0]))
+		}
+		msg := nats.NewMsg("toolbatch.submit." + b.run)
+		msg.Header.Set("Content-Type", "application/json")
+		msg.Header.Set("Nats-Msg-Id", fmt.Sprintf("%s/%d", b.run, b.step))
+		msg.Data = fmt.Appendf(nil, `{"run_id":%q,"thread_id":"t","step":%d,"assistant":{"id":"m","content":[{"type":"text","text":"on it"},%s]}}`,
+			b.run, b.step, strings.Join(blocks, ","))
+		if _, err := js.PublishMsg(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+		waitResults(t, ctx, js, b.run, b.step)
+	}
+
+	dir := t.TempDir()
+	fromNATS := runReplay(t, replayBin, 0, "--nats-url", url)
+	for _, c := range calls {
+		batch, id, _ := strings.Cut(c, " ")
+		if !regexp.MustCompile(`(?m)^\s+\d+\s+\S+\s+` + id + `\s+published\s`).MatchString(batchSection(fromNATS, batch)) {
+			t.Errorf("the history has no published result for %s:\n%s", c, fromNATS)
+		}
+	}
+	if !strings.Contains(fromNATS, `error "unknown tool: invented_tool"`) {
+		t.Errorf("history:\n%s", fromNATS)
+	}
+	if got := runReplay(t, replayBin, 0, "--nats-url", url, "--run", "e2e-b"); strings.Contains(got, "e2e-a") || !strings.Contains(got, "batch e2e-b/1") {
+		t.Errorf("--run e2e-b:\n%s", got)
+	}
+	if got := runReplay(t, replayBin, 0, "--nats-url", url, "--from-seq", "11"); !strings.Contains(got, "batch e2e-a/2") ||
+		strings.Contains(got, "e2e-a/1") || !strings.Contains(got, "not folded") {
+		t.Errorf("--from-seq 11:\n%s", got)
+	}
+	if got := runReplay(t, replayBin, 0, "--nats-url", url, "--since", time.Now().Add(time.Hour).Format(time.RFC3339)); got != "no events\n" {
+		t.Errorf("--since in an hour:\n%s", got)
+	}
+	if got := runReplay(t, replayBin, 0, "audit", "--nats-url", url, "--run", "e2e-b"); !strings.HasPrefix(got, "audit: every invariant holds: 1 run, 8 events in 5 commits, 3 out messages") {
+		t.Errorf("audit --run e2e-b: %s", got)
+	}
+
+	export := filepath.Join(dir, "events.jsonl")
+	runReplay(t, replayBin, 0, "export", "--nats-url", url, "--out", export, "--out-stream")
+	for _, f := range []string{export, outSibling(export)} {
+		if b, err := os.ReadFile(f); err != nil || bytes.Count(b, []byte("\n")) < 5 {
+			t.Fatalf("%s: %v\n%s", f, err, b)
+		}
+	}
+	if fromFile := runReplay(t, replayBin, 0, "--file", export); fromFile != fromNATS {
+		t.Errorf("the history of the export differs from the one read from NATS:\n%s\n---\n%s", fromFile, fromNATS)
+	}
+	for _, args := range [][]string{{"audit", "--nats-url", url}, {"audit", "--file", export}} {
+		out := runReplay(t, replayBin, 0, args...)
+		if !strings.HasPrefix(out, "audit: every invariant holds: 2 runs, ") || strings.Contains(out, "not checked") {
+			t.Errorf("%v: %s", args, out)
+		}
+	}
+}
+
+// waitResults waits for a batch's results message on the out stream.
+func waitResults(t *testing.T, ctx context.Context, js jetstream.JetStream, run string, step int) {
+	t.Helper()
+	cons, err := js.OrderedConsumer(ctx, "TOOLBATCH_OUT", jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{"toolbatch.out." + run + ".results"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("%s/%d", run, step)
+	for {
+		m, err := cons.Next(jetstream.FetchContext(ctx))
+		if err != nil {
+			t.Fatalf("no results for %s: %v", want, err)
+		}
+		if bytes.Contains(m.Data(), []byte(want)) {
+			return
+		}
+	}
+}
+
+// runReplay runs the replay binary, checks its exit status, and returns
+// its stdout.
+func runReplay(t *testing.T, bin string, wantCode int, args ...string) string {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if code := cmd.ProcessState.ExitCode(); code != wantCode {
+		t.Fatalf("replay %v: exit %d (%v), want %d\n%s%s", args, code, err, wantCode, stdout.String(), stderr.String())
+	}
+	return stdout.String()
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/toolbatch/toolbatch/audit"
+)
+
+// cmdExport writes the selected events (and, with --out-file, the out
+// stream) as JSON Lines.
+func cmdExport(ctx context.Context, o *options, stdout, stderr io.Writer) error {
+	src, err := openSource(o, "")
+	if err != nil {
+		return err
+	}
+	defer src.close()
+	prog := newProgress(stderr)
+	var lastEvent uint64
+	n, err := exportStream(ctx, src, eventsStream, o.sel, o.out, stdout, func(r audit.Record) bool {
+		prog.add(r)
+		lastEvent = r.Seq
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	prog.done()
+	report := stdout
+	if o.out == "-" {
+		report = stderr // stdout holds the export
+	}
+	fmt.Fprintf(report, "exported %d events stream messages to %s\n", n, o.out)
+	if o.outFile == "" {
+		return nil
+	}
+	// Out messages derived from commits stored after the events were read
+	// are left out, as their commits are.
+	n, err = exportStream(ctx, src, outStream, o.sel, o.outFile, stdout, func(r audit.Record) bool {
+		return !laterSource(r, lastEvent)
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(report, "exported %d out stream messages to %s\n", n, o.outFile)
+	return nil
+}
+
+// exportStream writes one stream to path ("-": stdout) and returns how many
+// messages it wrote; keep sees each message first and may leave it out. A
+// failed export removes the file it was writing.
+func exportStream(ctx context.Context, src source, which stream, sel selection, path string, stdout io.Writer, keep func(audit.Record) bool) (n int, err error) {
+	var w io.Writer = stdout
+	if path != "-" {
+		f, cerr := os.Create(path)
+		if cerr != nil {
+			return 0, usageErrorf("%v", cerr)
+		}
+		defer func() {
+			if cerr := f.Close(); cerr != nil && err == nil {
+				err = usageErrorf("write %s: %v", path, cerr)
+			}
+			if err != nil {
+				os.Remove(path)
+			}
+		}()
+		w = f
+	}
+	bw := bufio.NewWriterSize(w, 1<<20)
+	err = src.read(ctx, which, sel, func(r audit.Record) error {
+		if !keep(r) {
+			return nil
+		}
+		n++
+		if err := encodeRecord(bw, r); err != nil {
+			return usageErrorf("write %s: %v", path, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return n, err
+	}
+	if err := bw.Flush(); err != nil {
+		return n, usageErrorf("write %s: %v", path, err)
+	}
+	return n, nil
+}
