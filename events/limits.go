@@ -3,7 +3,6 @@ package events
 import (
 	"errors"
 	"fmt"
-	"time"
 )
 
 // Default input limits.
@@ -39,20 +38,4 @@ func (l Limits) Validate() error {
 		errs = append(errs, fmt.Errorf("max output bytes %d must be positive", l.MaxOutputBytes))
 	}
 	return errors.Join(errs...)
-}
-
-// Out returns the ticket as published on .awaiting.
-func (t Ticket) Out() AwaitingOut {
-	return AwaitingOut{
-		CorrelationID: t.CorrelationID, RunID: t.RunID, ThreadID: t.ThreadID, BatchID: t.BatchID,
-		CallID: t.CallID, ToolID: t.ToolID, Arguments: t.Arguments, Reason: t.Reason,
-		SnapshotID: t.SnapshotID, Deadline: rfc3339(t.Deadline), Due: rfc3339(t.Due), ActionKind: t.ActionKind,
-	}
-}
-
-func rfc3339(t *time.Time) string {
-	if t == nil {
-		return ""
-	}
-	return t.UTC().Format(time.RFC3339Nano)
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -689,3 +690,19 @@ func checkBlocks(bs []ContentBlock) error {
 }
 
 func (o *ResultsOut) validBlocks() error { return checkBlocks(o.Results) }
+
+// Out returns the ticket as published on .awaiting.
+func (t Ticket) Out() AwaitingOut {
+	return AwaitingOut{
+		CorrelationID: t.CorrelationID, RunID: t.RunID, ThreadID: t.ThreadID, BatchID: t.BatchID,
+		CallID: t.CallID, ToolID: t.ToolID, Arguments: t.Arguments, Reason: t.Reason,
+		SnapshotID: t.SnapshotID, Deadline: rfc3339(t.Deadline), Due: rfc3339(t.Due), ActionKind: t.ActionKind,
+	}
+}
+
+func rfc3339(t *time.Time) string {
+	if t == nil {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
