@@ -220,7 +220,7 @@ func (s *shard) onResult(ctx, runCtx context.Context, rs *runState, it item) err
 			}
 		}
 		s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, callID).Err(err).Msg("result refused")
-		return it.msg.Ack()
+		return s.settle(rs, it.msg)
 	}
 	delete(rs.leases, callID)
 	delete(rs.inflight, fmt.Sprintf("%s/%d", callID, res.Attempt))

@@ -430,7 +430,7 @@ func (s *shard) reject(ctx context.Context, rs *runState, m jetstream.Msg, sub *
 		return aerr
 	}
 	s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldBatchID, ev.BatchID).Str("code", string(ev.Code)).Str("reason", ev.Reason).Msg("submission rejected")
-	return m.Ack()
+	return s.settle(rs, m)
 }
 
 func (s *shard) onResume(ctx, runCtx context.Context, rs *runState, it item) error {
@@ -518,7 +518,7 @@ func (s *shard) refuse(ctx context.Context, rs *runState, m jetstream.Msg, corre
 		return perr
 	}
 	s.e.log.Info().Str(fieldRunID, rs.id).Str("code", string(code)).Str("reason", reason).Msg("refused")
-	return m.Ack()
+	return s.settle(rs, m)
 }
 
 // onOutcome records an executor's outcome.
@@ -706,7 +706,7 @@ func (s *shard) onTimer(ctx, runCtx context.Context, rs *runState, it item) erro
 			return err
 		}
 		if err != nil {
-			return it.msg.Ack() // claimed, or moved on: nothing to do
+			return s.settle(rs, it.msg) // claimed, or moved on: nothing to do
 		}
 		delete(rs.inflight, fmt.Sprintf("%s/%d", f.CallID, f.Attempt))
 		rs.held = append(rs.held, it.msg)
@@ -736,14 +736,31 @@ func (s *shard) onTimer(ctx, runCtx context.Context, rs *runState, it item) erro
 		if err := s.e.schedule(ctx, rs.id, f, at); err != nil {
 			return err
 		}
-		return it.msg.Ack()
+		return s.settle(rs, it.msg)
 	case err != nil:
 		if _, refused := events.CodeOf(err); refused || errors.Is(err, aggregate.ErrRunEnded) {
-			return it.msg.Ack() // resolved or ended before its time: nothing to do
+			return s.settle(rs, it.msg) // resolved or ended before its time: nothing to do
 		}
 		return err
 	}
 	s.e.log.Info().Str(fieldRunID, rs.id).Str("action", f.Action).Str("correlation_id", f.CorrelationID).Msg("timer fired")
 	rs.held = append(rs.held, it.msg)
 	return s.drive(ctx, runCtx, rs)
+}
+
+// settle is done with a message that changed nothing: it is acknowledged
+// when the run is quiescent here, and otherwise held with the run's other
+// messages. So whenever a run has work in progress on this engine, one of
+// its messages is unacknowledged, and a crash redelivers it to whichever
+// engine takes the run over (a recovery at load, say, starts work that a
+// refused message alone would not keep alive).
+func (s *shard) settle(rs *runState, m jetstream.Msg) error {
+	if rs.loaded && len(rs.inflight) == 0 && len(rs.leases) == 0 {
+		switch aggregate.Next(rs.run).Kind {
+		case aggregate.NextNone, aggregate.NextAwaiting:
+			return m.Ack()
+		}
+	}
+	rs.held = append(rs.held, m)
+	return nil
 }
