@@ -1,0 +1,728 @@
+// Command bench is toolbatch's benchmark (`make bench`, issue 7). It
+// builds the engine, the sandbox worker and replay from this module, runs
+// them as processes against the engine's embedded JetStream, and measures:
+//
+//   - W1 latency: one run at a time, batches of 4 calls of the sandbox
+//     workers' builtin noop through one sandbox-worker process, and of 4
+//     calls of the engine's brain builtin echo; p50 and p99 from submit to
+//     the batch's .results message;
+//   - W2 throughput: 64 runs at once, batches of 4 noop calls, 2 worker
+//     processes; batches/s, calls/s, commits/s, p50/p99, the engine's RSS
+//     and CPU;
+//   - the engine's RSS holding 10,000 runs parked on a permission ticket;
+//   - the ceiling, in the same run and on the same server: raw JetStream
+//     rates of the primitives the engine uses, and a hand-rolled minimum of
+//     W1 (the same appends and round trips, no engine logic);
+//   - W3 replay: the replay program folding a recorded stream of 1,000,000
+//     events, from a file and from NATS;
+//   - W4 sandbox cost: /bin/true through sandbox.Runner with bubblewrap
+//     against a bare fork and exec.
+//
+// W1, W2 and the ceiling run once with the engine's default durability
+// (JetStream's periodic flush) and once with --sync-always. Every figure is
+// the median of --reps repetitions. The table goes to stdout, the full
+// results (with the machine's core count and the command) to --out as JSON.
+// docs/performance.md explains every figure and gives one run's table.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Results is everything one benchmark run measured.
+type Results struct {
+	Machine  Machine   `json:"machine"`
+	Command  string    `json:"command"`
+	Started  time.Time `json:"started"`
+	Seconds  Num       `json:"seconds"`
+	Settings Settings  `json:"settings"`
+	// Background is how busy the machine was without the benchmark, just
+	// before it started and just after it ended: other programs running
+	// meanwhile make every figure worse.
+	Background Background     `json:"background"`
+	Modes      []ModeResult   `json:"modes"`
+	Parked     *ParkedResult  `json:"parked_runs,omitempty"`
+	W3         *W3Result      `json:"w3_replay,omitempty"`
+	W4         *W4Result      `json:"w4_sandbox,omitempty"`
+	Targets    []TargetResult `json:"targets"`
+}
+
+// Background is the machine's load outside the benchmark.
+type Background struct {
+	BusyCoresBefore Num    `json:"busy_cores_before"`
+	BusyCoresAfter  Num    `json:"busy_cores_after"`
+	LoadAvgBefore   string `json:"loadavg_before"`
+	LoadAvgAfter    string `json:"loadavg_after"`
+}
+
+// Machine describes where the benchmark ran.
+type Machine struct {
+	Cores       int    `json:"cores"`
+	CPU         string `json:"cpu"`
+	MemoryMiB   int    `json:"memory_mib"`
+	Kernel      string `json:"kernel"`
+	Go          string `json:"go"`
+	NATSServer  string `json:"nats_server"`
+	Bubblewrap  string `json:"bubblewrap,omitempty"`
+	Hostname    string `json:"hostname"`
+	Description string `json:"description"`
+}
+
+// Settings are the benchmark's parameters.
+type Settings struct {
+	Reps              int    `json:"reps"`
+	W1Window          string `json:"w1_window"`
+	W2Window          string `json:"w2_window"`
+	W2Warmup          string `json:"w2_warmup"`
+	W2Runs            int    `json:"w2_runs"`
+	W2Workers         int    `json:"w2_workers"`
+	WorkerConcurrency int    `json:"worker_concurrency"`
+	StepsPerRun       int    `json:"steps_per_run"`
+	ClientConns       int    `json:"client_connections"`
+	CeilingWindow     string `json:"ceiling_window"`
+	W3Events          int    `json:"w3_events"`
+	ParkedRuns        int    `json:"parked_runs"`
+}
+
+// ModeResult is W1, W2 and the ceiling in one durability mode.
+type ModeResult struct {
+	Mode       string      `json:"mode"`
+	EngineFlag string      `json:"engine_flags"`
+	Engines    int         `json:"engines"`
+	W1Noop     *W1Result   `json:"w1_noop,omitempty"`
+	W1Echo     *W1Result   `json:"w1_echo,omitempty"`
+	W2         *W2Result   `json:"w2,omitempty"`
+	Ceiling    *Ceiling    `json:"ceiling,omitempty"`
+	HandRolled *HandRolled `json:"hand_rolled_w1,omitempty"`
+	Ratios     Ratios      `json:"ratios"`
+}
+
+// Ratios compare the engine with the ceiling.
+type Ratios struct {
+	W1P50OverHandRolled     Num `json:"w1_p50_over_hand_rolled_p50"`
+	W1P50OverAwaitedPublish Num `json:"w1_p50_over_one_awaited_publish"`
+	W2CommitsOverCeiling    Num `json:"w2_commits_over_expect_seq_ceiling"`
+	HandRolledOverPublish   Num `json:"hand_rolled_p50_over_one_awaited_publish"`
+}
+
+// TargetResult is one target of issue 7.
+type TargetResult struct {
+	Target   string `json:"target"`
+	Measured string `json:"measured"`
+	Met      *bool  `json:"met"` // null: not measurable (not built)
+}
+
+type options struct {
+	out         string
+	reps        int
+	w1          time.Duration
+	w2          time.Duration
+	w2warm      time.Duration
+	w2runs      int
+	w2workers   int
+	concurrency int
+	steps       int
+	clientConns int
+	ceilWindow  time.Duration
+	w3events    int
+	w3load      time.Duration
+	parked      int
+	w4calls     int
+	modes       string
+	skip        string
+	goBin       string
+	keep        bool
+	pprofDir    string
+	extraEng    int
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "ceiling-server" {
+		if err := ceilingServer(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "ceiling-server:", err)
+			os.Exit(2)
+		}
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "profiled-engine" {
+		if err := profiledEngine(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "engine:", err)
+			os.Exit(2)
+		}
+		return
+	}
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	var o options
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.StringVar(&o.out, "out", "bench/results.json", "where to write the results as JSON")
+	fs.IntVar(&o.reps, "reps", 3, "repetitions of every measurement (the median is reported)")
+	fs.DurationVar(&o.w1, "w1", 5*time.Second, "W1: length of one repetition")
+	fs.DurationVar(&o.w2, "w2", 10*time.Second, "W2: length of one measured window")
+	fs.DurationVar(&o.w2warm, "w2-warmup", 3*time.Second, "W2: warm-up before the first window")
+	fs.IntVar(&o.w2runs, "w2-runs", 64, "W2: runs at once")
+	fs.IntVar(&o.w2workers, "w2-workers", 2, "W2: sandbox worker processes")
+	fs.IntVar(&o.concurrency, "worker-concurrency", 16, "--concurrency of each sandbox worker")
+	fs.IntVar(&o.steps, "steps-per-run", 10, "batches (steps) of each run before the next run starts")
+	fs.IntVar(&o.clientConns, "client-conns", 4, "NATS connections of the load generator (W2 spreads its runs over them)")
+	fs.DurationVar(&o.ceilWindow, "ceiling-window", 3*time.Second, "length of one expected-sequence publish measurement")
+	fs.IntVar(&o.w3events, "w3-events", 1_000_000, "W3: events in the recorded stream")
+	fs.DurationVar(&o.w3load, "w3-load-limit", 90*time.Second, "W3: stop loading NATS after this long (the NATS figures then cover fewer events)")
+	fs.IntVar(&o.parked, "parked", 10000, "runs to park for the memory figure (0: skip)")
+	fs.IntVar(&o.w4calls, "w4-calls", 40, "W4: calls per repetition")
+	fs.StringVar(&o.modes, "modes", "default,sync_always", "durability modes: default, sync_always")
+	fs.StringVar(&o.skip, "skip", "", "comma-separated parts to skip: w1, w2, census, ceiling, parked, w3, w4")
+	fs.StringVar(&o.goBin, "go", "go", "the go command that builds the programs")
+	fs.BoolVar(&o.keep, "keep", false, "keep the temporary directory (stores, logs, the recorded stream)")
+	fs.IntVar(&o.extraEng, "extra-engines", 0, "start this many more engines on the first engine's server (a scale-out check; not part of make bench)")
+	fs.StringVar(&o.pprofDir, "pprof-dir", "", "run the default-mode engine with CPU profiling and write w1.pprof and w2.pprof here")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	skip := map[string]bool{}
+	for _, s := range strings.Split(o.skip, ",") {
+		skip[strings.TrimSpace(s)] = true
+	}
+	withCensus = !skip["census"]
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	res := Results{Machine: machine(), Command: command(args), Started: time.Now().UTC(), Settings: Settings{
+		Reps: o.reps, W1Window: o.w1.String(), W2Window: o.w2.String(), W2Warmup: o.w2warm.String(), W2Runs: o.w2runs,
+		W2Workers: o.w2workers, WorkerConcurrency: o.concurrency, StepsPerRun: o.steps, ClientConns: o.clientConns,
+		CeilingWindow: o.ceilWindow.String(), W3Events: o.w3events, ParkedRuns: o.parked}}
+	if skip["parked"] {
+		res.Settings.ParkedRuns = 0
+	}
+	res.Background.LoadAvgBefore = loadAvg()
+	res.Background.BusyCoresBefore = Num(busyCores(2 * time.Second))
+	start := time.Now()
+	tmp, err := os.MkdirTemp("", "toolbatch-bench-")
+	if err != nil {
+		return err
+	}
+	if o.keep {
+		fmt.Fprintln(os.Stderr, "bench: keeping", tmp)
+	} else {
+		defer os.RemoveAll(tmp)
+	}
+	root, err := moduleRoot(o.goBin)
+	if err != nil {
+		return err
+	}
+	progress("building the engine, the sandbox worker and replay")
+	bins, err := build(o.goBin, root, filepath.Join(tmp, "bin"))
+	if err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if o.pprofDir != "" {
+		if o.pprofDir, err = filepath.Abs(o.pprofDir); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(o.pprofDir, 0o755); err != nil {
+			return err
+		}
+	}
+
+	for _, mode := range strings.Split(o.modes, ",") {
+		mode = strings.TrimSpace(mode)
+		if mode != "default" && mode != "sync_always" {
+			return fmt.Errorf("--modes: unknown mode %q", mode)
+		}
+		if skip["w1"] && skip["w2"] && skip["ceiling"] {
+			break
+		}
+		mr, err := runMode(ctx, o, skip, mode, bins, self, filepath.Join(tmp, mode))
+		if err != nil {
+			return fmt.Errorf("mode %s: %w", mode, err)
+		}
+		res.Modes = append(res.Modes, mr)
+	}
+	if !skip["parked"] && o.parked > 0 {
+		if res.Parked, err = runParkedMode(ctx, o, bins, filepath.Join(tmp, "parked")); err != nil {
+			return err
+		}
+	}
+	if !skip["w3"] {
+		progress(fmt.Sprintf("W3: generating %d events and replaying them from a file and from NATS", o.w3events))
+		w3, err := runW3(ctx, bins.replay, filepath.Join(tmp, "w3"), o.w3events, o.steps, o.reps, o.w3load)
+		if err != nil {
+			return fmt.Errorf("W3: %w", err)
+		}
+		res.W3 = &w3
+	}
+	if !skip["w4"] {
+		progress("W4: sandboxed /bin/true against a bare exec")
+		w4, err := runW4(ctx, o.reps, o.w4calls)
+		if err != nil {
+			return fmt.Errorf("W4: %w", err)
+		}
+		res.W4 = &w4
+	}
+	res.Background.LoadAvgAfter = loadAvg()
+	res.Background.BusyCoresAfter = Num(busyCores(2 * time.Second))
+	res.Targets = targets(&res)
+	res.Seconds = Num(time.Since(start).Seconds())
+	printTable(os.Stdout, &res)
+	data, err := json.MarshalIndent(&res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(o.out, append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	fmt.Printf("\nresults written to %s\n", o.out)
+	return nil
+}
+
+func progress(msg string) {
+	fmt.Fprintf(os.Stderr, "bench %s: %s\n", time.Now().Format("15:04:05"), msg)
+}
+
+// runMode runs W1, W2, the ceiling and (default mode) the parked runs
+// against one engine.
+func runMode(ctx context.Context, o options, skip map[string]bool, mode string, bins binaries, self, dir string) (ModeResult, error) {
+	mr := ModeResult{Mode: mode, EngineFlag: "(none: the embedded server's default periodic flush)",
+		Engines: 1 + o.extraEng, Ratios: Ratios{Num(nan()), Num(nan()), Num(nan()), Num(nan())}}
+	if mode == "sync_always" {
+		mr.EngineFlag = "--sync-always"
+	}
+	copts := clusterOptions{engineBin: bins.engine, workerBin: bins.worker, syncAlways: mode == "sync_always",
+		workers: 1, concurrency: o.concurrency, clientConns: o.clientConns, extraEngine: o.extraEng}
+	if o.extraEng > 0 {
+		batchTimeout = 10 * time.Minute
+	}
+	profiling := o.pprofDir != "" && mode == "default"
+	if profiling {
+		copts.engineBin, copts.engineArgs = self, []string{"profiled-engine", "--pprof-dir", o.pprofDir}
+	}
+	progress(fmt.Sprintf("%s: starting the engine and one sandbox worker", mode))
+	c, err := startCluster(dir, copts)
+	if err != nil {
+		return mr, err
+	}
+	defer c.stop()
+	profile := func(sig syscall.Signal) {
+		if profiling {
+			_ = c.engine.cmd.Process.Signal(sig)
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	evFrom, _ := lastSeq(ctx, c.js, "TOOLBATCH_EVENTS")
+	if !skip["w1"] {
+		progress(fmt.Sprintf("%s: W1 noop (%d x %s)", mode, o.reps, o.w1))
+		profile(syscall.SIGUSR1)
+		r, err := runW1(ctx, c, "noop", o.reps, o.w1, o.steps)
+		profile(syscall.SIGUSR2)
+		if err != nil {
+			return mr, fmt.Errorf("W1 noop: %w", err)
+		}
+		mr.W1Noop = &r
+	}
+	evTo, _ := lastSeq(ctx, c.js, "TOOLBATCH_EVENTS")
+	if !skip["w1"] {
+		progress(fmt.Sprintf("%s: W1 echo (%d x %s)", mode, o.reps, o.w1))
+		r, err := runW1(ctx, c, "echo", o.reps, o.w1, o.steps)
+		if err != nil {
+			return mr, fmt.Errorf("W1 echo: %w", err)
+		}
+		mr.W1Echo = &r
+	}
+	if !skip["w2"] {
+		wcfg := filepath.Join(dir, "worker.yaml")
+		for i := len(c.workers); i < o.w2workers; i++ {
+			name := fmt.Sprintf("worker%d", i+1)
+			w, err := startProc(name, `"message":"ready"`, bins.worker, "--nats-url", c.url, "--config", wcfg,
+				"--worker-id", name, "--log-format", "json", "--concurrency", fmt.Sprint(o.concurrency),
+				"--work-root", filepath.Join(dir, name))
+			if err != nil {
+				return mr, err
+			}
+			c.workers = append(c.workers, w)
+		}
+		progress(fmt.Sprintf("%s: W2 %d runs at once, %d workers (%s warm-up, %d x %s)", mode, o.w2runs, len(c.workers), o.w2warm, o.reps, o.w2))
+		profile(syscall.SIGUSR1)
+		r, err := runW2(ctx, c, o.w2runs, o.reps, o.w2warm, o.w2, o.steps)
+		profile(syscall.SIGUSR2)
+		if err != nil {
+			return mr, fmt.Errorf("W2: %w", err)
+		}
+		r.Concurrency = o.concurrency
+		mr.W2 = &r
+	}
+	if !skip["ceiling"] {
+		payload := 400
+		if evTo > evFrom {
+			payload = commitPayload(ctx, c.js, evFrom+1, evTo)
+		}
+		// The ceiling has the machine to itself: the engine stops first.
+		if err := c.checkAlive(); err != nil {
+			return mr, err
+		}
+		c.stop()
+		ceil, hr, err := runCeilingMode(ctx, o, mode, self, dir, payload)
+		if err != nil {
+			return mr, err
+		}
+		mr.Ceiling, mr.HandRolled = ceil, hr
+	}
+	if mr.W1Noop != nil && mr.HandRolled != nil {
+		mr.Ratios.W1P50OverHandRolled = Num(ratio(float64(mr.W1Noop.P50ms), float64(mr.HandRolled.P50ms)))
+	}
+	if mr.W1Noop != nil && mr.Ceiling != nil {
+		mr.Ratios.W1P50OverAwaitedPublish = Num(ratio(float64(mr.W1Noop.P50ms), float64(mr.Ceiling.SyncPubP50)))
+	}
+	if mr.HandRolled != nil && mr.Ceiling != nil {
+		mr.Ratios.HandRolledOverPublish = Num(ratio(float64(mr.HandRolled.P50ms), float64(mr.Ceiling.SyncPubP50)))
+	}
+	if mr.W2 != nil && mr.Ceiling != nil {
+		mr.Ratios.W2CommitsOverCeiling = Num(ratio(float64(mr.W2.CommitsPerSec), float64(mr.Ceiling.ExpectPubBest)))
+	}
+	if skip["ceiling"] {
+		return mr, c.checkAlive()
+	}
+	return mr, nil
+}
+
+// runCeilingMode measures the ceiling in a process of its own that embeds
+// a fresh server exactly as the engine does (same options, same sync
+// mode), then the hand-rolled W1 minimum against it: the minimal engine
+// and projector in that process, the minimal worker and the client here.
+func runCeilingMode(ctx context.Context, o options, mode, self, dir string, payload int) (*Ceiling, *HandRolled, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, nil, err
+	}
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	file := filepath.Join(dir, "ceiling.json")
+	args := []string{"ceiling-server", "--store", filepath.Join(dir, "ceiling-store"), "--listen", fmt.Sprintf("127.0.0.1:%d", port),
+		"--payload", fmt.Sprint(payload), "--reps", fmt.Sprint(o.reps), "--window", o.ceilWindow.String(), "--results", file}
+	if mode == "sync_always" {
+		args = append(args, "--sync-always")
+	}
+	progress(fmt.Sprintf("%s: ceiling: raw JetStream primitives inside a fresh embedded server's process", mode))
+	p, err := startProcWait("ceiling-server", "ceiling-server ready", 10*time.Minute, self, args...)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer p.stop()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, nil, err
+	}
+	var ceil Ceiling
+	if err := json.Unmarshal(data, &ceil); err != nil {
+		return nil, nil, err
+	}
+	// The same latencies from another process: what workers and clients
+	// see.
+	body := make([]byte, payload)
+	var p2c50, p2c99, pub50, req50 []float64
+	for r := 0; r < o.reps; r++ {
+		p2c, pub, req, err := latencies(ctx, url, 1000, body, 100+r)
+		if err != nil {
+			return nil, nil, fmt.Errorf("latencies from another process: %w", err)
+		}
+		p2c50, p2c99 = append(p2c50, percentile(p2c, 50)), append(p2c99, percentile(p2c, 99))
+		pub50, req50 = append(pub50, percentile(pub, 50)), append(req50, percentile(req, 50))
+	}
+	ceil.Remote = &RemoteLatency{PubToConsumeP50: Num(median(p2c50)), PubToConsumeP99: Num(median(p2c99)),
+		SyncPubP50: Num(median(pub50)), RequestP50: Num(median(req50))}
+	progress(fmt.Sprintf("%s: ceiling: hand-rolled W1 minimum (%d x %s)", mode, o.reps, o.w1))
+	failed := func() error {
+		if !p.alive() {
+			return fmt.Errorf("the minimal engine's process died:\n%s", p.tail(4096))
+		}
+		return nil
+	}
+	hr, err := runHandRolled(ctx, url, p.pid(), failed, o.reps, o.w1, o.steps)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &ceil, &hr, nil
+}
+
+// runParkedMode parks runs on a fresh engine of the default mode (no
+// workers: the parked calls are brain calls stopped at the gate).
+func runParkedMode(ctx context.Context, o options, bins binaries, dir string) (*ParkedResult, error) {
+	progress(fmt.Sprintf("parked runs: a fresh engine (default mode) parks %d runs on a permission ticket", o.parked))
+	c, err := startCluster(dir, clusterOptions{engineBin: bins.engine, workerBin: bins.worker, clientConns: o.clientConns})
+	if err != nil {
+		return nil, err
+	}
+	defer c.stop()
+	p, err := runParked(ctx, c, o.parked)
+	if err != nil {
+		return nil, fmt.Errorf("parked runs: %w", err)
+	}
+	return &p, c.checkAlive()
+}
+
+func machine() Machine {
+	m := Machine{Cores: runtime.NumCPU(), Go: runtime.Version(), NATSServer: server.VERSION}
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if data, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb int
+		if _, err := fmt.Sscanf(string(data), "MemTotal: %d kB", &kb); err == nil {
+			m.MemoryMiB = kb / 1024
+		}
+	}
+	if data, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(data))
+	}
+	m.Hostname, _ = os.Hostname()
+	if out, err := execOutput("bwrap", "--version"); err == nil {
+		m.Bubblewrap = strings.TrimSpace(out)
+	}
+	m.Description = fmt.Sprintf("%d cores, %s, %d MiB, Linux %s", m.Cores, m.CPU, m.MemoryMiB, m.Kernel)
+	return m
+}
+
+// command is how the benchmark was started.
+func command(args []string) string {
+	c := "go run ./bench"
+	if len(args) > 0 {
+		c += " " + strings.Join(args, " ")
+	}
+	if os.Getenv("MAKELEVEL") != "" {
+		c = "make bench  (" + c + ")"
+	}
+	return c
+}
+
+func boolp(b bool) *bool { return &b }
+
+func fmtNum(n Num, unit string) string {
+	f := float64(n)
+	switch {
+	case math.IsNaN(f):
+		return "n/a"
+	case math.Abs(f) >= 100:
+		return fmt.Sprintf("%.0f%s", f, unit)
+	case math.Abs(f) >= 10:
+		return fmt.Sprintf("%.1f%s", f, unit)
+	default:
+		return fmt.Sprintf("%.2f%s", f, unit)
+	}
+}
+
+// targets checks issue 7's targets on the default mode.
+func targets(r *Results) []TargetResult {
+	var out []TargetResult
+	var def *ModeResult
+	for i := range r.Modes {
+		if r.Modes[i].Mode == "default" {
+			def = &r.Modes[i]
+		}
+	}
+	add := func(target, measured string, met *bool) {
+		out = append(out, TargetResult{Target: target, Measured: measured, Met: met})
+	}
+	if def != nil && def.W2 != nil && def.Ceiling != nil {
+		ratio := float64(def.Ratios.W2CommitsOverCeiling)
+		add("W2 commit rate >= 50% of the raw async expected-sequence publish ceiling",
+			fmt.Sprintf("%s commits/s of %s/s = %.0f%%", fmtNum(def.W2.CommitsPerSec, ""), fmtNum(def.Ceiling.ExpectPubBest, ""), 100*ratio),
+			boolp(ratio >= 0.5))
+	}
+	if def != nil && def.W1Noop != nil && def.HandRolled != nil {
+		ratio := float64(def.Ratios.W1P50OverHandRolled)
+		add("W1 p50 <= 2x the hand-rolled minimum",
+			fmt.Sprintf("%s ms vs %s ms = %.1fx", fmtNum(def.W1Noop.P50ms, ""), fmtNum(def.HandRolled.P50ms, ""), ratio),
+			boolp(ratio <= 2))
+	}
+	if r.W3 != nil {
+		add("W3 >= 1,000,000 events/s from a file",
+			fmt.Sprintf("%s events/s folding (%s events/s wall, with printing)", fmtNum(r.W3.FileFoldRate, ""), fmtNum(r.W3.FileWallRate, "")),
+			boolp(float64(r.W3.FileFoldRate) >= 1e6))
+		add("W3 >= 200,000 events/s from NATS",
+			fmt.Sprintf("%s events/s folding (%s events/s wall, with printing)", fmtNum(r.W3.NATSFoldRate, ""), fmtNum(r.W3.NATSWallRate, "")),
+			boolp(float64(r.W3.NATSFoldRate) >= 2e5))
+	}
+	if r.Parked != nil {
+		add(fmt.Sprintf("engine RSS <= 150 MB holding %d parked runs", r.Parked.Runs),
+			fmt.Sprintf("%s MiB (%d parked)", fmtNum(r.Parked.EngineRSSMiB, ""), r.Parked.Parked),
+			boolp(float64(r.Parked.EngineRSSMiB)*1.048576 <= 150 && r.Parked.Parked >= r.Parked.Runs))
+	}
+	if r.W4 != nil {
+		add("W4 with pre-started sandboxes <= 1.5x a bare exec",
+			fmt.Sprintf("not built; without them %s ms vs bare %s ms = %.1fx", fmtNum(r.W4.BwrapP50ms, ""), fmtNum(r.W4.BareP50ms, ""), float64(r.W4.BwrapOverBare)),
+			nil)
+	}
+	if def != nil && def.W1Noop != nil {
+		add("beat DBOS: W1 p50 < 4.6 ms", fmtNum(def.W1Noop.P50ms, " ms"), boolp(float64(def.W1Noop.P50ms) < 4.6))
+	}
+	if def != nil && def.W2 != nil {
+		add("beat DBOS: W2 > 283 batches/s at 64 concurrent", fmtNum(def.W2.BatchesPerSec, " batches/s"), boolp(float64(def.W2.BatchesPerSec) > 283))
+	}
+	return out
+}
+
+func printTable(w io.Writer, r *Results) {
+	fmt.Fprintf(w, "toolbatch benchmark — %s\n", r.Machine.Description)
+	fmt.Fprintf(w, "command: %s\n", r.Command)
+	fmt.Fprintf(w, "every figure: median of %d repetitions; W1 %s per repetition, W2 %s windows after %s warm-up, %d runs at once, %d workers (--concurrency %d); runs of %d batches\n\n",
+		r.Settings.Reps, r.Settings.W1Window, r.Settings.W2Window, r.Settings.W2Warmup, r.Settings.W2Runs, r.Settings.W2Workers,
+		r.Settings.WorkerConcurrency, r.Settings.StepsPerRun)
+	fmt.Fprintf(w, "machine without the benchmark: %s cores busy before, %s after (load average %s before, %s after)\n\n",
+		fmtNum(r.Background.BusyCoresBefore, ""), fmtNum(r.Background.BusyCoresAfter, ""), r.Background.LoadAvgBefore, r.Background.LoadAvgAfter)
+	for _, m := range r.Modes {
+		fmt.Fprintf(w, "== durability: %s %s\n", m.Mode, m.EngineFlag)
+		if m.Engines > 1 {
+			fmt.Fprintf(w, "   %d engines share the first one's embedded server (--extra-engines)\n", m.Engines)
+		}
+		fmt.Fprintf(w, "%-44s %10s %10s %12s %10s\n", "", "p50 ms", "p99 ms", "batches/s", "commits/b")
+		for _, x := range []*W1Result{m.W1Noop, m.W1Echo} {
+			if x != nil {
+				fmt.Fprintf(w, "%-44s %10s %10s %12s %10s\n", "W1 4 x "+x.Tool+" ("+x.Where+")", fmtNum(x.P50ms, ""), fmtNum(x.P99ms, ""),
+					fmtNum(x.BatchesPerSec, ""), fmtNum(x.Commits, ""))
+			}
+		}
+		for _, x := range []*W1Result{m.W1Noop, m.W1Echo} {
+			if x != nil {
+				fmt.Fprintf(w, "    W1 %s CPU per batch: engine process %s ms (%s cores), worker %s ms, load generator %s ms; everything else on the machine %s cores\n",
+					x.Tool, fmtNum(x.EngineCPUms, ""), fmtNum(x.EngineCPUCores, ""), fmtNum(x.WorkerCPUms, ""), fmtNum(x.ClientCPUms, ""), fmtNum(x.OtherCPUCores, ""))
+			}
+		}
+		for _, x := range []*W1Result{m.W1Noop, m.W1Echo} {
+			if x != nil && x.Census != nil {
+				fmt.Fprintf(w, "    NATS messages per W1 %s batch: %s in all: %s\n", x.Tool, fmtNum(x.Census.Total, ""), censusLine(x.Census))
+			}
+		}
+		if h := m.HandRolled; h != nil {
+			fmt.Fprintf(w, "%-44s %10s %10s %12s %10s\n", "hand-rolled W1 minimum (no engine logic)", fmtNum(h.P50ms, ""), fmtNum(h.P99ms, ""),
+				fmtNum(h.BatchesPerSec, ""), fmtNum(h.Commits, ""))
+			fmt.Fprintf(w, "    hand-rolled CPU per batch: server + minimal engine + projector (one process) %s ms, minimal worker + client %s ms\n",
+				fmtNum(h.ServerCPUms, ""), fmtNum(h.BenchCPUms, ""))
+		}
+		if x := m.W2; x != nil {
+			fmt.Fprintf(w, "%-44s %10s %10s %12s\n", fmt.Sprintf("W2 %d runs x 4 noop, %d workers", x.Runs, x.Workers), fmtNum(x.P50ms, ""), fmtNum(x.P99ms, ""),
+				fmtNum(x.BatchesPerSec, ""))
+			fmt.Fprintf(w, "    calls/s %s   commits/s %s   engine RSS %s MiB (peak %s)   engine CPU per call %s µs\n",
+				fmtNum(x.CallsPerSec, ""), fmtNum(x.CommitsPerSec, ""), fmtNum(x.EngineRSSMiB, ""), fmtNum(x.EngineHWMMiB, ""), fmtNum(x.CPUPerCallUs, ""))
+			fmt.Fprintf(w, "    CPU in cores: engine process %s, workers %s, load generator %s, everything else on the machine %s\n",
+				fmtNum(x.EngineCPUCores, ""), fmtNum(x.WorkersCPU, ""), fmtNum(x.BenchCPU, ""), fmtNum(x.OtherCPU, ""))
+		}
+		if c := m.Ceiling; c != nil {
+			fmt.Fprintf(w, "  ceiling (a fresh server embedded as the engine embeds it, measured from inside its process over TCP, as the engine connects; commit body %d bytes):\n", c.PayloadBytes)
+			for _, cr := range c.ExpectPub {
+				fmt.Fprintf(w, "    async publish, expected seq + msg id, %4d chains   %s msgs/s\n", cr.Chains, fmtNum(cr.MsgsPerSec, ""))
+			}
+			fmt.Fprintf(w, "    async publish, pipelined, no expectation           %s msgs/s\n", fmtNum(c.PlainAsyncPub, ""))
+			fmt.Fprintf(w, "    work-queue fetch + ack (256 per pull)              %s msgs/s\n", fmtNum(c.WorkQueue, ""))
+			fmt.Fprintf(w, "    publish -> consume latency                         p50 %s ms  p99 %s ms\n", fmtNum(c.PubToConsumeP50, ""), fmtNum(c.PubToConsumeP99, ""))
+			fmt.Fprintf(w, "    one awaited publish (expected seq + msg id)        p50 %s ms\n", fmtNum(c.SyncPubP50, ""))
+			fmt.Fprintf(w, "    core request/reply                                 p50 %s ms\n", fmtNum(c.RequestP50, ""))
+			if r := c.Remote; r != nil {
+				fmt.Fprintf(w, "    from another process (as workers and clients): awaited publish p50 %s ms, publish -> consume p50 %s ms (p99 %s), request/reply p50 %s ms\n",
+					fmtNum(r.SyncPubP50, ""), fmtNum(r.PubToConsumeP50, ""), fmtNum(r.PubToConsumeP99, ""), fmtNum(r.RequestP50, ""))
+			}
+		}
+		fmt.Fprintf(w, "  engine/ceiling: W1 p50 / hand-rolled p50 = %s   W2 commits / expected-seq ceiling = %s   W1 p50 / one awaited publish = %s\n\n",
+			fmtNum(m.Ratios.W1P50OverHandRolled, "x"), fmtNum(m.Ratios.W2CommitsOverCeiling, ""), fmtNum(m.Ratios.W1P50OverAwaitedPublish, "x"))
+	}
+	if p := r.Parked; p != nil {
+		fmt.Fprintf(w, "== parked runs (a fresh engine, default mode): %d runs parked in %s s (%s runs/s); engine RSS %s MiB before, %s MiB holding them (peak %s)\n\n",
+			p.Parked, fmtNum(p.Seconds, ""), fmtNum(p.RunsPerSec, ""), fmtNum(p.EngineRSSStart, ""), fmtNum(p.EngineRSSMiB, ""), fmtNum(p.EngineHWMMiB, ""))
+	}
+	if x := r.W3; x != nil {
+		fmt.Fprintf(w, "== W3 replay: %d events in %d commits, %d runs (file %s MiB)\n", x.Events, x.Commits, x.Runs, fmtNum(x.FileMiB, ""))
+		fmt.Fprintf(w, "    from a file: %s events/s folding (replay's own rate), %s events/s for the whole process (%s s)\n",
+			fmtNum(x.FileFoldRate, ""), fmtNum(x.FileWallRate, ""), fmtNum(x.FileWallSecs, ""))
+		fmt.Fprintf(w, "    from NATS (%d events): %s events/s folding, %s events/s for the whole process (%s s)\n",
+			x.NATSEvents, fmtNum(x.NATSFoldRate, ""), fmtNum(x.NATSWallRate, ""), fmtNum(x.NATSWallSecs, ""))
+		if x.Note != "" {
+			fmt.Fprintf(w, "    note: %s\n", x.Note)
+		}
+		fmt.Fprintln(w)
+	}
+	if x := r.W4; x != nil {
+		fmt.Fprintf(w, "== W4 sandbox cost (p50 of %d calls): bare fork+exec /bin/true %s ms; sandbox.Runner isolation none %s ms; bubblewrap %s ms (p99 %s) = %s a bare exec; pre-started sandboxes: %s\n",
+			x.Calls, fmtNum(x.BareP50ms, ""), fmtNum(x.NoneP50ms, ""), fmtNum(x.BwrapP50ms, ""), fmtNum(x.BwrapP99ms, ""), fmtNum(x.BwrapOverBare, "x"), x.PrestartedNote)
+		if x.Skipped != "" {
+			fmt.Fprintf(w, "    %s\n", x.Skipped)
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintln(w, "== targets of issue 7 (default mode)")
+	for _, t := range r.Targets {
+		verdict := "not measurable"
+		if t.Met != nil {
+			verdict = map[bool]string{true: "MET", false: "NOT MET"}[*t.Met]
+		}
+		fmt.Fprintf(w, "  %-15s %-72s %s\n", verdict, t.Target, t.Measured)
+	}
+	fmt.Fprintf(w, "\ntotal %s s\n", fmtNum(r.Seconds, ""))
+}
+
+// errNoOutput is returned by execOutput for a command that printed nothing.
+var errNoOutput = errors.New("no output")
+
+func execOutput(name string, args ...string) (string, error) {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return "", err
+	}
+	if len(out) == 0 {
+		return "", errNoOutput
+	}
+	return string(out), nil
+}
+
+// censusLine lists a census's kinds, most frequent first.
+func censusLine(c *Census) string {
+	type kv struct {
+		k string
+		v float64
+	}
+	var all []kv
+	for k, v := range c.PerBatch {
+		all = append(all, kv{k, float64(v)})
+	}
+	sort.Slice(all, func(i, j int) bool {
+		if all[i].v != all[j].v {
+			return all[i].v > all[j].v
+		}
+		return all[i].k < all[j].k
+	})
+	var parts []string
+	for _, x := range all {
+		if x.v < 0.5 || x.k == advisory {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %s", x.k, fmtNum(Num(x.v), "")))
+	}
+	return strings.Join(parts, ", ")
+}

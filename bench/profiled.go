@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	"github.com/toolbatch/toolbatch/catalog"
+	"github.com/toolbatch/toolbatch/engine"
+)
+
+// embeddedServer starts a NATS server with JetStream exactly as
+// cmd/engine starts its embedded one.
+func embeddedServer(store, listen string, syncAlways bool) (*server.Server, error) {
+	host, portStr, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, err
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := server.NewServer(&server.Options{
+		ServerName: "toolbatch", Host: host, Port: port, JetStream: true, StoreDir: store,
+		MaxPayload: 8 << 20, SyncAlways: syncAlways, NoSigs: true, NoLog: true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		return nil, fmt.Errorf("embedded NATS server did not start on %s", listen)
+	}
+	return srv, nil
+}
+
+// profiledEngine is `bench profiled-engine`: the engine as cmd/engine runs
+// it with its embedded server (the same server options), with a CPU
+// profile: SIGUSR1 starts one (<pprof-dir>/w1.pprof, then w2.pprof, ...),
+// SIGUSR2 stops and writes it. Only `bench --pprof-dir` uses it.
+func profiledEngine(args []string) error {
+	fs := flag.NewFlagSet("profiled-engine", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	store := fs.String("store", "./toolbatch-data", "")
+	listen := fs.String("listen", "127.0.0.1:4222", "")
+	catPath := fs.String("catalog", "", "")
+	fs.String("log-format", "json", "")
+	syncAlways := fs.Bool("sync-always", false, "")
+	dir := fs.String("pprof-dir", ".", "")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log := zerolog.New(os.Stderr).With().Timestamp().Logger()
+	cat := catalog.Default()
+	if *catPath != "" {
+		var err error
+		if cat, err = catalog.Load(*catPath); err != nil {
+			return err
+		}
+	}
+	srv, err := embeddedServer(*store, *listen, *syncAlways)
+	if err != nil {
+		return err
+	}
+	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
+	nc, err := nats.Connect(srv.ClientURL(), nats.Name("toolbatch-engine"), nats.MaxReconnects(-1))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	eng, err := engine.New(nc, engine.Config{Catalog: cat, Logger: log})
+	if err != nil {
+		return err
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
+	go func() {
+		names := []string{"w1.pprof", "w2.pprof"}
+		n := 0
+		var f *os.File
+		for sig := range sigs {
+			switch {
+			case sig == syscall.SIGUSR1 && f == nil:
+				name := fmt.Sprintf("profile%d.pprof", n+1)
+				if n < len(names) {
+					name = names[n]
+				}
+				n++
+				if f, err = os.Create(filepath.Join(*dir, name)); err != nil {
+					log.Error().Err(err).Msg("profile")
+					f = nil
+					continue
+				}
+				if err := pprof.StartCPUProfile(f); err != nil {
+					log.Error().Err(err).Msg("profile")
+				}
+			case sig == syscall.SIGUSR2 && f != nil:
+				pprof.StopCPUProfile()
+				f.Close()
+				f = nil
+			}
+		}
+	}()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return eng.Run(ctx)
+}
