@@ -23,9 +23,6 @@ import (
 // from NATS and from an export of it: the history names every call, the
 // two histories are the same, and the audit passes on both.
 func TestEndToEnd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the engine")
-	}
 	bins, err := testproc.Build(t.TempDir(), "../engine", ".")
 	if err != nil {
 		t.Fatal(err)
