@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -116,6 +117,9 @@ func (c *Client) watch(ctx context.Context, runID string, filters ...string) (*W
 	cons, err := c.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: filters,
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		// The server drops the consumer soon after the watch stops pulling,
+		// so that many short watches do not pile up consumers.
+		InactiveThreshold: 10 * time.Second,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w run %s: %w", ErrWatch, runID, err)

@@ -201,7 +201,8 @@ func (s *shard) busy(it item, err error) {
 	}
 	switch {
 	case it.msg != nil:
-		_ = it.msg.NakWithDelay(max(s.e.cfg.AckWait/4, 100*time.Millisecond))
+		// Back soon: the owner may release the run in a moment.
+		_ = it.msg.NakWithDelay(min(max(s.e.cfg.AckWait/4, 100*time.Millisecond), 500*time.Millisecond))
 	case it.req != nil && !errors.Is(err, ErrNotOwner):
 		respond(it.req, events.ClaimReply{Reason: ReasonBusy})
 	}
