@@ -35,6 +35,28 @@ var (
 	ErrMalformedCommand = errors.New("aggregate: malformed command")
 )
 
+// sentinels are every illegal-transition error above.
+var sentinels = []error{ErrNoBatch, ErrUnknownCall, ErrCallTerminal, ErrOutOfOrder, ErrParked,
+	ErrNotRequested, ErrNotExecuting, ErrStaleAttempt, ErrAlreadyClaimed, ErrNotSandbox, ErrStaleClaim,
+	ErrNotClaimed, ErrNotDue, ErrCorrelationUsed, ErrBadDecision, ErrFinalized, ErrRunEnded,
+	ErrResultsDiffer, ErrMalformedCommand}
+
+// IsDecision reports whether err is the aggregate's own answer to a
+// command (a refusal with a protocol code, or an illegal transition) rather
+// than a failure of the caller's IO: such a command is settled and must not
+// be retried.
+func IsDecision(err error) bool {
+	if _, ok := events.CodeOf(err); ok {
+		return true
+	}
+	for _, target := range sentinels {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
+}
+
 // Status is a run's state.
 type Status string
 

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"strings"
+
+	"github.com/toolbatch/toolbatch/events"
 )
 
 // Names derives stream names and subjects from the subject prefix.
@@ -12,19 +14,7 @@ type Names struct {
 // DefaultPrefix is the default subject prefix.
 const DefaultPrefix = "toolbatch"
 
-func (n Names) stream(kind string) string {
-	up := strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'a' && r <= 'z':
-			return r - 'a' + 'A'
-		case r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
-			return r
-		default:
-			return '_'
-		}
-	}, n.Prefix)
-	return up + "_" + kind
-}
+func (n Names) stream(kind string) string { return events.StreamName(n.Prefix, kind) }
 
 // Stream names: TOOLBATCH_EVENTS and so on for the default prefix.
 func (n Names) EventsStream() string   { return n.stream("EVENTS") }

@@ -147,7 +147,7 @@ func (s *shard) onClaim(ctx context.Context, rs *runState, it item) error {
 	leaseMS := s.e.cfg.Lease.Milliseconds()
 	token := newID()
 	err := s.decide(ctx, rs, aggregate.Claim{CallID: callID, Attempt: req.Attempt, WorkerID: req.WorkerID, Token: token, LeaseMS: leaseMS, At: s.e.cfg.Now()})
-	if err != nil && !isDomain(err) {
+	if err != nil && !aggregate.IsDecision(err) {
 		return err // answered busy: the worker gives the job back
 	}
 	if err != nil {
@@ -207,7 +207,7 @@ func (s *shard) onResult(ctx, runCtx context.Context, rs *runState, it item) err
 	}
 	err = s.decide(ctx, rs, aggregate.Complete{CallID: callID, Attempt: res.Attempt, ClaimToken: res.ClaimToken,
 		Output: res.Output, Error: res.Error, At: s.e.cfg.Now()})
-	if err != nil && !isDomain(err) {
+	if err != nil && !aggregate.IsDecision(err) {
 		return err // not recorded: the message comes back
 	}
 	if err != nil {
@@ -258,7 +258,7 @@ func (s *shard) onLeaseExpired(ctx, runCtx context.Context, rs *runState, le *le
 	}
 	err := s.decide(ctx, rs, aggregate.LeaseExpired{CallID: le.callID, Attempt: le.lease.attempt, ClaimToken: le.lease.token,
 		Capability: s.e.capability(ctx, c.ToolID, c.Tool), At: s.e.cfg.Now()})
-	if err != nil && !isDomain(err) {
+	if err != nil && !aggregate.IsDecision(err) {
 		// Not recorded: watch the lease again and decide it soon.
 		le.lease.deadline = time.Now().Add(time.Second)
 		rs.leases[le.callID] = le.lease

@@ -565,7 +565,7 @@ func (s *shard) onOutcome(ctx, runCtx context.Context, rs *runState, o *outcome)
 		}
 	}
 	if err := s.decide(ctx, rs, cmd); err != nil {
-		if isDomain(err) {
+		if aggregate.IsDecision(err) {
 			// The call moved on without this outcome (cancelled, say): it
 			// is not applied.
 			s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, o.callID).Err(err).Msg("outcome not applied")
@@ -590,24 +590,6 @@ func batchOutputBytes(rs *runState) int {
 		}
 	}
 	return n
-}
-
-// isDomain reports whether err is the aggregate's answer (a refusal or an
-// illegal transition) rather than a failure to reach the log.
-func isDomain(err error) bool {
-	if _, ok := events.CodeOf(err); ok {
-		return true
-	}
-	for _, target := range []error{aggregate.ErrNoBatch, aggregate.ErrUnknownCall, aggregate.ErrCallTerminal,
-		aggregate.ErrOutOfOrder, aggregate.ErrParked, aggregate.ErrNotRequested, aggregate.ErrNotExecuting,
-		aggregate.ErrStaleAttempt, aggregate.ErrAlreadyClaimed, aggregate.ErrNotSandbox, aggregate.ErrStaleClaim,
-		aggregate.ErrNotClaimed, aggregate.ErrNotDue, aggregate.ErrCorrelationUsed, aggregate.ErrBadDecision,
-		aggregate.ErrFinalized, aggregate.ErrRunEnded, aggregate.ErrMalformedCommand} {
-		if errors.Is(err, target) {
-			return true
-		}
-	}
-	return false
 }
 
 // drive does what the run needs until it waits for an executor, a ticket
@@ -703,7 +685,7 @@ func (s *shard) onTimer(ctx, runCtx context.Context, rs *runState, it item) erro
 	case timerDispatchDeadline:
 		err := s.decide(ctx, rs, aggregate.Complete{CallID: f.CallID, Attempt: f.Attempt, At: now,
 			Error: &events.ToolError{Kind: events.ErrorUnavailableBeforeDispatch, Message: "no worker claimed it before its dispatch deadline"}})
-		if err != nil && !isDomain(err) {
+		if err != nil && !aggregate.IsDecision(err) {
 			return err
 		}
 		if err != nil {

@@ -112,19 +112,7 @@ func (w *Worker) subject(parts ...string) string {
 	return s
 }
 
-func (w *Worker) streamName(kind string) string {
-	up := []byte(w.cfg.Prefix)
-	for i, c := range up {
-		switch {
-		case c >= 'a' && c <= 'z':
-			up[i] = c - 'a' + 'A'
-		case c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		default:
-			up[i] = '_'
-		}
-	}
-	return string(up) + "_" + kind
-}
+func (w *Worker) streamName(kind string) string { return events.StreamName(w.cfg.Prefix, kind) }
 
 // Run serves until drain is done: it then stops taking jobs, lets running
 // calls finish for the grace period, publishes their results, and returns
