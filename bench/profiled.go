@@ -77,7 +77,7 @@ func profiledEngine(args []string) error {
 		return err
 	}
 	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	nc, err := nats.Connect(srv.ClientURL(), nats.Name("toolbatch-engine"), nats.MaxReconnects(-1))
+	nc, err := nats.Connect("in-process", nats.InProcessServer(srv), nats.Name("toolbatch-engine"), nats.MaxReconnects(-1))
 	if err != nil {
 		return err
 	}

@@ -149,6 +149,9 @@ type Engine struct {
 	gate   *gateChain
 	state  *stateStore
 	shards []*shard
+	// Buckets, opened once by Setup.
+	ownersKV, catalogKV jetstream.KeyValue
+	live              *liveCapabilities
 
 	catMu    sync.Mutex
 	catalogs map[string]*catalog.Catalog // by snapshot id
@@ -182,7 +185,7 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 	}
 	e.brain = &brainExecutor{nc: nc, js: js, names: n}
 	e.gate = &gateChain{nc: nc, names: n}
-	e.state = &stateStore{js: js, names: n}
+	e.state = &stateStore{}
 	e.shards = make([]*shard, cfg.Shards)
 	perShard := cfg.CacheRuns/cfg.Shards + 1
 	for i := range e.shards {
@@ -201,11 +204,10 @@ func (e *Engine) Setup(ctx context.Context) error {
 	if err := EnsureStreams(ctx, e.js, e.names, StreamConfig{Replicas: e.cfg.Replicas, OutMaxAge: e.cfg.OutMaxAge, OwnerTTL: e.cfg.AckWait}); err != nil {
 		return err
 	}
-	kv, err := e.js.KeyValue(ctx, e.names.CatalogBucket())
-	if err != nil {
+	if err := e.openBuckets(ctx); err != nil {
 		return err
 	}
-	if _, err := kv.Put(ctx, e.cfg.Catalog.SnapshotID(), e.cfg.Catalog.Raw()); err != nil {
+	if _, err := e.catalogKV.Put(ctx, e.cfg.Catalog.SnapshotID(), e.cfg.Catalog.Raw()); err != nil {
 		return fmt.Errorf("store catalog %s: %w", e.cfg.Catalog.SnapshotID(), err)
 	}
 	return nil
@@ -217,6 +219,13 @@ func (e *Engine) Run(ctx context.Context) error {
 	if err := e.Setup(ctx); err != nil {
 		return err
 	}
+	watchCtx, cancelWatch := context.WithTimeout(ctx, 10*time.Second)
+	err := e.live.start(watchCtx)
+	cancelWatch()
+	if err != nil {
+		return err
+	}
+	defer e.live.stop()
 	intake, err := e.js.CreateOrUpdateConsumer(ctx, e.names.InboxStream(), jetstream.ConsumerConfig{
 		Durable: "engine", AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
 		MaxAckPending: e.cfg.MaxPending, MaxDeliver: -1, Description: "toolbatch engine intake",
@@ -305,11 +314,7 @@ func (e *Engine) catalogFor(ctx context.Context, snapshotID string) (*catalog.Ca
 	if ok {
 		return c, nil
 	}
-	kv, err := e.js.KeyValue(ctx, e.names.CatalogBucket())
-	if err != nil {
-		return nil, err
-	}
-	entry, err := kv.Get(ctx, snapshotID)
+	entry, err := e.catalogKV.Get(ctx, snapshotID)
 	if err != nil {
 		return nil, fmt.Errorf("catalog snapshot %s: %w", snapshotID, err)
 	}

@@ -155,24 +155,12 @@ func (e *Engine) capability(ctx context.Context, toolID string, d events.Descrip
 		if pool == "" {
 			pool = "default"
 		}
-		return e.sandboxCapability(ctx, pool, toolID)
+		return e.live.sandbox(ctx, pool, toolID)
 	}
 	if d.Target != events.TargetBrain || d.Kind != events.KindTool {
 		return events.CapNonRecoverable
 	}
-	kv, err := e.js.KeyValue(ctx, e.names.RegistryBucket())
-	if err != nil {
-		return events.CapNonRecoverable
-	}
-	entry, err := kv.Get(ctx, "brain."+toolID)
-	if err != nil {
-		return events.CapNonRecoverable
-	}
-	switch c := events.Capability(entry.Value()); c {
-	case events.CapReplaySafe, events.CapIdempotent, events.CapDurableRequest:
-		return c
-	}
-	return events.CapNonRecoverable
+	return e.live.brainTool(ctx, toolID)
 }
 
 // supported reports catalog features this engine cannot serve yet, so that

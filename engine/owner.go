@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -22,22 +23,25 @@ import (
 // ErrNotOwner means another engine works on the run now.
 var ErrNotOwner = errors.New("engine: another engine owns the run")
 
-func (e *Engine) owners(ctx context.Context) (jetstream.KeyValue, error) {
-	return e.js.KeyValue(ctx, e.names.OwnersBucket())
-}
-
 // acquire makes this engine the run's owner. A run acquired anew is
 // checked against the log: if another engine extended it since this engine
-// last held it, the cache is folded again.
+// last held it, the cache is folded again. When the key's last write is
+// still this engine's own release, nobody held the run in between and the
+// check is skipped: the key is taken back in one round trip.
 func (s *shard) acquire(ctx context.Context, rs *runState) error {
 	if rs.owned {
 		return nil
 	}
-	kv, err := s.e.owners(ctx)
-	if err != nil {
-		return err
-	}
+	kv := s.e.ownersKV
 	key := "run." + rs.id
+	if rs.releasedRev != 0 {
+		rev, err := kv.Update(ctx, key, []byte(s.e.id), rs.releasedRev)
+		rs.releasedRev = 0
+		if err == nil {
+			rs.owned, rs.ownRev = true, rev
+			return nil
+		}
+	}
 	rev, err := kv.Create(ctx, key, []byte(s.e.id))
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		entry, gerr := kv.Get(ctx, key)
@@ -71,11 +75,7 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 // engine lost the run: it forgets its work on it (the new owner recovers
 // it).
 func (s *shard) renew(ctx context.Context, rs *runState) {
-	kv, err := s.e.owners(ctx)
-	if err != nil {
-		return
-	}
-	rev, err := kv.Update(ctx, "run."+rs.id, []byte(s.e.id), rs.ownRev)
+	rev, err := s.e.ownersKV.Update(ctx, "run."+rs.id, []byte(s.e.id), rs.ownRev)
 	if err != nil {
 		s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("lost the run to another engine")
 		s.forget(rs)
@@ -89,22 +89,33 @@ func (s *shard) renew(ctx context.Context, rs *runState) {
 // outcomes are stale.
 func (s *shard) forget(rs *runState) {
 	rs.owned, rs.loaded = false, false
+	rs.releasedRev = 0
 	rs.held = nil
 	clear(rs.inflight)
 	clear(rs.leases)
 }
 
-// release gives the run up when nothing of it is in progress here.
+// release gives the run up when nothing of it is in progress here. It
+// deletes the key as the bucket does (a delete marker, so that another
+// engine's Create succeeds), but through a plain publish, which returns
+// the marker's revision for the next acquire.
 func (s *shard) release(ctx context.Context, rs *runState) {
 	if !rs.owned || len(rs.held) > 0 || len(rs.inflight) > 0 || len(rs.leases) > 0 {
 		return
 	}
-	kv, err := s.e.owners(ctx)
-	if err == nil {
-		err = kv.Delete(ctx, "run."+rs.id, jetstream.LastRevision(rs.ownRev))
-	}
-	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		s.e.log.Debug().Str(fieldRunID, rs.id).Err(err).Msg("release")
-	}
 	rs.owned = false
+	m := nats.NewMsg("$KV." + s.e.names.OwnersBucket() + ".run." + rs.id)
+	m.Header.Set(kvOperation, kvOperationDelete)
+	ack, err := s.e.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rs.ownRev))
+	if err != nil {
+		s.e.log.Debug().Str(fieldRunID, rs.id).Err(err).Msg("release")
+		return
+	}
+	rs.releasedRev = ack.Sequence
 }
+
+// The key-value protocol's delete marker (JetStream ADR-8).
+const (
+	kvOperation       = "KV-Operation"
+	kvOperationDelete = "DEL"
+)

@@ -132,14 +132,12 @@ type leader struct {
 
 // hold reports whether this engine holds the key, taking or renewing it.
 func (l *leader) hold(ctx context.Context) bool {
-	kv, err := l.e.owners(ctx)
-	if err != nil {
-		return false
-	}
+	kv := l.e.ownersKV
 	if l.rev != 0 && time.Since(l.renewed) < l.e.cfg.AckWait/3 {
 		return true
 	}
 	var rev uint64
+	var err error
 	if l.rev != 0 {
 		rev, err = kv.Update(ctx, l.key, []byte(l.e.id), l.rev)
 	} else {
@@ -159,9 +157,7 @@ func (l *leader) resign() {
 	}
 	ctx, cancel := opCtx()
 	defer cancel()
-	if kv, err := l.e.owners(ctx); err == nil {
-		_ = kv.Delete(ctx, l.key, jetstream.LastRevision(l.rev))
-	}
+	_ = l.e.ownersKV.Delete(ctx, l.key, jetstream.LastRevision(l.rev))
 }
 
 func (p *projectorRunner) handle(m jetstream.Msg) error {

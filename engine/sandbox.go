@@ -271,28 +271,3 @@ func (s *shard) onLeaseExpired(ctx, runCtx context.Context, rs *runState, le *le
 	s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, le.callID).Msg("lease expired")
 	return s.drive(ctx, runCtx, rs)
 }
-
-// sandboxCapability is what the live workers advertise for a tool: the
-// first advertisement found; none means non_recoverable.
-func (e *Engine) sandboxCapability(ctx context.Context, pool, toolID string) events.Capability {
-	kv, err := e.js.KeyValue(ctx, e.names.WorkersBucket())
-	if err != nil {
-		return events.CapNonRecoverable
-	}
-	lister, err := kv.ListKeysFiltered(ctx, "sandbox."+pool+"."+toolID+".*")
-	if err != nil {
-		return events.CapNonRecoverable
-	}
-	defer lister.Stop()
-	for key := range lister.Keys() {
-		entry, err := kv.Get(ctx, key)
-		if err != nil {
-			continue
-		}
-		switch c := events.Capability(entry.Value()); c {
-		case events.CapNonRecoverable, events.CapReplaySafe, events.CapIdempotent, events.CapDurableRequest:
-			return c
-		}
-	}
-	return events.CapNonRecoverable
-}

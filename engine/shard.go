@@ -55,6 +55,9 @@ type runState struct {
 	used     time.Time
 	owned    bool   // this engine holds the run's owner key
 	ownRev   uint64 // its revision
+	// releasedRev is the revision of this engine's last release of the
+	// key (0: none, or taken since).
+	releasedRev uint64
 }
 
 // shard serializes the work of the runs hashed to it.

@@ -18,8 +18,7 @@ import (
 // shared.<key>) with the command key escaped for the bucket: every byte
 // outside [A-Za-z0-9_-] becomes =XX (hex).
 type stateStore struct {
-	js    jetstream.JetStream
-	names Names
+	kv jetstream.KeyValue // the state bucket, opened by Setup
 }
 
 func escapeKey(k string) string {
@@ -63,10 +62,6 @@ func bucketKey(c events.Command, runID, threadID string) string {
 	}
 }
 
-func (s *stateStore) bucket(ctx context.Context) (jetstream.KeyValue, error) {
-	return s.js.KeyValue(ctx, s.names.StateBucket())
-}
-
 // apply commits a finalized batch's commands in order, with the merge rules
 // of aggregate.MergeState. Applying the same batch again gives the same
 // state, so a redelivered commit is harmless.
@@ -74,10 +69,7 @@ func (s *stateStore) apply(ctx context.Context, runID, threadID string, cmds []e
 	if len(cmds) == 0 {
 		return nil
 	}
-	kv, err := s.bucket(ctx)
-	if err != nil {
-		return err
-	}
+	kv := s.kv
 	for _, c := range cmds {
 		key := bucketKey(c, runID, threadID)
 		current := map[string]events.RawJSON{}
@@ -115,10 +107,7 @@ func (s *stateStore) apply(ctx context.Context, runID, threadID string, cmds []e
 // visible returns the committed state a run sees, keyed by the aggregate's
 // state keys.
 func (s *stateStore) visible(ctx context.Context, runID, threadID string) (map[string]any, error) {
-	kv, err := s.bucket(ctx)
-	if err != nil {
-		return nil, err
-	}
+	kv := s.kv
 	lister, err := kv.ListKeysFiltered(ctx, "run."+runID+".>", "thread."+threadID+".>", "shared.>")
 	if err != nil {
 		return nil, err

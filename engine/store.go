@@ -117,19 +117,16 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n Names, sc Stre
 
 // log reads and appends a run's events.
 type eventLog struct {
-	js    jetstream.JetStream
-	names Names
+	js     jetstream.JetStream
+	names  Names
+	stream jetstream.Stream // the events stream, opened by Setup
 }
 
 // load folds a run from its subject. It returns the state and the stream
 // sequence of its last commit (0 for a run with no events).
 func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, uint64, error) {
 	run := aggregate.New(runID)
-	stream, err := l.js.Stream(ctx, l.names.EventsStream())
-	if err != nil {
-		return nil, 0, fmt.Errorf("load run %s: %w", runID, err)
-	}
-	last, err := stream.GetLastMsgForSubject(ctx, l.names.Events(runID))
+	last, err := l.stream.GetLastMsgForSubject(ctx, l.names.Events(runID))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return run, 0, nil
 	}
@@ -156,11 +153,7 @@ func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, uint
 
 // lastSeq returns the sequence of the run's last commit (0: none).
 func (l *eventLog) lastSeq(ctx context.Context, runID string) (uint64, error) {
-	stream, err := l.js.Stream(ctx, l.names.EventsStream())
-	if err != nil {
-		return 0, err
-	}
-	last, err := stream.GetLastMsgForSubject(ctx, l.names.Events(runID))
+	last, err := l.stream.GetLastMsgForSubject(ctx, l.names.Events(runID))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, nil
 	}

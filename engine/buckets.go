@@ -1,0 +1,201 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// openBuckets opens the buckets the engine uses while it serves, once: a
+// handle costs a STREAM.INFO round trip, which no decision should pay.
+func (e *Engine) openBuckets(ctx context.Context) error {
+	var err error
+	open := func(name string) jetstream.KeyValue {
+		if err != nil {
+			return nil
+		}
+		var kv jetstream.KeyValue
+		if kv, err = e.js.KeyValue(ctx, name); err != nil {
+			err = fmt.Errorf("open bucket %s: %w", name, err)
+		}
+		return kv
+	}
+	e.ownersKV = open(e.names.OwnersBucket())
+	e.catalogKV = open(e.names.CatalogBucket())
+	e.state.kv = open(e.names.StateBucket())
+	e.live = &liveCapabilities{workers: open(e.names.WorkersBucket()), registry: open(e.names.RegistryBucket())}
+	if err != nil {
+		return err
+	}
+	e.events.stream, err = e.js.Stream(ctx, e.names.EventsStream())
+	if err != nil {
+		return fmt.Errorf("open stream %s: %w", e.names.EventsStream(), err)
+	}
+	return nil
+}
+
+// liveCapabilities mirrors what executors advertise, so that gating a call
+// reads memory instead of the server: the workers bucket (key
+// sandbox.<pool>.<tool_id>.<worker_id>, forgotten WorkerTTL after its
+// last write) and the registry bucket (key brain.<tool_id>). Two watches
+// keep the mirror current. A watch is told of puts and deletes but not of
+// keys the bucket's age limit removes, so an advertisement counts only
+// while it is younger than WorkerTTL, as in the bucket. What the mirror
+// does not have (a worker that advertised a moment ago and whose put is
+// still on its way to the watch) is read from the bucket itself.
+type liveCapabilities struct {
+	workers, registry jetstream.KeyValue
+
+	mu       sync.Mutex
+	adverts  map[string]map[string]advert // "<pool>.<tool_id>" -> worker id -> advertisement
+	brain    map[string]events.Capability // tool id -> capability
+	watchers []jetstream.KeyWatcher
+}
+
+type advert struct {
+	capability events.Capability
+	written    time.Time // the server's time of the put
+}
+
+// start watches both buckets and returns once the mirror holds their
+// current contents.
+func (l *liveCapabilities) start(ctx context.Context) error {
+	l.adverts, l.brain = map[string]map[string]advert{}, map[string]events.Capability{}
+	for _, w := range []struct {
+		kv     jetstream.KeyValue
+		filter string
+	}{{l.workers, "sandbox.>"}, {l.registry, "brain.>"}} {
+		kw, err := w.kv.Watch(context.Background(), w.filter)
+		if err != nil {
+			l.stop()
+			return fmt.Errorf("watch %s: %w", w.kv.Bucket(), err)
+		}
+		l.watchers = append(l.watchers, kw)
+		initial := make(chan struct{})
+		go l.follow(kw, initial)
+		select {
+		case <-initial:
+		case <-ctx.Done():
+			l.stop()
+			return fmt.Errorf("watch %s: %w", w.kv.Bucket(), ctx.Err())
+		}
+	}
+	return nil
+}
+
+// follow applies a watch's updates until it stops; initial is closed once
+// the bucket's current contents are in.
+func (l *liveCapabilities) follow(kw jetstream.KeyWatcher, initial chan struct{}) {
+	for entry := range kw.Updates() {
+		if entry == nil {
+			close(initial)
+			continue
+		}
+		l.apply(entry)
+	}
+}
+
+func (l *liveCapabilities) apply(entry jetstream.KeyValueEntry) {
+	key := entry.Key()
+	put := entry.Operation() == jetstream.KeyValuePut
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if tool, ok := strings.CutPrefix(key, "brain."); ok {
+		if put {
+			l.brain[tool] = events.Capability(entry.Value())
+		} else {
+			delete(l.brain, tool)
+		}
+		return
+	}
+	i := strings.LastIndexByte(key, '.')
+	if i < 0 || !strings.HasPrefix(key, "sandbox.") {
+		return
+	}
+	tool, worker := key[len("sandbox."):i], key[i+1:]
+	if !put {
+		delete(l.adverts[tool], worker)
+		return
+	}
+	if l.adverts[tool] == nil {
+		l.adverts[tool] = map[string]advert{}
+	}
+	l.adverts[tool][worker] = advert{capability: events.Capability(entry.Value()), written: entry.Created()}
+}
+
+func (l *liveCapabilities) stop() {
+	for _, kw := range l.watchers {
+		_ = kw.Stop()
+	}
+	l.watchers = nil
+}
+
+// sandbox is what the live workers advertise for a tool: the latest live
+// advertisement; none means non_recoverable.
+func (l *liveCapabilities) sandbox(ctx context.Context, pool, toolID string) events.Capability {
+	l.mu.Lock()
+	var best advert
+	for _, a := range l.adverts[pool+"."+toolID] {
+		if time.Since(a.written) < WorkerTTL && a.written.After(best.written) && knownCapability(a.capability) {
+			best = a
+		}
+	}
+	l.mu.Unlock()
+	if best.capability != "" {
+		return best.capability
+	}
+	return l.sandboxFromBucket(ctx, pool, toolID)
+}
+
+// sandboxFromBucket reads the workers bucket itself.
+func (l *liveCapabilities) sandboxFromBucket(ctx context.Context, pool, toolID string) events.Capability {
+	lister, err := l.workers.ListKeysFiltered(ctx, "sandbox."+pool+"."+toolID+".*")
+	if err != nil {
+		return events.CapNonRecoverable
+	}
+	defer lister.Stop()
+	for key := range lister.Keys() {
+		entry, err := l.workers.Get(ctx, key)
+		if err != nil {
+			continue
+		}
+		if c := events.Capability(entry.Value()); knownCapability(c) {
+			return c
+		}
+	}
+	return events.CapNonRecoverable
+}
+
+// brainTool is what a brain tool's host service registered; none means
+// non_recoverable.
+func (l *liveCapabilities) brainTool(ctx context.Context, toolID string) events.Capability {
+	l.mu.Lock()
+	c, ok := l.brain[toolID]
+	l.mu.Unlock()
+	if !ok {
+		entry, err := l.registry.Get(ctx, "brain."+toolID)
+		if err != nil { // not registered (ErrKeyNotFound), or unreadable
+			return events.CapNonRecoverable
+		}
+		c = events.Capability(entry.Value())
+	}
+	switch c {
+	case events.CapReplaySafe, events.CapIdempotent, events.CapDurableRequest:
+		return c
+	}
+	return events.CapNonRecoverable
+}
+
+func knownCapability(c events.Capability) bool {
+	switch c {
+	case events.CapNonRecoverable, events.CapReplaySafe, events.CapIdempotent, events.CapDurableRequest:
+		return true
+	}
+	return false
+}

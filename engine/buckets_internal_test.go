@@ -1,0 +1,147 @@
+package engine
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// TestLiveCapabilitiesFollowTheBuckets: the mirror answers what the
+// buckets hold, including an advertisement made a moment ago, and forgets
+// deleted keys and advertisements older than the workers' TTL.
+func TestLiveCapabilitiesFollowTheBuckets(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	e, err := New(nc, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	workers, registry := e.live.workers, e.live.registry
+	// Advertised before the watch starts: in the mirror once start returns.
+	if _, err := registry.Put(ctx, "brain.old", []byte(events.CapDurableRequest)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.live.start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer e.live.stop()
+	if _, ok := e.live.mirroredBrain("old"); !ok {
+		t.Fatal("an existing registration is not in the mirror after start")
+	}
+	if got := e.live.brainTool(ctx, "old"); got != events.CapDurableRequest {
+		t.Fatalf("brain old: %s", got)
+	}
+
+	if got := e.live.sandbox(ctx, "default", "t"); got != events.CapNonRecoverable {
+		t.Fatalf("no worker: %s", got)
+	}
+	if _, err := workers.Put(ctx, "sandbox.default.t.w1", []byte(events.CapReplaySafe)); err != nil {
+		t.Fatal(err)
+	}
+	// At once, whether or not the watch has delivered the put yet.
+	if got := e.live.sandbox(ctx, "default", "t"); got != events.CapReplaySafe {
+		t.Fatalf("just advertised: %s", got)
+	}
+	waitFor(t, ctx, "advertisement mirrored", func() bool { return e.live.mirrored("default.t", "w1") })
+	if got := e.live.sandbox(ctx, "other", "t"); got != events.CapNonRecoverable {
+		t.Fatalf("another pool: %s", got)
+	}
+	if err := workers.Delete(ctx, "sandbox.default.t.w1"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, "deleted advertisement forgotten", func() bool { return !e.live.mirrored("default.t", "w1") })
+	if got := e.live.sandbox(ctx, "default", "t"); got != events.CapNonRecoverable {
+		t.Fatalf("after the worker's delete: %s", got)
+	}
+
+	// A key the bucket's age limit removed is never announced to a watch:
+	// an advertisement older than the TTL no longer counts.
+	e.live.apply(fakeEntry{key: "sandbox.default.t.w2", value: string(events.CapIdempotent), created: time.Now().Add(-WorkerTTL - time.Second)})
+	if got := e.live.sandbox(ctx, "default", "t"); got != events.CapNonRecoverable {
+		t.Fatalf("expired advertisement: %s", got)
+	}
+	e.live.apply(fakeEntry{key: "sandbox.default.t.w2", value: string(events.CapIdempotent), created: time.Now()})
+	if got := e.live.sandbox(ctx, "default", "t"); got != events.CapIdempotent {
+		t.Fatalf("fresh advertisement: %s", got)
+	}
+
+	if _, err := registry.Put(ctx, "brain.x", []byte(events.CapIdempotent)); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.live.brainTool(ctx, "x"); got != events.CapIdempotent {
+		t.Fatalf("brain x just registered: %s", got)
+	}
+	if err := registry.Delete(ctx, "brain.x"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, "deregistration followed", func() bool { return e.live.brainTool(ctx, "x") == events.CapNonRecoverable })
+	if _, ok := e.live.mirroredBrain("x"); ok {
+		t.Fatal("a deleted registration stays in the mirror")
+	}
+}
+
+func (l *liveCapabilities) mirrored(tool, worker string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.adverts[tool][worker]
+	return ok
+}
+
+func (l *liveCapabilities) mirroredBrain(tool string) (events.Capability, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c, ok := l.brain[tool]
+	return c, ok
+}
+
+// fakeEntry is a put as a watch delivers it.
+type fakeEntry struct {
+	key, value string
+	created    time.Time
+}
+
+func (f fakeEntry) Bucket() string                  { return "" }
+func (f fakeEntry) Key() string                     { return f.key }
+func (f fakeEntry) Value() []byte                   { return []byte(f.value) }
+func (f fakeEntry) Revision() uint64                { return 1 }
+func (f fakeEntry) Created() time.Time              { return f.created }
+func (f fakeEntry) Delta() uint64                   { return 0 }
+func (f fakeEntry) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePut }
+
+// waitFor checks cond every 10ms until it holds, failing at ctx's deadline.
+func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: not before the deadline", what)
+		case <-tick.C:
+		}
+	}
+}
