@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -22,9 +23,9 @@ import (
 
 // The ceiling: what this machine's JetStream does with the primitives the
 // engine uses, measured in a process that embeds a fresh server exactly
-// as cmd/engine does (same options, same sync mode, same disk), over TCP
-// connections from that process to its own server, as the engine connects
-// to its embedded server through its client URL.
+// as cmd/engine does (same options, same sync mode, same disk), over
+// in-process connections from that process to its own server, as the
+// engine connects to its embedded server.
 
 // Ceiling is the raw JetStream figures of one durability mode.
 type Ceiling struct {
@@ -83,8 +84,25 @@ func eventsLike(ctx context.Context, js jetstream.JetStream, name, subject strin
 	return js.CreateStream(ctx, cfg)
 }
 
+// endpoint is where a connection goes: a URL, or a server of this process,
+// reached in process as cmd/engine reaches its embedded server.
+type endpoint struct {
+	url string
+	srv *server.Server
+}
+
 func connect(url, name string) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
+	return connectTo(endpoint{url: url}, name)
+}
+
+func connectTo(to endpoint, name string) (*nats.Conn, jetstream.JetStream, error) {
+	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1)}
+	url := to.url
+	if to.srv != nil {
+		url = "in-process"
+		opts = append(opts, nats.InProcessServer(to.srv))
+	}
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -108,8 +126,8 @@ func commitMsg(subject string, body []byte, prev uint64) *nats.Msg {
 // expectChains publishes for dur on `chains` subjects at once, each
 // publish expecting the subject's last sequence (known from the previous
 // ack), with a message id. It returns the acknowledged messages per second.
-func expectChains(ctx context.Context, url string, chains int, dur time.Duration, body []byte, rep int) (float64, error) {
-	nc, js, err := connect(url, "toolbatch-bench-ceiling")
+func expectChains(ctx context.Context, to endpoint, chains int, dur time.Duration, body []byte, rep int) (float64, error) {
+	nc, js, err := connectTo(to, "toolbatch-bench-ceiling")
 	if err != nil {
 		return 0, err
 	}
@@ -160,8 +178,8 @@ func expectChains(ctx context.Context, url string, chains int, dur time.Duration
 
 // plainAsync publishes pipelined for dur (at most 4096 unacknowledged), no
 // expectation, no id, and returns the acknowledged messages per second.
-func plainAsync(ctx context.Context, url string, dur time.Duration, body []byte, rep int) (float64, error) {
-	nc, js, err := connect(url, "toolbatch-bench-ceiling")
+func plainAsync(ctx context.Context, to endpoint, dur time.Duration, body []byte, rep int) (float64, error) {
+	nc, js, err := connectTo(to, "toolbatch-bench-ceiling")
 	if err != nil {
 		return 0, err
 	}
@@ -191,8 +209,8 @@ func plainAsync(ctx context.Context, url string, dur time.Duration, body []byte,
 // workQueue fills a work-queue stream with n messages, then consumes them
 // as the engine's intake does (pull consumer, 256 at a time, explicit
 // acks) and returns messages per second until the stream is empty.
-func workQueue(ctx context.Context, url string, n int, body []byte, rep int) (float64, error) {
-	nc, js, err := connect(url, "toolbatch-bench-ceiling")
+func workQueue(ctx context.Context, to endpoint, n int, body []byte, rep int) (float64, error) {
+	nc, js, err := connectTo(to, "toolbatch-bench-ceiling")
 	if err != nil {
 		return 0, err
 	}
@@ -257,13 +275,13 @@ func workQueue(ctx context.Context, url string, n int, body []byte, rep int) (fl
 // latencies measures, n times each and one at a time: publish to delivery
 // on another connection's pull consumer; one awaited publish with expected
 // sequence and id; one core request/reply.
-func latencies(ctx context.Context, url string, n int, body []byte, rep int) (p2c []time.Duration, pub []time.Duration, req []time.Duration, err error) {
-	nc, js, err := connect(url, "toolbatch-bench-ceiling")
+func latencies(ctx context.Context, to endpoint, n int, body []byte, rep int) (p2c []time.Duration, pub []time.Duration, req []time.Duration, err error) {
+	nc, js, err := connectTo(to, "toolbatch-bench-ceiling")
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	defer nc.Close()
-	nc2, js2, err := connect(url, "toolbatch-bench-ceiling-consumer")
+	nc2, js2, err := connectTo(to, "toolbatch-bench-ceiling-consumer")
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -354,14 +372,14 @@ func commitPayload(ctx context.Context, js jetstream.JetStream, from, to uint64)
 }
 
 // runCeiling measures every primitive reps times and keeps the medians.
-func runCeiling(ctx context.Context, url string, payload int, reps int, dur time.Duration, chainCounts []int) (Ceiling, error) {
+func runCeiling(ctx context.Context, to endpoint, payload int, reps int, dur time.Duration, chainCounts []int) (Ceiling, error) {
 	c := Ceiling{PayloadBytes: payload}
 	body := bytes.Repeat([]byte{'x'}, payload)
 	best := 0.0
 	for _, chains := range chainCounts {
 		var v []float64
 		for r := 0; r < reps; r++ {
-			rate, err := expectChains(ctx, url, chains, dur, body, r)
+			rate, err := expectChains(ctx, to, chains, dur, body, r)
 			if err != nil {
 				return c, fmt.Errorf("expected-sequence publish, %d chains: %w", chains, err)
 			}
@@ -374,18 +392,18 @@ func runCeiling(ctx context.Context, url string, payload int, reps int, dur time
 	c.ExpectPubBest = Num(best)
 	var raw, wq, p2c50, p2c99, pub50, req50 []float64
 	for r := 0; r < reps; r++ {
-		rate, err := plainAsync(ctx, url, dur, body, r)
+		rate, err := plainAsync(ctx, to, dur, body, r)
 		if err != nil {
 			return c, fmt.Errorf("plain async publish: %w", err)
 		}
 		raw = append(raw, rate)
 		// As many jobs as about two seconds of raw publishing fill.
 		n := int(min(50000, max(2000, 2*rate)))
-		if rate, err = workQueue(ctx, url, n, body[:min(len(body), 256)], r); err != nil {
+		if rate, err = workQueue(ctx, to, n, body[:min(len(body), 256)], r); err != nil {
 			return c, fmt.Errorf("work queue: %w", err)
 		}
 		wq = append(wq, rate)
-		p2c, pub, req, err := latencies(ctx, url, 1000, body, r)
+		p2c, pub, req, err := latencies(ctx, to, 1000, body, r)
 		if err != nil {
 			return c, fmt.Errorf("latencies: %w", err)
 		}
@@ -676,8 +694,8 @@ func publishOut(js jetstream.JetStream, runID, kind string, body []byte, batch s
 // startMinimalEngine runs the minimal engine and projector on one
 // connection to url, as the engine does. It returns a function that stops
 // them and one that reports their first failure.
-func startMinimalEngine(ctx context.Context, url string, payload int) (stop func(), failed func() error, err error) {
-	enc, ejs, err := connect(url, "toolbatch-bench-min-engine")
+func startMinimalEngine(ctx context.Context, to endpoint, payload int) (stop func(), failed func() error, err error) {
+	enc, ejs, err := connectTo(to, "toolbatch-bench-min-engine")
 	if err != nil {
 		return nil, nil, err
 	}

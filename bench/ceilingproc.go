@@ -16,8 +16,8 @@ import (
 
 // ceilingServer is `bench ceiling-server`: an embedded NATS server started
 // as cmd/engine starts its own, with the ceiling measured from inside its
-// process over TCP connections to itself (as the engine connects to its
-// embedded server), written to --results; then the hand-rolled minimal
+// process over in-process connections to itself (as the engine connects
+// to its embedded server), written to --results; then the hand-rolled minimal
 // engine and projector run there, on one such connection, until SIGTERM,
 // while the benchmark drives the minimal worker and the client from its
 // own process.
@@ -50,7 +50,7 @@ func ceilingServer(args []string) error {
 	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	ceil, err := runCeiling(ctx, srv.ClientURL(), *payload, *reps, *window, chainCounts)
+	ceil, err := runCeiling(ctx, endpoint{srv: srv}, *payload, *reps, *window, chainCounts)
 	if err != nil {
 		return err
 	}
@@ -61,7 +61,7 @@ func ceilingServer(args []string) error {
 	if err := os.WriteFile(*results, data, 0o644); err != nil {
 		return err
 	}
-	stopMin, failed, err := startMinimalEngine(ctx, srv.ClientURL(), *payload)
+	stopMin, failed, err := startMinimalEngine(ctx, endpoint{srv: srv}, *payload)
 	if err != nil {
 		return err
 	}

@@ -448,7 +448,7 @@ func runCeilingMode(ctx context.Context, o options, mode, self, dir string, payl
 	body := make([]byte, payload)
 	var p2c50, p2c99, pub50, req50 []float64
 	for r := 0; r < o.reps; r++ {
-		p2c, pub, req, err := latencies(ctx, url, 1000, body, 100+r)
+		p2c, pub, req, err := latencies(ctx, endpoint{url: url}, 1000, body, 100+r)
 		if err != nil {
 			return nil, nil, fmt.Errorf("latencies from another process: %w", err)
 		}
@@ -639,7 +639,7 @@ func printTable(w io.Writer, r *Results) {
 				fmtNum(x.EngineCPUCores, ""), fmtNum(x.WorkersCPU, ""), fmtNum(x.BenchCPU, ""), fmtNum(x.OtherCPU, ""))
 		}
 		if c := m.Ceiling; c != nil {
-			fmt.Fprintf(w, "  ceiling (a fresh server embedded as the engine embeds it, measured from inside its process over TCP, as the engine connects; commit body %d bytes):\n", c.PayloadBytes)
+			fmt.Fprintf(w, "  ceiling (a fresh server embedded as the engine embeds it, measured from inside its process over in-process connections, as the engine connects; commit body %d bytes):\n", c.PayloadBytes)
 			for _, cr := range c.ExpectPub {
 				fmt.Fprintf(w, "    async publish, expected seq + msg id, %4d chains   %s msgs/s\n", cr.Chains, fmtNum(cr.MsgsPerSec, ""))
 			}
