@@ -25,7 +25,7 @@ const (
 	DefaultAckWait    = 30 * time.Second
 	DefaultShards     = 64
 	DefaultMaxPending = 10000
-	DefaultCacheRuns  = 10000
+	DefaultCacheRuns  = 1024
 )
 
 // Config configures an engine. The zero value of each field means its
@@ -47,8 +47,10 @@ type Config struct {
 	Shards int
 	// MaxPending bounds the inbox messages in progress (default 10000).
 	MaxPending int
-	// CacheRuns bounds the runs whose folded state is kept in memory
-	// (default 10000); a run not cached is folded again from the log.
+	// CacheRuns bounds the runs whose folded state is kept in memory, by
+	// the engine and by its projector each (default 1024); the least
+	// recently used go first, and a run not cached is folded again from
+	// the log when it is next touched. A parked run needs no memory.
 	CacheRuns int
 	// Catalog is the operator's catalog (default catalog.Default()).
 	Catalog *catalog.Catalog
@@ -151,7 +153,7 @@ type Engine struct {
 	shards []*shard
 	// Buckets, opened once by Setup.
 	ownersKV, catalogKV jetstream.KeyValue
-	live              *liveCapabilities
+	live                *liveCapabilities
 
 	catMu    sync.Mutex
 	catalogs map[string]*catalog.Catalog // by snapshot id

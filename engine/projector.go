@@ -38,6 +38,7 @@ type projectorRunner struct {
 type projected struct {
 	model projector.Model
 	seq   uint64 // last commit folded
+	used  int64  // the stream sequence of the commit that last used it
 	// last is the source of the last message known on each out subject of
 	// the run: read once from the out stream, then kept as it publishes.
 	last map[string]source
@@ -114,9 +115,8 @@ func (p *projectorRunner) run(ctx context.Context) error {
 					break // the lead moved on: the message comes back to the new leader
 				}
 			}
-			if len(p.models) > p.e.cfg.CacheRuns {
-				clear(p.models)
-			}
+			trimOldest(p.models, p.e.cfg.CacheRuns, func(pm *projected) int64 { return pm.used },
+				func(*projected) bool { return true })
 		}
 	}
 	return nil
@@ -214,7 +214,7 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 	if err := p.e.scheduleTimers(ctx, runID, evs); err != nil {
 		return fmt.Errorf("commit %d: %w", seq, err)
 	}
-	pm.model, pm.seq = model, seq
+	pm.model, pm.seq, pm.used = model, seq, int64(seq)
 	return m.Ack()
 }
 

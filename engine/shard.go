@@ -262,19 +262,10 @@ func (s *shard) load(ctx context.Context, rs *runState) error {
 	return nil
 }
 
-// evict drops idle runs beyond the cache size.
+// evict drops the least recently used idle runs beyond the cache size.
 func (s *shard) evict() {
-	if len(s.runs) <= s.max {
-		return
-	}
-	for id, rs := range s.runs {
-		if len(rs.held) == 0 && len(rs.inflight) == 0 {
-			delete(s.runs, id)
-			if len(s.runs) <= s.max {
-				return
-			}
-		}
-	}
+	trimOldest(s.runs, s.max, func(rs *runState) int64 { return rs.used.UnixNano() },
+		func(rs *runState) bool { return len(rs.held) == 0 && len(rs.inflight) == 0 && len(rs.leases) == 0 })
 }
 
 // decide runs a command and commits its events.

@@ -30,7 +30,7 @@ import (
 
 type options struct {
 	store, listen, natsURL, prefix, catalogPath string
-	replicas                                    int
+	replicas, cacheRuns                         int
 	logFormat, logLevel                         string
 	outMaxAge, ackWait, lease                   time.Duration
 	syncAlways                                  bool
@@ -58,6 +58,7 @@ func run(args []string, stderr io.Writer) error {
 	fs.DurationVar(&o.outMaxAge, "out-max-age", engine.DefaultOutMaxAge, "how long out messages are kept")
 	fs.DurationVar(&o.ackWait, "ack-wait", engine.DefaultAckWait, "how long a crashed engine's runs wait before they are taken over")
 	fs.DurationVar(&o.lease, "lease", engine.DefaultLease, "how long a sandbox worker's claim lasts without a heartbeat")
+	fs.IntVar(&o.cacheRuns, "cache-runs", engine.DefaultCacheRuns, "runs whose folded state is kept in memory (the rest are folded from the log when touched)")
 	fs.BoolVar(&o.syncAlways, "sync-always", false, "embedded server: fsync every write (slower; survives power loss)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -70,6 +71,9 @@ func run(args []string, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	if o.cacheRuns < 1 {
+		return fmt.Errorf("--cache-runs %d: want at least 1", o.cacheRuns)
+	}
 	log, err := logger(o.logFormat, o.logLevel, stderr)
 	if err != nil {
 		return err
@@ -80,7 +84,7 @@ func run(args []string, stderr io.Writer) error {
 			return err
 		}
 	}
-	cfg := engine.Config{Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Lease: o.lease, Catalog: cat, Logger: log}
+	cfg := engine.Config{Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Lease: o.lease, CacheRuns: o.cacheRuns, Catalog: cat, Logger: log}
 
 	url := o.natsURL
 	connOpts := []nats.Option{nats.Name("toolbatch-engine"), nats.MaxReconnects(-1)}

@@ -121,6 +121,7 @@ func TestBadFlagsAndCatalog(t *testing.T) {
 		{"--no-such-flag"},
 		{"--log-format", "xml"},
 		{"--listen", "nonsense"},
+		{"--cache-runs", "0"},
 		{"--catalog", bad},
 		{"--catalog", filepath.Join(t.TempDir(), "missing.yaml")},
 	} {
