@@ -47,6 +47,10 @@ const (
 	// DefaultMaxProcs caps the processes and threads of one call
 	// (RLIMIT_NPROC inside the call's own user namespace).
 	DefaultMaxProcs = 64
+	// DefaultPrestart is how many pre-started sandboxes a worker with
+	// isolation bubblewrap keeps ready for each subprocess tool. With
+	// isolation none the default is 0: nothing is pre-started.
+	DefaultPrestart = 2
 )
 
 // Upper bounds of the limits: sanity checks against typing mistakes.
@@ -56,6 +60,7 @@ const (
 	MaxCPUSeconds = 24 * 60 * 60
 	MaxOutputKB   = 64 << 10 // 64 MiB, buffered in the worker's memory
 	MaxProcs      = 1 << 16
+	MaxPrestart   = 64
 )
 
 // Isolation is how a worker isolates its subprocess tools.
@@ -101,6 +106,12 @@ type Config struct {
 	Pools []string `yaml:"pools"`
 	// Isolation is bubblewrap (default) or none.
 	Isolation Isolation `yaml:"isolation"`
+	// Prestart is how many sandboxes are kept started, for each subprocess
+	// tool, waiting for a call (see docs/workers.md): nil means
+	// DefaultPrestart with isolation bubblewrap, 0 with none; 0 turns
+	// pre-starting off. It applies to isolation bubblewrap only, at most
+	// MaxPrestart. A tool's own Prestart overrides it.
+	Prestart *int `yaml:"prestart"`
 	// Tools are the tools the worker serves; at least one.
 	Tools []ToolConfig `yaml:"tools"`
 }
@@ -131,6 +142,9 @@ type ToolConfig struct {
 	// Env is added to the tool's environment. PATH, HOME, LANG and
 	// TOOLBATCH_* are reserved.
 	Env map[string]string `yaml:"env"`
+	// Prestart overrides the config's Prestart for this tool; nil means
+	// the config's.
+	Prestart *int `yaml:"prestart"`
 }
 
 // Limits are the resource limits of one call of a subprocess tool. Zero
@@ -337,6 +351,13 @@ func (c Config) WithDefaults() Config {
 	if c.Isolation == "" {
 		c.Isolation = DefaultIsolation
 	}
+	if c.Prestart == nil {
+		n := 0
+		if c.Isolation == IsolationBubblewrap {
+			n = DefaultPrestart
+		}
+		c.Prestart = &n
+	}
 	c.Tools = slices.Clone(c.Tools)
 	for i := range c.Tools {
 		t := &c.Tools[i]
@@ -348,6 +369,9 @@ func (c Config) WithDefaults() Config {
 		}
 		if t.IsBuiltin() {
 			continue
+		}
+		if t.Prestart == nil {
+			t.Prestart = c.Prestart
 		}
 		if t.Output == "" {
 			t.Output = DefaultOutput
@@ -406,6 +430,19 @@ func (c Config) problems() []*ConfigError {
 	default:
 		add("", "isolation", "isolation %q is not bubblewrap or none", c.Isolation)
 	}
+	// prestart checks a prestart setting; field is where its line is.
+	prestart := func(where, field string, n *int) {
+		switch {
+		case n == nil:
+		case *n < 0:
+			add(where, field, "prestart %d must be 0 (off) or more", *n)
+		case *n > MaxPrestart:
+			add(where, field, "prestart %d is more than %d", *n, MaxPrestart)
+		case *n > 0 && c.Isolation == IsolationNone:
+			add(where, field, "prestart %d: pre-started sandboxes need isolation bubblewrap (set prestart: 0, or leave it out)", *n)
+		}
+	}
+	prestart("", "prestart", c.Prestart)
 	if len(c.Tools) == 0 {
 		add("", "tools", "tools: at least one tool is required")
 	}
@@ -450,6 +487,7 @@ func (c Config) problems() []*ConfigError {
 		case t.Command[0] == "":
 			addf("command", "command[0], the program, is empty")
 		}
+		prestart(where, at("prestart"), t.Prestart)
 		for j, a := range t.Command {
 			if strings.ContainsRune(a, 0) {
 				addf(fmt.Sprintf("command[%d]", j), "command[%d] holds a NUL byte", j)
@@ -530,6 +568,9 @@ func (t ToolConfig) subprocessFields() []string {
 	}
 	if len(t.Env) > 0 {
 		fs = append(fs, "env")
+	}
+	if t.Prestart != nil {
+		fs = append(fs, "prestart")
 	}
 	return fs
 }

@@ -36,10 +36,12 @@ func TestParseConfigExample(t *testing.T) {
 	want := Config{
 		Pools:     []string{"default"},
 		Isolation: IsolationBubblewrap,
+		Prestart:  intp(DefaultPrestart),
 		Tools: []ToolConfig{
 			{ID: "noop", Builtin: BuiltinNoop, Capability: events.CapNonRecoverable, Timeout: 30 * time.Second},
 			{
 				ID:         "word_count",
+				Prestart:   intp(DefaultPrestart),
 				Command:    []string{"python3", "tools/word_count.py"},
 				Capability: events.CapReplaySafe,
 				Timeout:    30 * time.Second,
@@ -68,8 +70,9 @@ tools:
 	want := Config{
 		Pools:     []string{DefaultPool},
 		Isolation: DefaultIsolation,
+		Prestart:  intp(DefaultPrestart),
 		Tools: []ToolConfig{
-			{ID: "t", Command: []string{"/bin/true"}, Capability: DefaultCapability, Timeout: DefaultTimeout, Output: DefaultOutput,
+			{ID: "t", Command: []string{"/bin/true"}, Capability: DefaultCapability, Timeout: DefaultTimeout, Output: DefaultOutput, Prestart: intp(DefaultPrestart),
 				Limits: Limits{MemoryMB: DefaultMemoryMB, CPUSeconds: DefaultCPUSeconds, OutputKB: DefaultOutputKB, MaxProcs: DefaultMaxProcs}},
 			{ID: "s", Builtin: BuiltinSleep, Capability: DefaultCapability, Timeout: DefaultTimeout},
 		},
@@ -79,6 +82,70 @@ tools:
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("a defaulted config does not validate: %v", err)
+	}
+}
+
+func intp(n int) *int { return &n }
+
+func TestParseConfigPrestart(t *testing.T) {
+	prestarts := func(yaml string) []int {
+		t.Helper()
+		cfg, err := ParseConfig([]byte(yaml))
+		if err != nil {
+			t.Fatalf("ParseConfig:\n%v", err)
+		}
+		got := []int{*cfg.Prestart}
+		for _, tool := range cfg.Tools {
+			if tool.IsBuiltin() {
+				if tool.Prestart != nil {
+					t.Fatalf("builtin %s got a prestart", tool.ID)
+				}
+				continue
+			}
+			got = append(got, *tool.Prestart)
+		}
+		return got
+	}
+	for _, c := range []struct {
+		yaml string
+		want []int // the config's, then each subprocess tool's
+	}{
+		{"tools: [{id: a, command: [/bin/true]}, {id: n, builtin: noop}]", []int{DefaultPrestart, DefaultPrestart}},
+		{"isolation: none\ntools: [{id: a, command: [/bin/true]}]", []int{0, 0}},
+		{"prestart: 0\ntools: [{id: a, command: [/bin/true]}, {id: b, command: [/bin/true], prestart: 3}]", []int{0, 0, 3}},
+		{"prestart: 5\ntools: [{id: a, command: [/bin/true]}, {id: b, command: [/bin/true], prestart: 0}]", []int{5, 5, 0}},
+		{"isolation: none\nprestart: 0\ntools: [{id: a, command: [/bin/true], prestart: 0}]", []int{0, 0}},
+	} {
+		if got := prestarts(c.yaml); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%q: prestart %v, want %v", c.yaml, got, c.want)
+		}
+	}
+
+	_, err := ParseConfig([]byte(`isolation: none
+prestart: 2
+tools:
+  - id: a
+    command: [/bin/true]
+    prestart: -1
+  - id: b
+    command: [/bin/true]
+    prestart: 65
+  - id: n
+    builtin: noop
+    prestart: 1
+  - id: c
+    command: [/bin/true]
+    prestart: 1
+`))
+	want := []string{
+		`line 2: prestart 2: pre-started sandboxes need isolation bubblewrap (set prestart: 0, or leave it out)`,
+		`line 6: tools[0] (id "a"): prestart -1 must be 0 (off) or more`,
+		`line 9: tools[1] (id "b"): prestart 65 is more than 64`,
+		`line 12: tools[2] (id "n"): prestart does not apply to a builtin tool`,
+		`line 15: tools[3] (id "c"): prestart 1: pre-started sandboxes need isolation bubblewrap (set prestart: 0, or leave it out)`,
+	}
+	if got := problems(err); !reflect.DeepEqual(got, want) {
+		t.Fatalf("problems:\n got %s\nwant %s", strings.Join(got, "\n     "), strings.Join(want, "\n     "))
 	}
 }
 

@@ -50,25 +50,41 @@ type outcome struct {
 	cancelled  error // ctx ended first: its cause
 }
 
-// runProcess runs a subprocess tool in its sandbox.
+// runProcess runs a subprocess tool: in a pre-started sandbox when one is
+// ready (or being started) for the tool and still alive, else in a sandbox
+// started for the call.
 func (r *Runner) runProcess(ctx context.Context, t ToolConfig, call Call) Result {
 	prog, err := resolveProgram(t.Command[0])
 	if err != nil {
 		return failure(events.ErrorExecution, "%v", err)
 	}
+	stdin := call.Arguments
+	if len(stdin) == 0 {
+		stdin = []byte("{}")
+	}
+	if p := r.pools[t.ID]; p != nil {
+		if res, ok := p.run(ctx, t, call, prog, stdin); ok {
+			r.stats.prestarted.Add(1)
+			return res
+		}
+	}
+	r.stats.fresh.Add(1)
 	workdir, err := r.newWorkdir()
 	if err != nil {
 		return failure(events.ErrorExecution, "cannot create the working directory: %v", err)
 	}
 	defer removeWorkdir(workdir)
 
-	argv := r.argv(t, prog, workdir)
-	stdin := call.Arguments
-	if len(stdin) == 0 {
-		stdin = []byte("{}")
+	var argv []string
+	if r.cfg.Isolation == IsolationBubblewrap {
+		argv = append(r.bwrapArgs(t, workdir), r.env, "-u", "PWD", "--")
 	}
-	o := r.execute(ctx, t, argv, toolEnv(t, call, workdir), workdir, stdin)
-	return interpret(t, call, o)
+	argv = append(argv, r.limitArgs(t, prog)...)
+	p, err := r.start(argv, toolEnv(t, call, workdir), workdir, nil)
+	if err != nil {
+		return interpret(t, call, outcome{startErr: err})
+	}
+	return interpret(t, call, r.finish(ctx, t, p, stdin))
 }
 
 // toolEnv returns the tool's whole environment: nothing of the worker's.
@@ -156,24 +172,19 @@ func under(path, dir string) bool {
 	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
 }
 
-// argv returns the command line of one call: bubblewrap (unless isolation
-// is none), then prlimit with the call's rlimits, then the tool.
-func (r *Runner) argv(t ToolConfig, prog, workdir string) []string {
-	var a []string
-	if r.cfg.Isolation == IsolationBubblewrap {
-		a = append(a, r.bwrapArgs(t, workdir)...)
-		a = append(a, r.env, "-u", "PWD", "--")
-	}
+// limitArgs returns prlimit with the call's rlimits, then the tool: what
+// runs inside the sandbox (or, with isolation none, alone).
+func (r *Runner) limitArgs(t ToolConfig, prog string) []string {
 	l := t.Limits
 	mem := int64(l.MemoryMB) << 20
 	fsize := max(int64(l.OutputKB)<<10, mem)
-	a = append(a, r.prlimit,
-		"--as="+strconv.FormatInt(mem, 10),
+	a := []string{r.prlimit,
+		"--as=" + strconv.FormatInt(mem, 10),
 		fmt.Sprintf("--cpu=%d:%d", l.CPUSeconds, l.CPUSeconds+1),
-		"--nproc="+strconv.Itoa(l.MaxProcs),
-		"--fsize="+strconv.FormatInt(fsize, 10),
+		"--nproc=" + strconv.Itoa(l.MaxProcs),
+		"--fsize=" + strconv.FormatInt(fsize, 10),
 		"--core=0",
-		"--", prog)
+		"--", prog}
 	return append(a, t.Command[1:]...)
 }
 
@@ -214,25 +225,27 @@ func (r *Runner) bwrapArgs(t ToolConfig, workdir string) []string {
 		"--")
 }
 
-// execute starts argv with its pipes, waits for it to end (or kills it on
-// the timeout, ctx's end or too much stdout) and collects what it wrote.
-func (r *Runner) execute(ctx context.Context, t ToolConfig, argv, env []string, workdir string, stdin []byte) (o outcome) {
-	runCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	timer := time.AfterFunc(t.Timeout, func() { cancel(errTimedOut) })
-	defer timer.Stop()
+// proc is a started sandbox (or, with isolation none, process group):
+// bubblewrap or the command, the worker's ends of its pipes, and its exit.
+type proc struct {
+	cmd                   *exec.Cmd
+	bwrap                 bool
+	stdin, stdout, stderr *os.File
+	files                 []*os.File    // every pipe end of the worker's, closed by release
+	inner                 atomic.Int64  // the host pid of the sandbox's init process, once bubblewrap said it
+	done                  chan struct{} // closed once the process has exited and been waited for
+	pgid                  int
+}
 
-	bwrap := r.cfg.Isolation == IsolationBubblewrap
-	var files []*os.File // every pipe end this function opened
-	defer func() {
-		for _, f := range files {
-			_ = f.Close()
-		}
-	}()
+// start starts argv (bubblewrap, or prlimit without isolation) in its own
+// process group with fresh pipes for stdin, stdout and stderr, and extra
+// as file descriptors 4 and on. It does not wait.
+func (r *Runner) start(argv, env []string, workdir string, extra []*os.File) (*proc, error) {
+	p := &proc{bwrap: r.cfg.Isolation == IsolationBubblewrap, done: make(chan struct{})}
 	pipe := func() (*os.File, *os.File, error) {
 		pr, pw, err := os.Pipe()
 		if err == nil {
-			files = append(files, pr, pw)
+			p.files = append(p.files, pr, pw)
 		}
 		return pr, pw, err
 	}
@@ -241,34 +254,91 @@ func (r *Runner) execute(ctx context.Context, t ToolConfig, argv, env []string, 
 	errR, errW, err3 := pipe()
 	infoR, infoW, err4 := pipe()
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
-		return outcome{startErr: err}
+		p.release()
+		return nil, err
 	}
+	p.stdin, p.stdout, p.stderr = inW, outR, errR
 
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = env
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if bwrap {
+	if p.bwrap {
 		cmd.Dir = "/"
-		cmd.ExtraFiles = []*os.File{infoW}
+		cmd.ExtraFiles = append([]*os.File{infoW}, extra...)
 		if r.dropUser {
 			cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(r.uid), Gid: uint32(r.gid), Groups: []uint32{}}
 		}
 	} else {
 		cmd.Dir = workdir
+		cmd.ExtraFiles = extra
 	}
 	if err := cmd.Start(); err != nil {
-		return outcome{startErr: err}
+		p.release()
+		return nil, err
 	}
+	p.cmd, p.pgid = cmd, cmd.Process.Pid
 	// The child holds its ends now.
 	for _, f := range []*os.File{inR, outW, errW, infoW} {
 		_ = f.Close()
 	}
-	pgid := cmd.Process.Pid
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	// bubblewrap reports the host pid of the sandbox's init process: killing
+	// it tears down the whole PID namespace.
+	if p.bwrap {
+		go func() {
+			var info struct {
+				ChildPID int64 `json:"child-pid"`
+			}
+			if json.NewDecoder(infoR).Decode(&info) == nil && info.ChildPID > 0 {
+				p.inner.Store(info.ChildPID)
+			}
+		}()
+	}
+	return p, nil
+}
+
+// exited reports whether the process has exited.
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// release closes the worker's pipe ends.
+func (p *proc) release() {
+	for _, f := range p.files {
+		_ = f.Close()
+	}
+}
+
+// stop kills the sandbox (see kill), waits until it has exited and
+// releases its pipes.
+func (p *proc) stop() {
+	kill(p.pgid, &p.inner, p.done)
+	_ = syscall.Kill(-p.pgid, syscall.SIGKILL)
+	p.release()
+}
+
+// finish writes stdin to a started process, waits for it to end (or kills
+// it on the timeout, ctx's end or too much stdout), collects what it wrote
+// and releases its pipes. The timeout counts from here.
+func (r *Runner) finish(ctx context.Context, t ToolConfig, p *proc, stdin []byte) (o outcome) {
+	defer p.release()
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	timer := time.AfterFunc(t.Timeout, func() { cancel(errTimedOut) })
+	defer timer.Stop()
 
 	go func() {
-		_, _ = inW.Write(stdin)
-		_ = inW.Close()
+		_, _ = p.stdin.Write(stdin)
+		_ = p.stdin.Close()
 	}()
 	type captured struct {
 		data []byte
@@ -276,7 +346,7 @@ func (r *Runner) execute(ctx context.Context, t ToolConfig, argv, env []string, 
 	}
 	stdoutc := make(chan captured, 1)
 	go func() {
-		data, over := readCapped(outR, t.Limits.OutputKB<<10)
+		data, over := readCapped(p.stdout, t.Limits.OutputKB<<10)
 		if over {
 			cancel(errOutputExceeded)
 		}
@@ -284,27 +354,12 @@ func (r *Runner) execute(ctx context.Context, t ToolConfig, argv, env []string, 
 	}()
 	stderrc := make(chan captured, 1)
 	go func() {
-		data, cut := readTail(errR, StderrTailBytes)
+		data, cut := readTail(p.stderr, StderrTailBytes)
 		stderrc <- captured{data, cut}
 	}()
-	// bubblewrap reports the host pid of the sandbox's init process: killing
-	// it tears down the whole PID namespace.
-	var inner atomic.Int64
-	if bwrap {
-		go func() {
-			var info struct {
-				ChildPID int64 `json:"child-pid"`
-			}
-			if json.NewDecoder(infoR).Decode(&info) == nil && info.ChildPID > 0 {
-				inner.Store(info.ChildPID)
-			}
-		}()
-	}
 
-	waitc := make(chan error, 1)
-	go func() { waitc <- cmd.Wait() }()
 	select {
-	case <-waitc:
+	case <-p.done:
 	case <-runCtx.Done():
 		switch cause := context.Cause(runCtx); {
 		case errors.Is(cause, errTimedOut):
@@ -313,15 +368,14 @@ func (r *Runner) execute(ctx context.Context, t ToolConfig, argv, env []string, 
 		default:
 			o.cancelled = cause
 		}
-		kill(pgid, &inner, waitc)
+		kill(p.pgid, &p.inner, p.done)
 	}
-	o.state = cmd.ProcessState
+	o.state = p.cmd.ProcessState
 	// Anything left in the process group (only possible without
 	// bubblewrap): the group outlives its reaped leader only while it has
 	// members, so its id cannot have been reused.
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	_ = inW.Close()
-	_ = infoR.Close()
+	_ = syscall.Kill(-p.pgid, syscall.SIGKILL)
+	_ = p.stdin.Close()
 
 	grace := time.NewTimer(pipeGrace)
 	defer grace.Stop()
@@ -334,8 +388,8 @@ func (r *Runner) execute(ctx context.Context, t ToolConfig, argv, env []string, 
 			got++
 		case <-grace.C:
 			// A process that escaped the kill holds a pipe: stop reading.
-			_ = outR.Close()
-			_ = errR.Close()
+			_ = p.stdout.Close()
+			_ = p.stderr.Close()
 		}
 	}
 	o.stdout, o.stdoutOver = out.data, out.cut
@@ -347,19 +401,19 @@ func (r *Runner) execute(ctx context.Context, t ToolConfig, argv, env []string, 
 // SIGKILL to the sandbox's init process (the kernel then kills every
 // process of its PID namespace and bubblewrap exits), and SIGKILL to the
 // whole process group when that is not known or not enough.
-func kill(pgid int, inner *atomic.Int64, waitc <-chan error) {
+func kill(pgid int, inner *atomic.Int64, done <-chan struct{}) {
 	if pid := inner.Load(); pid > 0 {
 		_ = syscall.Kill(int(pid), syscall.SIGKILL)
 		t := time.NewTimer(killGrace)
 		defer t.Stop()
 		select {
-		case <-waitc:
+		case <-done:
 			return
 		case <-t.C:
 		}
 	}
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	<-waitc
+	<-done
 }
 
 // readCapped reads r to its end, keeping at most limit bytes; over reports

@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/toolbatch/toolbatch/events"
@@ -40,6 +42,10 @@ var (
 	// ErrNoPrlimit: prlimit (util-linux), which sets every tool's rlimits,
 	// is not on PATH.
 	ErrNoPrlimit = errors.New("sandbox: prlimit is not on PATH (install util-linux)")
+	// ErrPrestartBroken: the config pre-starts sandboxes and a trial
+	// pre-started sandbox did not run /bin/true (most often: the program
+	// does not call StageMain first thing in main).
+	ErrPrestartBroken = errors.New("sandbox: pre-started sandboxes do not work in this program (set prestart: 0 to run without them)")
 )
 
 // Call is one attempt of one call, as a worker received it.
@@ -75,8 +81,16 @@ func WithSandboxUser(uid, gid int) Option {
 	return func(r *Runner) { r.uid, r.gid = uid, gid }
 }
 
+// WithPrestartFailureHandler sets a function called (from a goroutine of
+// the Runner) each time a pre-start fails, with the tool and why. Calls
+// are not affected: they start their own sandbox meanwhile.
+func WithPrestartFailureHandler(f func(toolID string, err error)) Option {
+	return func(r *Runner) { r.onPrestartFailure = f }
+}
+
 // Runner runs calls of the tools of one worker config. It is safe for
-// concurrent use; each call has its own sandbox.
+// concurrent use; each call has its own sandbox. A Runner whose config
+// pre-starts sandboxes keeps them running until Close.
 type Runner struct {
 	cfg      Config
 	workRoot string
@@ -91,6 +105,16 @@ type Runner struct {
 	tmpfsSize     bool
 
 	warning string
+
+	// Pre-started sandboxes (see prestart.go): a pool per tool that has
+	// them, and the stage program, opened once.
+	pools             map[string]*pool
+	stageExe          *os.File
+	onPrestartFailure func(toolID string, err error)
+	closeOnce         sync.Once
+	stats             struct {
+		prestarted, fresh, diedBeforeUse, prestartFailures atomic.Int64
+	}
 }
 
 // NewRunner checks the config and this machine and returns a Runner. It
@@ -151,7 +175,119 @@ func NewRunner(cfg Config, opts ...Option) (*Runner, error) {
 	if err := r.findBubblewrap(); err != nil {
 		return nil, err
 	}
+	if err := r.startPools(); err != nil {
+		return nil, err
+	}
+	// Stats counts the calls of Run, not the trials.
+	r.stats.fresh.Store(0)
+	r.stats.diedBeforeUse.Store(0)
 	return r, nil
+}
+
+// startPools checks pre-starting with a trial sandbox and starts filling
+// the pool of every subprocess tool whose prestart is above 0.
+func (r *Runner) startPools() error {
+	var tools []ToolConfig
+	for _, t := range r.cfg.Tools {
+		if !t.IsBuiltin() && t.Prestart != nil && *t.Prestart > 0 {
+			tools = append(tools, t)
+		}
+	}
+	if len(tools) == 0 {
+		return nil
+	}
+	exe, err := os.Executable()
+	if err == nil {
+		r.stageExe, err = os.Open(exe)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: cannot open this program for the stage: %v", ErrPrestartBroken, err)
+	}
+	trial := ToolConfig{ID: "trial", Command: []string{"/bin/true"}, Timeout: 10 * time.Second}.withDefaults()
+	w, err := r.prestart(trial)
+	if err != nil {
+		_ = r.stageExe.Close()
+		return fmt.Errorf("%w: a trial pre-started sandbox: %v", ErrPrestartBroken, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	trialPool := &pool{r: r, t: trial, changed: make(chan struct{}), ready: []*warm{w}}
+	res, _ := trialPool.run(ctx, trial, Call{ToolID: "trial", CallID: "trial", OperationID: "trial/0/trial", Attempt: 1}, w.prog, []byte("{}"))
+	trialPool.close()
+	if !res.ok() {
+		_ = r.stageExe.Close()
+		msg := "it ended before it took the call"
+		if res.Err != nil {
+			msg = res.Err.Message
+		}
+		return fmt.Errorf("%w: a trial pre-started sandbox did not run /bin/true: %s", ErrPrestartBroken, msg)
+	}
+	r.pools = map[string]*pool{}
+	for _, t := range tools {
+		p := newPool(r, t.withDefaults(), *t.Prestart)
+		r.pools[t.ID] = p
+		p.mu.Lock()
+		p.fill()
+		p.mu.Unlock()
+	}
+	return nil
+}
+
+// ok reports whether the result is a successful output.
+func (res Result) ok() bool { return res.Err == nil && res.Output != nil && !res.Output.IsError }
+
+// Close tears down every pre-started sandbox (each is killed, waited for,
+// and its working directory removed) and waits for pre-starts under way.
+// Calls running meanwhile or later start their own sandboxes. Close is
+// safe to call more than once; it returns nil.
+func (r *Runner) Close() error {
+	r.closeOnce.Do(func() {
+		var wg sync.WaitGroup
+		for _, p := range r.pools {
+			wg.Add(1)
+			go func() { defer wg.Done(); p.close() }()
+		}
+		wg.Wait()
+		if r.stageExe != nil {
+			_ = r.stageExe.Close()
+		}
+	})
+	return nil
+}
+
+// WaitPrestarted waits until every tool with pre-started sandboxes has as
+// many ready as its config says, or its last pre-start failed (a tool
+// whose program is missing never has any; Stats counts the failures). It
+// returns ctx's error when ctx ends first, and an error once the Runner is
+// closed.
+func (r *Runner) WaitPrestarted(ctx context.Context) error {
+	for id, p := range r.pools {
+		for {
+			n, changed, closed, failing := p.state()
+			if closed {
+				return errors.New("sandbox: the runner is closed")
+			}
+			if n >= p.want || failing {
+				break
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				return fmt.Errorf("tool %q: %d of %d pre-started sandboxes ready: %w", id, n, p.want, ctx.Err())
+			}
+		}
+	}
+	return nil
+}
+
+// Stats returns what the runner did with its subprocess calls so far.
+func (r *Runner) Stats() Stats {
+	return Stats{
+		Prestarted:       r.stats.prestarted.Load(),
+		Fresh:            r.stats.fresh.Load(),
+		DiedBeforeUse:    r.stats.diedBeforeUse.Load(),
+		PrestartFailures: r.stats.prestartFailures.Load(),
+	}
 }
 
 func (r *Runner) findPrlimit() error {

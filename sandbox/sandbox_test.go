@@ -81,25 +81,79 @@ func load(t *testing.T, dir, yaml string) Config {
 	return cfg
 }
 
+// mode is how a test's runner starts its sandboxes. The containment tests
+// run in both.
+type mode string
+
+const (
+	// fresh: a sandbox started for each call (prestart: 0).
+	fresh mode = "fresh"
+	// prestarted: pre-started sandboxes (the config's default with
+	// bubblewrap); every subprocess call must take one.
+	prestarted mode = "prestarted"
+)
+
+// inModes runs f as a subtest in each mode.
+func inModes(t *testing.T, f func(t *testing.T, m mode)) {
+	t.Helper()
+	for _, m := range []mode{fresh, prestarted} {
+		t.Run(string(m), func(t *testing.T) { f(t, m) })
+	}
+}
+
 // newRunner loads the config and builds a runner whose calls' working
 // directories go to a fresh work root. The tools directory is under /tmp,
 // which the sandbox replaces with its own: every subprocess tool mounts it
-// read-only, as an operator would.
-func newRunner(t *testing.T, yaml string, opts ...Option) (*Runner, string) {
+// read-only, as an operator would. In mode prestarted it waits until the
+// pre-started sandboxes are ready, and at the end of the test checks that
+// every subprocess call took one; in mode fresh, that none did. The runner
+// is closed at the end of the test.
+func newRunner(t *testing.T, m mode, yaml string, opts ...Option) (*Runner, string) {
 	t.Helper()
 	dir := toolsDir(t)
 	workRoot := worldDir(t, false)
 	cfg := load(t, dir, yaml)
 	for i := range cfg.Tools {
-		if !cfg.Tools[i].IsBuiltin() {
-			cfg.Tools[i].Mounts = append(cfg.Tools[i].Mounts, Mount{Path: dir})
+		if cfg.Tools[i].IsBuiltin() {
+			continue
+		}
+		cfg.Tools[i].Mounts = append(cfg.Tools[i].Mounts, Mount{Path: dir})
+		if m == fresh {
+			cfg.Tools[i].Prestart = new(int)
 		}
 	}
 	r, err := NewRunner(cfg, append([]Option{WithWorkRoot(workRoot)}, opts...)...)
 	if err != nil {
 		t.Fatalf("NewRunner: %v", err)
 	}
+	t.Cleanup(func() { _ = r.Close() })
+	t.Cleanup(func() {
+		st := r.Stats()
+		switch {
+		case m == fresh && st.Prestarted > 0:
+			t.Errorf("mode fresh: %d calls took a pre-started sandbox", st.Prestarted)
+		case m == prestarted && cfg.Isolation == IsolationBubblewrap && st.Fresh > 0:
+			t.Errorf("mode prestarted: %d calls started their own sandbox (stats %+v)", st.Fresh, st)
+		}
+	})
+	if m == prestarted {
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		if err := r.WaitPrestarted(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return r, workRoot
+}
+
+// wantCleanedUp closes the runner (tearing down its pre-started
+// sandboxes) and fails unless every working directory is gone.
+func wantCleanedUp(t *testing.T, r *Runner, workRoot string) {
+	t.Helper()
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wantEmpty(t, workRoot)
 }
 
 func run(t *testing.T, r *Runner, tool, args string) Result {
@@ -253,162 +307,175 @@ tools:
 
 func TestEchoScriptAndBuiltins(t *testing.T) {
 	t.Parallel()
-	r, workRoot := newRunner(t, scriptTools)
-	if w := r.Warning(); w != "" {
-		t.Fatalf("bubblewrap runner warns: %s", w)
-	}
+	inModes(t, func(t *testing.T, m mode) {
+		r, workRoot := newRunner(t, m, scriptTools)
+		if w := r.Warning(); w != "" {
+			t.Fatalf("bubblewrap runner warns: %s", w)
+		}
 
-	wantText(t, run(t, r, "cat", `{"text":"héllo"}`), `{"text":"héllo"}`)
-	wantText(t, run(t, r, "cat", ``), `{}`)
-	wantText(t, run(t, r, "echo", `{"a":1}`), `{"a":1}`)
+		wantText(t, run(t, r, "cat", `{"text":"héllo"}`), `{"text":"héllo"}`)
+		wantText(t, run(t, r, "cat", ``), `{}`)
+		wantText(t, run(t, r, "echo", `{"a":1}`), `{"a":1}`)
 
-	o := wantOutput(t, run(t, r, "noop", `{}`))
-	if o.IsError || len(o.Content) != 0 || o.CallID != "call-noop" {
-		t.Fatalf("noop: %+v", o)
-	}
-	wantText(t, run(t, r, "sleep", `{"duration":"5ms"}`), "slept 5ms")
-	wantError(t, run(t, r, "sleep", `{"duration":"1h"}`), events.ErrorExecution, "timed out after 200ms")
-	wantError(t, run(t, r, "sleep", `{"duration":"soon"}`), events.ErrorInvalidArguments, `"soon"`)
-	wantError(t, run(t, r, "nope", `{}`), events.ErrorExecution, `tool "nope" is not served by this worker`)
+		o := wantOutput(t, run(t, r, "noop", `{}`))
+		if o.IsError || len(o.Content) != 0 || o.CallID != "call-noop" {
+			t.Fatalf("noop: %+v", o)
+		}
+		wantText(t, run(t, r, "sleep", `{"duration":"5ms"}`), "slept 5ms")
+		wantError(t, run(t, r, "sleep", `{"duration":"1h"}`), events.ErrorExecution, "timed out after 200ms")
+		wantError(t, run(t, r, "sleep", `{"duration":"soon"}`), events.ErrorInvalidArguments, `"soon"`)
+		wantError(t, run(t, r, "nope", `{}`), events.ErrorExecution, `tool "nope" is not served by this worker`)
 
-	// A fresh, empty working directory that is cwd and HOME, as nobody
-	// when the worker is root, removed afterwards.
-	lines := strings.Split(strings.TrimSpace(wantOutput(t, run(t, r, "workdir", `{}`)).Text()), "\n")
-	if len(lines) != 4 || lines[0] != lines[1] || !strings.HasPrefix(lines[0], workRoot+"/toolbatch-call-") || lines[3] != "toolbatch-sandbox" {
-		t.Fatalf("want [workdir workdir uid hostname] with an empty workdir, got %q", lines)
-	}
-	if os.Geteuid() == 0 && lines[2] != strconv.Itoa(DefaultSandboxUID) {
-		t.Fatalf("tool runs as uid %s, want %d", lines[2], DefaultSandboxUID)
-	}
-	wantEmpty(t, workRoot)
+		// A fresh, empty working directory that is cwd and HOME, as nobody
+		// when the worker is root, removed afterwards.
+		lines := strings.Split(strings.TrimSpace(wantOutput(t, run(t, r, "workdir", `{}`)).Text()), "\n")
+		if len(lines) != 4 || lines[0] != lines[1] || !strings.HasPrefix(lines[0], workRoot+"/toolbatch-call-") || lines[3] != "toolbatch-sandbox" {
+			t.Fatalf("want [workdir workdir uid hostname] with an empty workdir, got %q", lines)
+		}
+		if os.Geteuid() == 0 && lines[2] != strconv.Itoa(DefaultSandboxUID) {
+			t.Fatalf("tool runs as uid %s, want %d", lines[2], DefaultSandboxUID)
+		}
+		wantCleanedUp(t, r, workRoot)
+	})
 }
 
 func TestEnvironmentIsExact(t *testing.T) {
 	// Not parallel: it sets the test process's environment.
 	t.Setenv("TOOLBATCH_TEST_SECRET", "hunter2")
 	t.Setenv("TOOLBATCH_OPERATION_ID", "from-the-worker")
-	r, _ := newRunner(t, scriptTools)
-	res := r.Run(context.Background(), Call{ToolID: "env", CallID: "c7", OperationID: "run-9/4/c7", Attempt: 3, Arguments: []byte(`{}`)})
-	got := strings.Split(strings.TrimSpace(wantOutput(t, res).Text()), "\n")
-	slices.Sort(got)
-	home := ""
-	for _, l := range got {
-		if h, ok := strings.CutPrefix(l, "HOME="); ok {
-			home = h
+	inModes(t, func(t *testing.T, m mode) {
+		r, _ := newRunner(t, m, scriptTools)
+		res := r.Run(context.Background(), Call{ToolID: "env", CallID: "c7", OperationID: "run-9/4/c7", Attempt: 3, Arguments: []byte(`{}`)})
+		got := strings.Split(strings.TrimSpace(wantOutput(t, res).Text()), "\n")
+		slices.Sort(got)
+		home := ""
+		for _, l := range got {
+			if h, ok := strings.CutPrefix(l, "HOME="); ok {
+				home = h
+			}
 		}
-	}
-	want := []string{
-		"EMPTY=",
-		"GREETING=hello world",
-		"HOME=" + home,
-		"LANG=C.UTF-8",
-		"PATH=/usr/local/bin:/usr/bin:/bin",
-		"TOOLBATCH_ATTEMPT=3",
-		"TOOLBATCH_CALL_ID=c7",
-		"TOOLBATCH_OPERATION_ID=run-9/4/c7",
-	}
-	if !slices.Equal(got, want) || !strings.Contains(home, "toolbatch-call-") {
-		t.Fatalf("environment:\n got %q\nwant %q", got, want)
-	}
+		want := []string{
+			"EMPTY=",
+			"GREETING=hello world",
+			"HOME=" + home,
+			"LANG=C.UTF-8",
+			"PATH=/usr/local/bin:/usr/bin:/bin",
+			"TOOLBATCH_ATTEMPT=3",
+			"TOOLBATCH_CALL_ID=c7",
+			"TOOLBATCH_OPERATION_ID=run-9/4/c7",
+		}
+		if !slices.Equal(got, want) || !strings.Contains(home, "toolbatch-call-") {
+			t.Fatalf("environment:\n got %q\nwant %q", got, want)
+		}
+	})
 }
 
 func TestMissingProgram(t *testing.T) {
 	t.Parallel()
-	r, _ := newRunner(t, scriptTools)
-	wantError(t, run(t, r, "missing_abs", `{}`), events.ErrorExecution, "program /nonexistent/tool does not exist")
-	wantError(t, run(t, r, "missing_name", `{}`), events.ErrorExecution, `program "no-such-program-toolbatch" not found in PATH /usr/local/bin:/usr/bin:/bin`)
-	wantError(t, run(t, r, "missing_rel", `{}`), events.ErrorExecution, "no-such-script.sh does not exist")
+	inModes(t, func(t *testing.T, m mode) {
+		r, _ := newRunner(t, m, scriptTools)
+		wantError(t, run(t, r, "missing_abs", `{}`), events.ErrorExecution, "program /nonexistent/tool does not exist")
+		wantError(t, run(t, r, "missing_name", `{}`), events.ErrorExecution, `program "no-such-program-toolbatch" not found in PATH /usr/local/bin:/usr/bin:/bin`)
+		wantError(t, run(t, r, "missing_rel", `{}`), events.ErrorExecution, "no-such-script.sh does not exist")
+	})
 }
 
 func TestNonZeroExitReportsStderrTail(t *testing.T) {
 	t.Parallel()
-	r, _ := newRunner(t, scriptTools)
-	msg := wantError(t, run(t, r, "fail", `{}`), events.ErrorExecution, "exit status 3", "something broke: the disk is full")
-	if !strings.Contains(msg, "noise that scrolls away") {
-		t.Fatalf("short stderr is reported whole:\n%s", msg)
-	}
+	inModes(t, func(t *testing.T, m mode) {
+		r, _ := newRunner(t, m, scriptTools)
+		msg := wantError(t, run(t, r, "fail", `{}`), events.ErrorExecution, "exit status 3", "something broke: the disk is full")
+		if !strings.Contains(msg, "noise that scrolls away") {
+			t.Fatalf("short stderr is reported whole:\n%s", msg)
+		}
+	})
 }
 
 func TestJSONOutput(t *testing.T) {
 	t.Parallel()
-	r, _ := newRunner(t, scriptTools)
+	inModes(t, func(t *testing.T, m mode) {
+		r, _ := newRunner(t, m, scriptTools)
 
-	o := wantOutput(t, run(t, r, "cat_json", `{"content":[{"type":"text","text":"done"},{"type":"json","value":{"b":2,"a":1}}],
+		o := wantOutput(t, run(t, r, "cat_json", `{"content":[{"type":"text","text":"done"},{"type":"json","value":{"b":2,"a":1}}],
 		"state":[{"scope":"run","key":"k","merge":"disjoint","action":"set","value":[1]}]}`))
-	if o.IsError || o.CallID != "call-cat_json" || o.Text() != "done" || len(o.Content) != 2 || string(o.Content[1].Value) != `{"a":1,"b":2}` ||
-		len(o.State) != 1 || string(o.State[0].Value) != `[1]` {
-		t.Fatalf("json output: %+v", o)
-	}
-	o = wantOutput(t, run(t, r, "cat_json", `{"content":[{"type":"text","text":"no such file"}],"is_error":true}`))
-	if !o.IsError || o.Text() != "no such file" {
-		t.Fatalf("tool's own error output: %+v", o)
-	}
-
-	for _, c := range []struct{ stdout, problem string }{
-		{``, "{}"}, // the runner sends {} for empty arguments: a valid, empty output
-		{`[1]`, "stdout is not a JSON object"},
-		{`{"content":"done"}`, "cannot unmarshal string"},
-		{`{"contents":[]}`, `unknown field "contents"`},
-		{`{"content":[{"type":"bogus"}]}`, `unknown content block type "bogus"`},
-		{`{"content":[{"type":"text","text":"a","extra":1}]}`, `extra`},
-		{`{"is_error":"yes"}`, "cannot unmarshal string"},
-		{`{"state":[{"scope":"galaxy","key":"k","merge":"disjoint","action":"set"}]}`, `state[0]: command scope "galaxy"`},
-		{`{} {}`, "more than one JSON value"},
-		{`{"content":[`, "unexpected EOF"},
-		{`{"call_id":"c"}`, `unknown field "call_id"`},
-	} {
-		res := run(t, r, "cat_json", c.stdout)
-		if c.problem == "{}" {
-			wantOutput(t, res)
-			continue
+		if o.IsError || o.CallID != "call-cat_json" || o.Text() != "done" || len(o.Content) != 2 || string(o.Content[1].Value) != `{"a":1,"b":2}` ||
+			len(o.State) != 1 || string(o.State[0].Value) != `[1]` {
+			t.Fatalf("json output: %+v", o)
 		}
-		wantError(t, res, events.ErrorExecution, "malformed JSON output: ", c.problem)
-	}
+		o = wantOutput(t, run(t, r, "cat_json", `{"content":[{"type":"text","text":"no such file"}],"is_error":true}`))
+		if !o.IsError || o.Text() != "no such file" {
+			t.Fatalf("tool's own error output: %+v", o)
+		}
+
+		for _, c := range []struct{ stdout, problem string }{
+			{``, "{}"}, // the runner sends {} for empty arguments: a valid, empty output
+			{`[1]`, "stdout is not a JSON object"},
+			{`{"content":"done"}`, "cannot unmarshal string"},
+			{`{"contents":[]}`, `unknown field "contents"`},
+			{`{"content":[{"type":"bogus"}]}`, `unknown content block type "bogus"`},
+			{`{"content":[{"type":"text","text":"a","extra":1}]}`, `extra`},
+			{`{"is_error":"yes"}`, "cannot unmarshal string"},
+			{`{"state":[{"scope":"galaxy","key":"k","merge":"disjoint","action":"set"}]}`, `state[0]: command scope "galaxy"`},
+			{`{} {}`, "more than one JSON value"},
+			{`{"content":[`, "unexpected EOF"},
+			{`{"call_id":"c"}`, `unknown field "call_id"`},
+		} {
+			res := run(t, r, "cat_json", c.stdout)
+			if c.problem == "{}" {
+				wantOutput(t, res)
+				continue
+			}
+			wantError(t, res, events.ErrorExecution, "malformed JSON output: ", c.problem)
+		}
+	})
 }
 
 func TestWritesOutsideTheWorkdirFail(t *testing.T) {
 	t.Parallel()
-	r, workRoot := newRunner(t, `
+	inModes(t, func(t *testing.T, m mode) {
+		r, workRoot := newRunner(t, m, `
 tools:
   - id: escape
     command: [/bin/sh, ./escape.sh]
 `)
-	got := strings.Split(strings.TrimSpace(wantOutput(t, run(t, r, "escape", `{}`)).Text()), "\n")
-	want := []string{
-		// ../ of the working directory is inside the sandbox's private
-		// /tmp (or a read-only directory): checked on the host below.
-		"dotdot ok",
-		"dotdot2 failed",
-		"etc failed",
-		"usr failed",
-		"home ok",
-		"cwd ok",
-		"readback ok",
-	}
-	if os.Geteuid() != 0 || !under(workRoot, "/tmp") {
-		want[0] = got[0] // outside /tmp the parent is read-only: either is fine
-	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("escape attempts:\n got %q\nwant %q", got, want)
-	}
-	for _, p := range []string{filepath.Join(workRoot, "escape-dotdot"), "/etc/escape-dotdot2", "/etc/toolbatch-escape", "/usr/toolbatch-escape"} {
-		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("the tool wrote %s on the host (%v)", p, err)
+		got := strings.Split(strings.TrimSpace(wantOutput(t, run(t, r, "escape", `{}`)).Text()), "\n")
+		want := []string{
+			// ../ of the working directory is inside the sandbox's private
+			// /tmp (or a read-only directory): checked on the host below.
+			"dotdot ok",
+			"dotdot2 failed",
+			"etc failed",
+			"usr failed",
+			"home ok",
+			"cwd ok",
+			"readback ok",
 		}
-	}
-	wantEmpty(t, workRoot)
+		if os.Geteuid() != 0 || !under(workRoot, "/tmp") {
+			want[0] = got[0] // outside /tmp the parent is read-only: either is fine
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("escape attempts:\n got %q\nwant %q", got, want)
+		}
+		for _, p := range []string{filepath.Join(workRoot, "escape-dotdot"), "/etc/escape-dotdot2", "/etc/toolbatch-escape", "/usr/toolbatch-escape"} {
+			if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the tool wrote %s on the host (%v)", p, err)
+			}
+		}
+		wantCleanedUp(t, r, workRoot)
+	})
 }
 
 func TestMounts(t *testing.T) {
 	t.Parallel()
-	shared := worldDir(t, true) // under /tmp: seen through the private /tmp
-	readOnly := worldDir(t, true)
-	for _, d := range []string{shared, readOnly} {
-		if err := os.WriteFile(filepath.Join(d, "in.txt"), []byte("from the host\n"), 0o644); err != nil {
-			t.Fatal(err)
+	inModes(t, func(t *testing.T, m mode) {
+		shared := worldDir(t, true) // under /tmp: seen through the private /tmp
+		readOnly := worldDir(t, true)
+		for _, d := range []string{shared, readOnly} {
+			if err := os.WriteFile(filepath.Join(d, "in.txt"), []byte("from the host\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	r, _ := newRunner(t, fmt.Sprintf(`
+		r, _ := newRunner(t, m, fmt.Sprintf(`
 tools:
   - id: rw
     command: [/bin/sh, ./mount.sh, %[1]s, scratch]
@@ -420,31 +487,33 @@ tools:
     command: [/bin/sh, -c, 'ls %[1]s/in.txt /tmp/scratch 2>&1 || true']
 `, shared, readOnly))
 
-	wantText(t, run(t, r, "rw", `{}`), "from the host\ntmp works\n")
-	wantText(t, run(t, r, "rw", `{}`), "from the host\ntmp works\n") // /tmp/scratch was private to the first call
-	out, err := os.ReadFile(filepath.Join(shared, "out.txt"))
-	if err != nil || string(out) != "appended by call-rw\nappended by call-rw\n" {
-		t.Fatalf("writable mount: %q, %v", out, err)
-	}
-	wantText(t, run(t, r, "ro", `{}`), "from the host\nwrite failed\n")
-	if _, err := os.Stat(filepath.Join(readOnly, "written.txt")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("read-only mount was written: %v", err)
-	}
-	// A tool without the mount sees neither it nor another call's /tmp.
-	if o := wantOutput(t, run(t, r, "none", `{}`)).Text(); strings.Count(o, "No such file") != 2 {
-		t.Fatalf("a tool sees what it should not:\n%s", o)
-	}
+		wantText(t, run(t, r, "rw", `{}`), "from the host\ntmp works\n")
+		wantText(t, run(t, r, "rw", `{}`), "from the host\ntmp works\n") // /tmp/scratch was private to the first call
+		out, err := os.ReadFile(filepath.Join(shared, "out.txt"))
+		if err != nil || string(out) != "appended by call-rw\nappended by call-rw\n" {
+			t.Fatalf("writable mount: %q, %v", out, err)
+		}
+		wantText(t, run(t, r, "ro", `{}`), "from the host\nwrite failed\n")
+		if _, err := os.Stat(filepath.Join(readOnly, "written.txt")); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("read-only mount was written: %v", err)
+		}
+		// A tool without the mount sees neither it nor another call's /tmp.
+		if o := wantOutput(t, run(t, r, "none", `{}`)).Text(); strings.Count(o, "No such file") != 2 {
+			t.Fatalf("a tool sees what it should not:\n%s", o)
+		}
+	})
 }
 
 func TestNetwork(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	port := l.Addr().(*net.TCPAddr).Port
-	r, _ := newRunner(t, `
+	inModes(t, func(t *testing.T, m mode) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		port := l.Addr().(*net.TCPAddr).Port
+		r, _ := newRunner(t, m, `
 tools:
   - id: offline
     command: [python3, ./connect.py]
@@ -452,73 +521,79 @@ tools:
     command: [python3, ./connect.py]
     limits: {network: true}
 `)
-	args := fmt.Sprintf(`{"port":%d}`, port)
+		args := fmt.Sprintf(`{"port":%d}`, port)
 
-	// accepted reports whether a connection is waiting: the tool has ended,
-	// so a connection it made is already in the backlog.
-	accepted := func() (string, bool) {
-		if err := l.(*net.TCPListener).SetDeadline(time.Now().Add(100 * time.Millisecond)); err != nil {
-			t.Fatal(err)
+		// accepted reports whether a connection is waiting: the tool has ended,
+		// so a connection it made is already in the backlog.
+		accepted := func() (string, bool) {
+			if err := l.(*net.TCPListener).SetDeadline(time.Now().Add(100 * time.Millisecond)); err != nil {
+				t.Fatal(err)
+			}
+			c, err := l.Accept()
+			if err != nil {
+				return "", false
+			}
+			defer c.Close()
+			if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 64)
+			n, _ := c.Read(buf)
+			return string(buf[:n]), true
 		}
-		c, err := l.Accept()
-		if err != nil {
-			return "", false
-		}
-		defer c.Close()
-		if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
-			t.Fatal(err)
-		}
-		buf := make([]byte, 64)
-		n, _ := c.Read(buf)
-		return string(buf[:n]), true
-	}
 
-	if o := wantOutput(t, run(t, r, "offline", args)).Text(); !strings.HasPrefix(o, "failed:") {
-		t.Fatalf("network false: %q", o)
-	}
-	if msg, ok := accepted(); ok {
-		t.Fatalf("network false: a connection arrived at the listener: %q", msg)
-	}
-	// The control: the same tool with the network reaches the listener.
-	wantText(t, run(t, r, "online", args), "connected\n")
-	if msg, ok := accepted(); !ok || msg != "hello from the sandbox\n" {
-		t.Fatalf("network true: no connection arrived (%q)", msg)
-	}
+		if o := wantOutput(t, run(t, r, "offline", args)).Text(); !strings.HasPrefix(o, "failed:") {
+			t.Fatalf("network false: %q", o)
+		}
+		if msg, ok := accepted(); ok {
+			t.Fatalf("network false: a connection arrived at the listener: %q", msg)
+		}
+		// The control: the same tool with the network reaches the listener.
+		wantText(t, run(t, r, "online", args), "connected\n")
+		if msg, ok := accepted(); !ok || msg != "hello from the sandbox\n" {
+			t.Fatalf("network true: no connection arrived (%q)", msg)
+		}
+	})
 }
 
 func TestInfiniteLoopIsKilledAtTheTimeout(t *testing.T) {
 	t.Parallel()
-	r, workRoot := newRunner(t, `
+	inModes(t, func(t *testing.T, m mode) {
+		r, workRoot := newRunner(t, m, `
 tools:
   - id: loop
     command: [/bin/sh, ./loop.sh]
     timeout: 1s
 `)
-	start := time.Now()
-	wantError(t, run(t, r, "loop", `{}`), events.ErrorExecution, "timed out after 1s")
-	if d := time.Since(start); d > 10*time.Second {
-		t.Fatalf("the loop ran %s", d)
-	}
-	wantEmpty(t, workRoot)
+		start := time.Now()
+		wantError(t, run(t, r, "loop", `{}`), events.ErrorExecution, "timed out after 1s")
+		if d := time.Since(start); d > 10*time.Second {
+			t.Fatalf("the loop ran %s", d)
+		}
+		wantCleanedUp(t, r, workRoot)
+	})
 }
 
 func TestCancelKillsTheTool(t *testing.T) {
 	t.Parallel()
-	r, _ := newRunner(t, `
+	inModes(t, func(t *testing.T, m mode) {
+		r, _ := newRunner(t, m, `
 tools:
   - id: loop
     command: [/bin/sh, ./loop.sh]
     timeout: 1m
 `)
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	defer cancel()
-	res := r.Run(ctx, Call{ToolID: "loop", CallID: "c", OperationID: "r/1/c", Attempt: 1})
-	wantError(t, res, events.ErrorExecution, "interrupted", "deadline exceeded")
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		res := r.Run(ctx, Call{ToolID: "loop", CallID: "c", OperationID: "r/1/c", Attempt: 1})
+		wantError(t, res, events.ErrorExecution, "interrupted", "deadline exceeded")
+	})
 }
 
 func TestForkBombIsContained(t *testing.T) {
 	// Not parallel: it counts the sandbox user's processes.
-	r, _ := newRunner(t, `
+	inModes(t, func(t *testing.T, m mode) {
+		r, _ := newRunner(t, m, `
 tools:
   - id: bomb
     command: [/bin/bash, ./forkbomb.sh]
@@ -528,57 +603,65 @@ tools:
     command: [python3, ./forkcount.py]
     limits: {max_procs: 32}
 `, WithSandboxUser(countUID, countUID))
-	before := sandboxProcs(t)
-	start := time.Now()
-	wantError(t, run(t, r, "bomb", `{}`), events.ErrorExecution, "timed out after 2s")
-	if d := time.Since(start); d > 15*time.Second {
-		t.Fatalf("the fork bomb ran %s", d)
-	}
-	eventually(t, 10*time.Second, "the fork bomb's processes are gone", func() bool { return sandboxProcs(t) <= before })
-	if err := exec.Command("/bin/true").Run(); err != nil {
-		t.Fatalf("the test process cannot fork after the bomb: %v", err)
-	}
-
-	// The cap itself: a tool forks until it cannot (bwrap's init process
-	// and the tool count too). Three calls at once each get the whole cap:
-	// it is counted per call's user namespace, not per uid.
-	counts := make(chan string, 3)
-	for range 3 {
-		go func() {
-			res := r.Run(context.Background(), Call{ToolID: "count", CallID: "c", OperationID: "r/1/c", Attempt: 1})
-			if res.Err != nil {
-				counts <- "error: " + res.Err.Message
-				return
-			}
-			counts <- res.Output.Text()
-		}()
-	}
-	for range 3 {
-		f := strings.Fields(<-counts)
-		t.Logf("forked before the cap: %q", f)
-		n, err := strconv.Atoi(f[0])
-		if err != nil || n >= 32 || n < 24 {
-			t.Fatalf("forked %q before the cap of 32", f)
+		before := sandboxProcs(t)
+		start := time.Now()
+		wantError(t, run(t, r, "bomb", `{}`), events.ErrorExecution, "timed out after 2s")
+		if d := time.Since(start); d > 15*time.Second {
+			t.Fatalf("the fork bomb ran %s", d)
 		}
-	}
-	eventually(t, 10*time.Second, "the counted processes are gone", func() bool { return sandboxProcs(t) <= before })
+		eventually(t, 10*time.Second, "the fork bomb's processes are gone", func() bool { return sandboxProcs(t) <= before })
+		if err := exec.Command("/bin/true").Run(); err != nil {
+			t.Fatalf("the test process cannot fork after the bomb: %v", err)
+		}
+
+		// The cap itself: a tool forks until it cannot (bwrap's init process
+		// and the tool count too). Three calls at once each get the whole cap:
+		// it is counted per call's user namespace, not per uid.
+		counts := make(chan string, 3)
+		for range 3 {
+			go func() {
+				res := r.Run(context.Background(), Call{ToolID: "count", CallID: "c", OperationID: "r/1/c", Attempt: 1})
+				if res.Err != nil {
+					counts <- "error: " + res.Err.Message
+					return
+				}
+				counts <- res.Output.Text()
+			}()
+		}
+		for range 3 {
+			f := strings.Fields(<-counts)
+			t.Logf("forked before the cap: %q", f)
+			n, err := strconv.Atoi(f[0])
+			if err != nil || n >= 32 || n < 24 {
+				t.Fatalf("forked %q before the cap of 32", f)
+			}
+		}
+		eventually(t, 10*time.Second, "the counted processes are gone", func() bool { return sandboxProcs(t) <= before })
+	})
 }
 
-// TestMain lets the test binary play a worker that runs one call and is
-// then killed (see TestSandboxDiesWithTheWorker).
+// TestMain lets the test binary be the stage of pre-started sandboxes,
+// and play a worker that runs one call and is then killed (see
+// TestSandboxDiesWithTheWorker).
 func TestMain(m *testing.M) {
+	StageMain()
 	if cfgPath := os.Getenv("TOOLBATCH_SANDBOX_TEST_WORKER"); cfgPath != "" {
 		countUID, _ = strconv.Atoi(os.Getenv("TOOLBATCH_SANDBOX_TEST_UID"))
-		os.Exit(helperWorker(cfgPath, os.Getenv("TOOLBATCH_SANDBOX_TEST_WORK_ROOT")))
+		os.Exit(helperWorker(cfgPath, os.Getenv("TOOLBATCH_SANDBOX_TEST_WORK_ROOT"), mode(os.Getenv("TOOLBATCH_SANDBOX_TEST_MODE"))))
 	}
 	os.Exit(m.Run())
 }
 
-func helperWorker(cfgPath, workRoot string) int {
+func helperWorker(cfgPath, workRoot string, m mode) int {
 	cfg, err := LoadConfig(cfgPath)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
+	}
+	if m == fresh {
+		for i := range cfg.Tools {
+			cfg.Tools[i].Prestart = new(int)
+		}
 	}
 	r, err := NewRunner(cfg, WithWorkRoot(workRoot), WithSandboxUser(countUID, countUID))
 	if err != nil {
@@ -592,54 +675,66 @@ func helperWorker(cfgPath, workRoot string) int {
 
 func TestSandboxDiesWithTheWorker(t *testing.T) {
 	// Not parallel: it counts the sandbox user's processes.
-	dir := toolsDir(t)
-	shared := worldDir(t, true)
-	cfgPath := filepath.Join(dir, "worker.yaml")
-	if err := os.WriteFile(cfgPath, []byte(fmt.Sprintf(`
+	inModes(t, func(t *testing.T, m mode) {
+		dir := toolsDir(t)
+		shared := worldDir(t, true)
+		cfgPath := filepath.Join(dir, "worker.yaml")
+		if err := os.WriteFile(cfgPath, []byte(fmt.Sprintf(`
 tools:
   - id: hang
     command: [/bin/sh, -c, 'sleep 1000 & sleep 1000 & touch %[1]s/started; wait']
     timeout: 1h
     mounts: [{path: %[1]s, writable: true}]
 `, shared)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	before := sandboxProcs(t)
-	worker := exec.Command(os.Args[0], "-test.run=^$")
-	// A killed worker cannot remove its call's working directory: keep it
-	// where the test's cleanup removes it.
-	workRoot := worldDir(t, false)
-	worker.Env = append(os.Environ(), "TOOLBATCH_SANDBOX_TEST_WORKER="+cfgPath, "TOOLBATCH_SANDBOX_TEST_WORK_ROOT="+workRoot,
-		"TOOLBATCH_SANDBOX_TEST_UID="+strconv.Itoa(countUID))
-	var stderr strings.Builder
-	worker.Stderr = &stderr
-	if err := worker.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = worker.Wait(); close(exited) }()
-	eventually(t, 20*time.Second, "the tool started", func() bool {
-		select {
-		case <-exited:
-			t.Fatalf("the worker exited early: %s", stderr.String())
-		default:
+			t.Fatal(err)
 		}
-		_, err := os.Stat(filepath.Join(shared, "started"))
-		return err == nil
+		before := sandboxProcs(t)
+		worker := exec.Command(os.Args[0], "-test.run=^$")
+		// A killed worker cannot remove its call's working directory: keep it
+		// where the test's cleanup removes it.
+		workRoot := worldDir(t, false)
+		worker.Env = append(os.Environ(), "TOOLBATCH_SANDBOX_TEST_WORKER="+cfgPath, "TOOLBATCH_SANDBOX_TEST_WORK_ROOT="+workRoot,
+			"TOOLBATCH_SANDBOX_TEST_UID="+strconv.Itoa(countUID), "TOOLBATCH_SANDBOX_TEST_MODE="+string(m))
+		var stderr strings.Builder
+		worker.Stderr = &stderr
+		if err := worker.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan struct{})
+		go func() { _ = worker.Wait(); close(exited) }()
+		t.Cleanup(func() { _ = worker.Process.Kill(); <-exited })
+		eventually(t, 20*time.Second, "the tool started", func() bool {
+			select {
+			case <-exited:
+				t.Fatalf("the worker exited early: %s", stderr.String())
+			default:
+			}
+			_, err := os.Stat(filepath.Join(shared, "started"))
+			return err == nil
+		})
+		// bwrap, its init, the shell and two sleeps; in mode prestarted also
+		// the pre-started sandboxes (bwrap, init and the stage each).
+		want := before + 5
+		if m == prestarted {
+			want += 3 * DefaultPrestart
+		}
+		got := 0
+		eventually(t, 20*time.Second, fmt.Sprintf("%d sandbox processes while the tool runs", want-before), func() bool {
+			got = sandboxProcs(t)
+			return got >= want
+		})
+		if err := worker.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		<-exited
+		eventually(t, 10*time.Second, "the sandboxes died with their worker", func() bool { return sandboxProcs(t) <= before })
 	})
-	if n := sandboxProcs(t); n < before+3 {
-		t.Fatalf("%d sandbox processes while the tool runs, want at least %d", n, before+3)
-	}
-	if err := worker.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	<-exited
-	eventually(t, 10*time.Second, "the sandbox died with its worker", func() bool { return sandboxProcs(t) <= before })
 }
 
 func TestHugeOutputIsCapped(t *testing.T) {
 	t.Parallel()
-	r, _ := newRunner(t, `
+	inModes(t, func(t *testing.T, m mode) {
+		r, _ := newRunner(t, m, `
 tools:
   - id: big
     command: [/bin/sh, ./bigout.sh]
@@ -650,18 +745,20 @@ tools:
     command: [/bin/sh, -c, 'head -c 2048 /dev/zero | tr "\0" x']
     limits: {output_kb: 2}
 `)
-	start := time.Now()
-	wantError(t, run(t, r, "big", `{}`), events.ErrorExecution, "output exceeded 256 KiB")
-	if d := time.Since(start); d > 10*time.Second {
-		t.Fatalf("1 GiB of output took %s to stop", d)
-	}
-	wantError(t, run(t, r, "small_cap", `{}`), events.ErrorExecution, "output exceeded 2 KiB")
-	wantText(t, run(t, r, "exact_cap", `{}`), strings.Repeat("x", 2048))
+		start := time.Now()
+		wantError(t, run(t, r, "big", `{}`), events.ErrorExecution, "output exceeded 256 KiB")
+		if d := time.Since(start); d > 10*time.Second {
+			t.Fatalf("1 GiB of output took %s to stop", d)
+		}
+		wantError(t, run(t, r, "small_cap", `{}`), events.ErrorExecution, "output exceeded 2 KiB")
+		wantText(t, run(t, r, "exact_cap", `{}`), strings.Repeat("x", 2048))
+	})
 }
 
 func TestMemoryAndCPULimits(t *testing.T) {
 	t.Parallel()
-	r, _ := newRunner(t, `
+	inModes(t, func(t *testing.T, m mode) {
+		r, _ := newRunner(t, m, `
 tools:
   - id: mem
     command: [python3, ./memory.py]
@@ -674,20 +771,21 @@ tools:
     command: [/bin/sh, -c, 'head -c 17000000 /dev/zero > f']
     limits: {memory_mb: 16}
 `)
-	wantText(t, run(t, r, "mem", `{"mb":8}`), "allocated 8 MiB\n")
-	wantError(t, run(t, r, "mem", `{"mb":256}`), events.ErrorExecution, "exit status 1", "MemoryError")
-	start := time.Now()
-	wantError(t, run(t, r, "spin", `{}`), events.ErrorExecution, "exit status 152", "CPU time limit exceeded", "limits.cpu_seconds is 1")
-	if d := time.Since(start); d > 15*time.Second {
-		t.Fatalf("a CPU limit of 1s took %s", d)
-	}
-	wantError(t, run(t, r, "bigfile", `{}`), events.ErrorExecution, "file size limit exceeded", "no file may exceed 16777216 bytes")
+		wantText(t, run(t, r, "mem", `{"mb":8}`), "allocated 8 MiB\n")
+		wantError(t, run(t, r, "mem", `{"mb":256}`), events.ErrorExecution, "exit status 1", "MemoryError")
+		start := time.Now()
+		wantError(t, run(t, r, "spin", `{}`), events.ErrorExecution, "exit status 152", "CPU time limit exceeded", "limits.cpu_seconds is 1")
+		if d := time.Since(start); d > 15*time.Second {
+			t.Fatalf("a CPU limit of 1s took %s", d)
+		}
+		wantError(t, run(t, r, "bigfile", `{}`), events.ErrorExecution, "file size limit exceeded", "no file may exceed 16777216 bytes")
+	})
 }
 
 func TestIsolationNone(t *testing.T) {
 	// Not parallel: it sets the test process's environment.
 	t.Setenv("TOOLBATCH_TEST_SECRET", "hunter2")
-	r, workRoot := newRunner(t, `
+	r, workRoot := newRunner(t, fresh, `
 isolation: none
 tools:
   - id: cat
@@ -710,7 +808,7 @@ tools:
 		t.Fatalf("environment without isolation:\n%s", env)
 	}
 	wantError(t, run(t, r, "loop", `{}`), events.ErrorExecution, "timed out after 300ms")
-	wantEmpty(t, workRoot)
+	wantCleanedUp(t, r, workRoot)
 }
 
 func TestNewRunnerRefuses(t *testing.T) {
@@ -719,12 +817,15 @@ func TestNewRunnerRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	none, err := ParseConfig([]byte("isolation: none\ntools: [{id: t, command: [/bin/true]}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Setenv("PATH", worldDir(t, false))
 	if _, err := NewRunner(cfg); !errors.Is(err, ErrNoBubblewrap) {
 		t.Fatalf("without bwrap on PATH: %v", err)
 	}
-	cfg.Isolation = IsolationNone
-	if _, err := NewRunner(cfg); !errors.Is(err, ErrNoPrlimit) {
+	if _, err := NewRunner(none); !errors.Is(err, ErrNoPrlimit) {
 		t.Fatalf("without prlimit on PATH: %v", err)
 	}
 	// Builtins need neither.

@@ -1,0 +1,420 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// A pre-started sandbox is one call's sandbox, built before the call
+// arrives: bubblewrap with the tool's namespaces, mounts and a fresh
+// working directory, whose first process (the stage, see StageMain) waits
+// for the call's environment and then execs exactly the command line a
+// sandbox started for the call runs (prlimit, then the tool). It serves one
+// call and is torn down after; the pool starts a replacement at once.
+//
+// The states of one pre-started sandbox:
+//
+//	starting ── stage said 'R' ──> ready ── taken by a call ──> handed over ── stage said 'G' ──> running the call ──> gone
+//	    │                            │                              │
+//	    └─ died / too slow ──> gone  └─ pool closed ──> gone        └─ died before 'G' ──> gone (the call starts its own sandbox)
+
+// Settings of pre-starting.
+const (
+	// prestartTimeout bounds one pre-start: bubblewrap's setup and the
+	// stage's start. A sandbox not waiting by then is torn down.
+	prestartTimeout = 10 * time.Second
+	// prestartBackoffMin and prestartBackoffMax bound the wait before a
+	// pre-start is retried after one failed: calls meanwhile start their
+	// own sandboxes, which report the problem as their result.
+	prestartBackoffMin = 100 * time.Millisecond
+	prestartBackoffMax = 30 * time.Second
+)
+
+// errDiedBeforeUse: a pre-started sandbox ended before it took its call.
+var errDiedBeforeUse = errors.New("sandbox: the pre-started sandbox ended before it took its call")
+
+// Stats counts what a Runner did with its subprocess calls.
+type Stats struct {
+	// Prestarted is how many calls ran in a pre-started sandbox.
+	Prestarted int64
+	// Fresh is how many calls ran in a sandbox started for them.
+	Fresh int64
+	// DiedBeforeUse is how many pre-started sandboxes had ended when a
+	// call took them; the call then took another one or started its own.
+	DiedBeforeUse int64
+	// PrestartFailures is how many pre-starts failed (bubblewrap or the
+	// stage did not come up).
+	PrestartFailures int64
+}
+
+// warm is a pre-started sandbox.
+type warm struct {
+	p       *proc
+	workdir string
+	prog    string   // the program its command line runs
+	control *os.File // the worker's end of the control pipe
+	status  *os.File // the worker's end of the status pipe
+}
+
+// teardown kills the sandbox, waits until it has exited, and removes its
+// working directory.
+func (w *warm) teardown() {
+	_ = w.control.Close()
+	w.p.stop()
+	_ = w.status.Close()
+	removeWorkdir(w.workdir)
+}
+
+// pool keeps up to want pre-started sandboxes of one tool. Calls take a
+// ready one, or wait for one being started when there are more starts
+// under way than calls waiting; otherwise they start their own.
+type pool struct {
+	r    *Runner
+	t    ToolConfig
+	want int
+
+	mu       sync.Mutex
+	ready    []*warm
+	starting int
+	waiters  []chan *warm // calls waiting for a start under way; nil: start your own
+	closed   bool
+	failures int           // consecutive failed pre-starts
+	retry    *time.Timer   // a pending retry after a failure
+	changed  chan struct{} // closed and replaced when ready or closed changes
+	wg       sync.WaitGroup
+}
+
+func newPool(r *Runner, t ToolConfig, want int) *pool {
+	return &pool{r: r, t: t, want: want, changed: make(chan struct{})}
+}
+
+// notify wakes WaitPrestarted; mu is held.
+func (p *pool) notify() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// fill starts pre-starts until the ready sandboxes and the starts under
+// way, less those promised to waiting calls, make want; mu is held. After
+// a failure it waits for the retry timer.
+func (p *pool) fill() {
+	if p.closed || p.retry != nil {
+		return
+	}
+	for len(p.ready)+p.starting-len(p.waiters) < p.want {
+		p.starting++
+		p.wg.Add(1)
+		go p.prestart()
+	}
+}
+
+// prestart builds one sandbox and hands it to a waiting call or the ready
+// list.
+func (p *pool) prestart() {
+	defer p.wg.Done()
+	w, err := p.r.prestart(p.t)
+	if err != nil {
+		p.r.stats.prestartFailures.Add(1)
+		if p.r.onPrestartFailure != nil {
+			p.r.onPrestartFailure(p.t.ID, err)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.starting--
+	if err != nil {
+		p.failures++
+		p.notify()
+		// A call waiting for a start that will not come starts its own.
+		if len(p.waiters) > p.starting {
+			p.waiters[0] <- nil
+			p.waiters = p.waiters[1:]
+		}
+		if !p.closed && p.retry == nil {
+			backoff := min(prestartBackoffMin<<min(p.failures-1, 16), prestartBackoffMax)
+			p.retry = time.AfterFunc(backoff, func() {
+				p.mu.Lock()
+				defer p.mu.Unlock()
+				p.retry = nil
+				p.fill()
+			})
+		}
+		return
+	}
+	p.failures = 0
+	if p.closed {
+		p.wg.Add(1)
+		go func() { defer p.wg.Done(); w.teardown() }()
+		return
+	}
+	if len(p.waiters) > 0 {
+		p.waiters[0] <- w
+		p.waiters = p.waiters[1:]
+		return
+	}
+	p.ready = append(p.ready, w)
+	p.notify()
+}
+
+// take returns a live pre-started sandbox, waiting for one under way if
+// that is the case, or nil: the call starts its own. Every sandbox it
+// takes is replaced.
+func (p *pool) take(ctx context.Context) *warm {
+	for {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil
+		}
+		var w *warm
+		var wait chan *warm
+		switch {
+		case len(p.ready) > 0:
+			w = p.ready[0]
+			p.ready = p.ready[1:]
+		case p.starting > len(p.waiters):
+			wait = make(chan *warm, 1)
+			p.waiters = append(p.waiters, wait)
+		}
+		p.fill()
+		p.mu.Unlock()
+		if wait != nil {
+			select {
+			case w = <-wait:
+			case <-ctx.Done():
+				p.mu.Lock()
+				for i, c := range p.waiters {
+					if c == wait {
+						p.waiters = append(p.waiters[:i], p.waiters[i+1:]...)
+						break
+					}
+				}
+				p.mu.Unlock()
+				// A sandbox handed over meanwhile goes back to the pool.
+				select {
+				case w = <-wait:
+				default:
+				}
+				if w != nil {
+					p.putBack(w)
+				}
+				return nil
+			}
+		}
+		if w == nil {
+			return nil
+		}
+		if !w.p.exited() {
+			return w
+		}
+		p.r.stats.diedBeforeUse.Add(1)
+		p.discard(w)
+	}
+}
+
+// putBack returns an unused sandbox to the ready list.
+func (p *pool) putBack(w *warm) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		p.wg.Add(1)
+		go func() { defer p.wg.Done(); w.teardown() }()
+		return
+	}
+	p.ready = append(p.ready, w)
+	p.notify()
+}
+
+// discard tears a sandbox down in the background.
+func (p *pool) discard(w *warm) {
+	p.wg.Add(1)
+	go func() { defer p.wg.Done(); w.teardown() }()
+}
+
+// run runs the call in a pre-started sandbox. ok is false when there was
+// none or it ended before it took the call: the caller then starts a
+// sandbox for the call.
+func (p *pool) run(ctx context.Context, t ToolConfig, call Call, prog string, stdin []byte) (res Result, ok bool) {
+	for {
+		w := p.take(ctx)
+		if w == nil {
+			return Result{}, false
+		}
+		if w.prog != prog {
+			// The program moved since the sandbox was started (PATH lookup).
+			p.discard(w)
+			continue
+		}
+		err := w.handOver(ctx, toolEnv(t, call, w.workdir))
+		switch {
+		case errors.Is(err, errDiedBeforeUse):
+			p.r.stats.diedBeforeUse.Add(1)
+			p.discard(w)
+			continue
+		case err != nil:
+			w.teardown()
+			return failure(events.ErrorExecution, "interrupted: %v", err), true
+		}
+		o := p.r.finish(ctx, t, w.p, stdin)
+		_ = w.status.Close()
+		removeWorkdir(w.workdir)
+		return interpret(t, call, o), true
+	}
+}
+
+// handOver sends the call's environment to the stage and waits until the
+// stage says it execs the tool. errDiedBeforeUse: the sandbox ended first
+// (or did not answer within the tool's timeout); the cause of ctx when it
+// ended first (the sandbox is then left for the caller to tear down).
+func (w *warm) handOver(ctx context.Context, env []string) error {
+	msg := encodeEnv(env)
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := w.control.Write(msg)
+		if cerr := w.control.Close(); err == nil {
+			err = cerr
+		}
+		wrote <- err
+	}()
+	said := make(chan byte, 1)
+	go func() {
+		b := make([]byte, 1)
+		if n, _ := io.ReadFull(w.status, b); n == 1 {
+			said <- b[0]
+		}
+		close(said)
+	}()
+	timer := time.NewTimer(prestartTimeout)
+	defer timer.Stop()
+	select {
+	case b, ok := <-said:
+		if !ok || b != stageGo {
+			return errDiedBeforeUse
+		}
+		if err := <-wrote; err != nil {
+			return errDiedBeforeUse
+		}
+		return nil
+	case <-timer.C:
+		return errDiedBeforeUse
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// prestart starts one sandbox of the tool and waits until its stage waits
+// for a call.
+func (r *Runner) prestart(t ToolConfig) (*warm, error) {
+	prog, err := resolveProgram(t.Command[0])
+	if err != nil {
+		return nil, err
+	}
+	workdir, err := r.newWorkdir()
+	if err != nil {
+		return nil, fmt.Errorf("cannot create the working directory: %w", err)
+	}
+	ctlR, ctlW, err := os.Pipe()
+	if err != nil {
+		removeWorkdir(workdir)
+		return nil, err
+	}
+	stR, stW, err := os.Pipe()
+	if err != nil {
+		_, _ = ctlR.Close(), ctlW.Close()
+		removeWorkdir(workdir)
+		return nil, err
+	}
+	argv := append(r.bwrapArgs(t, workdir), "/proc/self/fd/"+strconv.Itoa(stageExeFD), stageArg)
+	argv = append(argv, r.limitArgs(t, prog)...)
+	// bubblewrap gets no environment: the stage's own does not reach the
+	// tool, which gets the one the call sends.
+	pr, err := r.start(argv, []string{}, workdir, []*os.File{ctlR, stW, r.stageExe})
+	_, _ = ctlR.Close(), stW.Close()
+	if err != nil {
+		_, _ = ctlW.Close(), stR.Close()
+		removeWorkdir(workdir)
+		return nil, fmt.Errorf("cannot start bubblewrap: %w", err)
+	}
+	w := &warm{p: pr, workdir: workdir, prog: prog, control: ctlW, status: stR}
+	said := make(chan byte, 1)
+	go func() {
+		b := make([]byte, 1)
+		if n, _ := io.ReadFull(stR, b); n == 1 {
+			said <- b[0]
+		}
+		close(said)
+	}()
+	timer := time.NewTimer(prestartTimeout)
+	defer timer.Stop()
+	select {
+	case b, ok := <-said:
+		switch {
+		case ok && b == stageWaiting:
+			return w, nil
+		case ok:
+			w.teardown()
+			return nil, fmt.Errorf("the sandbox's first process wrote %q on the stage's status pipe: the program does not run sandbox.StageMain", b)
+		}
+		msg := describeExit(w)
+		w.teardown()
+		return nil, fmt.Errorf("the sandbox ended before it was ready: %s", msg)
+	case <-timer.C:
+		w.teardown()
+		return nil, fmt.Errorf("the sandbox was not ready within %s", prestartTimeout)
+	}
+}
+
+// describeExit says how a pre-started sandbox that never got ready ended,
+// with what it wrote on stderr (bubblewrap's own error, or the program's
+// when it does not run the stage).
+func describeExit(w *warm) string {
+	<-w.p.done
+	stderr, _ := readTail(w.p.stderr, StderrTailBytes)
+	msg := fmt.Sprintf("exit status %d", exitCode(w.p.cmd.ProcessState))
+	if s := strings.TrimSpace(string(stderr)); s != "" {
+		msg += "; stderr: " + s
+	}
+	return msg
+}
+
+// close tears every pre-started sandbox of the pool down and waits for
+// starts under way to end (their sandboxes are torn down too). Calls
+// waiting for a start start their own.
+func (p *pool) close() {
+	p.mu.Lock()
+	p.closed = true
+	if p.retry != nil {
+		p.retry.Stop()
+		p.retry = nil
+	}
+	ready := p.ready
+	p.ready = nil
+	for _, c := range p.waiters {
+		c <- nil
+	}
+	p.waiters = nil
+	p.notify()
+	p.mu.Unlock()
+	for _, w := range ready {
+		w.teardown()
+	}
+	p.wg.Wait()
+}
+
+// state returns the number of ready sandboxes, a channel closed at the
+// next change, whether the pool is closed, and whether its last pre-start
+// failed.
+func (p *pool) state() (ready int, changed <-chan struct{}, closed, failing bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.ready), p.changed, p.closed, p.failures > 0
+}
