@@ -136,7 +136,21 @@ func EncodeCommit(evs []Event) ([]byte, []string, error) {
 
 // DecodeCommit decodes a commit body. When headerTypes is not nil, it must
 // list the body's types in order.
+//
+// It reads the body with the hand-written decoders of fastdecode.go, and
+// with the reflective decoder (decodeCommitReflect) whenever those cannot:
+// the two agree on everything the first accepts, and every refusal comes
+// from the second.
 func DecodeCommit(body []byte, headerTypes []string) ([]Event, error) {
+	if evs, ok := decodeCommitFast(body, headerTypes); ok {
+		return evs, nil
+	}
+	return decodeCommitReflect(body, headerTypes)
+}
+
+// decodeCommitReflect decodes a commit body with the msgpack library's
+// reflection: the reference decoder.
+func decodeCommitReflect(body []byte, headerTypes []string) ([]Event, error) {
 	var envs []envelope
 	if err := Unmarshal(body, &envs); err != nil {
 		return nil, err
