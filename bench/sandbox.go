@@ -12,38 +12,47 @@ import (
 
 // W4: one sandboxed no-op subprocess call (/bin/true through
 // sandbox.Runner, as a worker runs it: a fresh working directory,
-// bubblewrap, env, prlimit, the tool, the output read and the sandbox
-// torn down) against a bare fork and exec of /bin/true, in the same run.
-// The same Runner with isolation none (prlimit and env, no bubblewrap)
-// shows what bubblewrap itself costs. Pre-started sandboxes do not exist
-// in the worker, so there is no figure for them.
+// bubblewrap, prlimit, the tool, the output read and the sandbox torn
+// down) against a bare fork and exec of /bin/true, in the same run,
+// interleaved: bubblewrap started for the call (prestart: 0), and a
+// pre-started sandbox (prestart: 2, the worker's default), which takes
+// bubblewrap's start off the call's path. The same Runner with isolation
+// none (prlimit, no bubblewrap) shows what bubblewrap itself costs.
+
+// The benchmark program is the stage of its pre-started sandboxes: it is
+// re-executed inside each one (sandbox.StageMain).
+func init() { sandbox.StageMain() }
 
 // W4Result is the sandbox cost.
 type W4Result struct {
-	Calls          int    `json:"calls_per_rep"`
-	BareP50ms      Num    `json:"bare_exec_p50_ms"`
-	NoneP50ms      Num    `json:"runner_isolation_none_p50_ms"`
-	BwrapP50ms     Num    `json:"runner_bubblewrap_p50_ms"`
-	BwrapP99ms     Num    `json:"runner_bubblewrap_p99_ms"`
-	BwrapOverBare  Num    `json:"bubblewrap_over_bare"`
-	PrestartedP50  Num    `json:"prestarted_p50_ms"`
-	PrestartedNote string `json:"prestarted_note"`
-	Skipped        string `json:"skipped,omitempty"`
+	Calls         int `json:"calls_per_rep"`
+	BareP50ms     Num `json:"bare_exec_p50_ms"`
+	NoneP50ms     Num `json:"runner_isolation_none_p50_ms"`
+	BwrapP50ms    Num `json:"runner_bubblewrap_p50_ms"`
+	BwrapP99ms    Num `json:"runner_bubblewrap_p99_ms"`
+	BwrapOverBare Num `json:"bubblewrap_over_bare"`
+	// Pre-started: the same Runner with prestart 2.
+	PrestartedP50ms      Num    `json:"prestarted_p50_ms"`
+	PrestartedP99ms      Num    `json:"prestarted_p99_ms"`
+	PrestartedOverBare   Num    `json:"prestarted_over_bare"`
+	PrestartedCalls      int64  `json:"prestarted_calls_in_prestarted_sandboxes"`
+	PrestartedFreshCalls int64  `json:"prestarted_calls_that_started_their_own"`
+	Skipped              string `json:"skipped,omitempty"`
 }
 
-func w4Config(isolation string) string {
+func w4Config(isolation string, prestart int) string {
 	return fmt.Sprintf(`pools: [default]
 isolation: %s
+prestart: %d
 tools:
   - id: "true"
     command: ["/bin/true"]
     capability: replay_safe
-`, isolation)
+`, isolation, prestart)
 }
 
 func runW4(ctx context.Context, reps, calls int) (W4Result, error) {
-	res := W4Result{Calls: calls, PrestartedP50: Num(nan()),
-		PrestartedNote: "not built: the worker has no pre-started sandboxes, so every call starts bubblewrap on its critical path"}
+	res := W4Result{Calls: calls, PrestartedP50ms: Num(nan()), PrestartedP99ms: Num(nan()), PrestartedOverBare: Num(nan())}
 	// The sandbox user (nobody, when we are root) must reach the work
 	// root, so it is a directory of its own under the system temp dir
 	// (the benchmark's temporary directory is private).
@@ -56,20 +65,36 @@ func runW4(ctx context.Context, reps, calls int) (W4Result, error) {
 		return res, err
 	}
 	runners := map[string]*sandbox.Runner{}
-	for _, iso := range []string{"none", "bubblewrap"} {
-		cfg, err := sandbox.ParseConfig([]byte(w4Config(iso)))
+	defer func() {
+		for _, r := range runners {
+			_ = r.Close()
+		}
+	}()
+	for _, v := range []struct {
+		name, isolation string
+		prestart        int
+	}{{"none", "none", 0}, {"bubblewrap", "bubblewrap", 0}, {"prestarted", "bubblewrap", 2}} {
+		cfg, err := sandbox.ParseConfig([]byte(w4Config(v.isolation, v.prestart)))
 		if err != nil {
 			return res, err
 		}
 		r, err := sandbox.NewRunner(cfg, sandbox.WithWorkRoot(root))
 		if err != nil {
-			if iso == "bubblewrap" {
+			if v.isolation == "bubblewrap" {
 				res.Skipped = "bubblewrap cannot run here: " + err.Error()
 				break
 			}
 			return res, err
 		}
-		runners[iso] = r
+		runners[v.name] = r
+	}
+	if r := runners["prestarted"]; r != nil {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := r.WaitPrestarted(wctx)
+		cancel()
+		if err != nil {
+			return res, fmt.Errorf("pre-started sandboxes: %w", err)
+		}
 	}
 	call := func(r *sandbox.Runner, i int) error {
 		out := r.Run(ctx, sandbox.Call{ToolID: "true", CallID: "c1", OperationID: fmt.Sprintf("w4/%d/c1", i), Attempt: 1})
@@ -79,43 +104,51 @@ func runW4(ctx context.Context, reps, calls int) (W4Result, error) {
 		return nil
 	}
 	bare := func() error { return exec.Command("/bin/true").Run() }
-	var bareP, noneP, bwP, bwP99 []float64
+	// timed runs f and appends its duration after the warm-up.
+	timed := func(f func() error, i int, to *[]time.Duration) error {
+		t := time.Now()
+		if err := f(); err != nil {
+			return err
+		}
+		if d := time.Since(t); i >= 0 {
+			*to = append(*to, d)
+		}
+		return nil
+	}
+	var bareP, noneP, bwP, bwP99, preP, preP99 []float64
 	for rep := 0; rep < reps; rep++ {
-		var b, n, w []time.Duration
-		// Interleave the three so that they see the same machine.
+		var b, n, w, p []time.Duration
+		// Interleave them so that they see the same machine.
 		for i := -3; i < calls; i++ {
-			t := time.Now()
-			if err := bare(); err != nil {
+			if err := timed(bare, i, &b); err != nil {
 				return res, err
 			}
-			d := time.Since(t)
-			if i >= 0 {
-				b = append(b, d)
-			}
-			t = time.Now()
-			if err := call(runners["none"], i); err != nil {
+			if err := timed(func() error { return call(runners["none"], i) }, i, &n); err != nil {
 				return res, err
-			}
-			d = time.Since(t)
-			if i >= 0 {
-				n = append(n, d)
 			}
 			if r := runners["bubblewrap"]; r != nil {
-				t = time.Now()
-				if err := call(r, i); err != nil {
+				if err := timed(func() error { return call(r, i) }, i, &w); err != nil {
 					return res, err
 				}
-				d = time.Since(t)
-				if i >= 0 {
-					w = append(w, d)
+			}
+			if r := runners["prestarted"]; r != nil {
+				if err := timed(func() error { return call(r, i) }, i, &p); err != nil {
+					return res, err
 				}
 			}
 		}
 		bareP, noneP = append(bareP, percentile(b, 50)), append(noneP, percentile(n, 50))
 		bwP, bwP99 = append(bwP, percentile(w, 50)), append(bwP99, percentile(w, 99))
+		preP, preP99 = append(preP, percentile(p, 50)), append(preP99, percentile(p, 99))
 	}
 	res.BareP50ms, res.NoneP50ms = Num(median(bareP)), Num(median(noneP))
 	res.BwrapP50ms, res.BwrapP99ms = Num(median(bwP)), Num(median(bwP99))
 	res.BwrapOverBare = Num(ratio(float64(res.BwrapP50ms), float64(res.BareP50ms)))
+	if r := runners["prestarted"]; r != nil {
+		res.PrestartedP50ms, res.PrestartedP99ms = Num(median(preP)), Num(median(preP99))
+		res.PrestartedOverBare = Num(ratio(float64(res.PrestartedP50ms), float64(res.BareP50ms)))
+		st := r.Stats()
+		res.PrestartedCalls, res.PrestartedFreshCalls = st.Prestarted, st.Fresh
+	}
 	return res, nil
 }

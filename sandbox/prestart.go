@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,8 +9,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/toolbatch/toolbatch/events"
 )
 
 // A pre-started sandbox is one call's sandbox, built before the call
@@ -23,9 +20,11 @@ import (
 //
 // The states of one pre-started sandbox:
 //
-//	starting ── stage said 'R' ──> ready ── taken by a call ──> handed over ── stage said 'G' ──> running the call ──> gone
-//	    │                            │                              │
-//	    └─ died / too slow ──> gone  └─ pool closed ──> gone        └─ died before 'G' ──> gone (the call starts its own sandbox)
+//	starting ──(stage wrote 'R')──> ready ──(a call takes it)──> running the call ──(bubblewrap exits)──> gone
+//	   │                              │                               │
+//	   └─(died, or not ready in 10s)  └─(runner closed)               └─ the stage never wrote 'G': nothing of the
+//	        gone; retried after           gone                           tool ran; the call takes another sandbox
+//	        a backoff                                                    or starts its own
 
 // Settings of pre-starting.
 const (
@@ -38,9 +37,6 @@ const (
 	prestartBackoffMin = 100 * time.Millisecond
 	prestartBackoffMax = 30 * time.Second
 )
-
-// errDiedBeforeUse: a pre-started sandbox ended before it took its call.
-var errDiedBeforeUse = errors.New("sandbox: the pre-started sandbox ended before it took its call")
 
 // Stats counts what a Runner did with its subprocess calls.
 type Stats struct {
@@ -243,6 +239,13 @@ func (p *pool) discard(w *warm) {
 // run runs the call in a pre-started sandbox. ok is false when there was
 // none or it ended before it took the call: the caller then starts a
 // sandbox for the call.
+//
+// The call does not wait for the stage's answer before it goes on: it
+// sends the environment and the arguments and waits for the sandbox to
+// end, as for a sandbox started for it. Only then does it read whether the
+// stage said it execs the tool. If it did not, nothing of the tool ran,
+// and the call takes another sandbox (or starts its own) unless ctx
+// ended.
 func (p *pool) run(ctx context.Context, t ToolConfig, call Call, prog string, stdin []byte) (res Result, ok bool) {
 	for {
 		w := p.take(ctx)
@@ -254,61 +257,29 @@ func (p *pool) run(ctx context.Context, t ToolConfig, call Call, prog string, st
 			p.discard(w)
 			continue
 		}
-		err := w.handOver(ctx, toolEnv(t, call, w.workdir))
-		switch {
-		case errors.Is(err, errDiedBeforeUse):
-			p.r.stats.diedBeforeUse.Add(1)
-			p.discard(w)
-			continue
-		case err != nil:
-			w.teardown()
-			return failure(events.ErrorExecution, "interrupted: %v", err), true
-		}
+		msg := encodeEnv(toolEnv(t, call, w.workdir))
+		go func() {
+			_, _ = w.control.Write(msg)
+			_ = w.control.Close()
+		}()
 		o := p.r.finish(ctx, t, w.p, stdin)
+		took := w.tookCall()
 		_ = w.status.Close()
 		removeWorkdir(w.workdir)
-		return interpret(t, call, o), true
+		if took || o.cancelled != nil {
+			return interpret(t, call, o), true
+		}
+		p.r.stats.diedBeforeUse.Add(1)
 	}
 }
 
-// handOver sends the call's environment to the stage and waits until the
-// stage says it execs the tool. errDiedBeforeUse: the sandbox ended first
-// (or did not answer within the tool's timeout); the cause of ctx when it
-// ended first (the sandbox is then left for the caller to tear down).
-func (w *warm) handOver(ctx context.Context, env []string) error {
-	msg := encodeEnv(env)
-	wrote := make(chan error, 1)
-	go func() {
-		_, err := w.control.Write(msg)
-		if cerr := w.control.Close(); err == nil {
-			err = cerr
-		}
-		wrote <- err
-	}()
-	said := make(chan byte, 1)
-	go func() {
-		b := make([]byte, 1)
-		if n, _ := io.ReadFull(w.status, b); n == 1 {
-			said <- b[0]
-		}
-		close(said)
-	}()
-	timer := time.NewTimer(prestartTimeout)
-	defer timer.Stop()
-	select {
-	case b, ok := <-said:
-		if !ok || b != stageGo {
-			return errDiedBeforeUse
-		}
-		if err := <-wrote; err != nil {
-			return errDiedBeforeUse
-		}
-		return nil
-	case <-timer.C:
-		return errDiedBeforeUse
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
+// tookCall reports whether the stage said it execs the tool. The sandbox
+// has ended, so the status pipe holds all it will ever hold.
+func (w *warm) tookCall() bool {
+	_ = w.status.SetReadDeadline(time.Now().Add(pipeGrace))
+	b := make([]byte, 1)
+	n, _ := io.ReadFull(w.status, b)
+	return n == 1 && b[0] == stageGo
 }
 
 // prestart starts one sandbox of the tool and waits until its stage waits

@@ -4,7 +4,13 @@
 // runs, and reports the result. Start as many as you like, on as many
 // machines as reach NATS.
 //
-//	sandbox-worker --nats-url URL --config worker.yaml [--pools a,b] [--concurrency N] [--worker-id ID]
+//	sandbox-worker --nats-url URL --config worker.yaml [--pools a,b] [--concurrency N] [--worker-id ID] [--prestart N]
+//
+// With isolation bubblewrap it keeps pre-started sandboxes for each
+// subprocess tool (the config's prestart, default 2; --prestart overrides
+// it, 0 turns them off). The program is their first stage: it is
+// re-executed inside each one (sandbox.StageMain). On exit they are killed
+// and their working directories removed.
 //
 // SIGTERM or SIGINT drains: no new jobs, running calls finish within the
 // grace period and report; a second signal stops them at once.
@@ -31,6 +37,7 @@ import (
 )
 
 func main() {
+	sandbox.StageMain()
 	if err := run(os.Args[1:], os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox-worker:", err)
 		os.Exit(2)
@@ -48,6 +55,7 @@ func run(args []string, stderr io.Writer) error {
 	prefix := fs.String("prefix", "toolbatch", "subject prefix")
 	grace := fs.Duration("grace", worker.DefaultGrace, "how long a drain waits for running calls")
 	logFormat := fs.String("log-format", "console", "console or json")
+	prestart := fs.Int("prestart", -1, "pre-started sandboxes kept for each subprocess tool (isolation bubblewrap only): -1 takes the config's prestart (default 2), 0 turns them off, N overrides the config for every tool")
 	workRoot := fs.String("work-root", "", "where the calls' working directories are made (default: a directory of this worker under the system temp dir); working directories left there by a killed worker are removed at start")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -63,6 +71,9 @@ func run(args []string, stderr io.Writer) error {
 	if *configPath == "" {
 		return errors.New("--config is required")
 	}
+	if *prestart < -1 || *prestart > sandbox.MaxPrestart {
+		return fmt.Errorf("--prestart %d: want -1 (the config's), 0 (off) or up to %d", *prestart, sandbox.MaxPrestart)
+	}
 	var log zerolog.Logger
 	switch *logFormat {
 	case "json":
@@ -75,6 +86,17 @@ func run(args []string, stderr io.Writer) error {
 	sc, err := sandbox.LoadConfig(*configPath)
 	if err != nil {
 		return err
+	}
+	if n := *prestart; n >= 0 {
+		if n > 0 && sc.Isolation == sandbox.IsolationNone {
+			return fmt.Errorf("--prestart %d: pre-started sandboxes need isolation bubblewrap, and %s says isolation: none", n, *configPath)
+		}
+		sc.Prestart = &n
+		for i := range sc.Tools {
+			if !sc.Tools[i].IsBuiltin() {
+				sc.Tools[i].Prestart = &n
+			}
+		}
 	}
 	if *workerID == "" {
 		host, _ := os.Hostname()
@@ -94,10 +116,16 @@ func run(args []string, stderr io.Writer) error {
 			return fmt.Errorf("--work-root: remove %s: %w", dir, err)
 		}
 	}
-	runner, err := sandbox.NewRunner(sc, sandbox.WithWorkRoot(*workRoot))
+	runner, err := sandbox.NewRunner(sc, sandbox.WithWorkRoot(*workRoot),
+		sandbox.WithPrestartFailureHandler(func(toolID string, err error) {
+			log.Warn().Str("tool_id", toolID).Err(err).Msg("pre-starting a sandbox failed; calls start their own until it works again")
+		}))
 	if err != nil {
 		return err
 	}
+	// Pre-started sandboxes are killed and their working directories
+	// removed on every way out of here, after the worker has drained.
+	defer runner.Close()
 	if w := runner.Warning(); w != "" {
 		log.Warn().Msg(w)
 	}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -305,5 +306,96 @@ func TestKilledWorker(t *testing.T) {
 	got := texts(res)
 	if len(got) != 3 || !strings.HasPrefix(got[0], "error ") || got[1] != `error "unavailable before dispatch: no worker claimed it before its dispatch deadline"` || got[2] != `ok "ok\n"` {
 		t.Fatalf("results: %v", got)
+	}
+}
+
+// sandboxesUnder counts the live processes whose command line names dir
+// (bubblewrap binds each working directory by its path), and the
+// working directories in it.
+func sandboxesUnder(t *testing.T, dir string) (procs, workdirs int) {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(cmdline), dir+"/toolbatch-call-") {
+			procs++
+		}
+	}
+	left, err := filepath.Glob(filepath.Join(dir, "toolbatch-call-*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return procs, len(left)
+}
+
+// TestDrainTearsDownPrestartedSandboxes: a worker keeps pre-started
+// sandboxes by default (two per subprocess tool whose program exists);
+// after SIGTERM it exits 0 and leaves neither a sandbox process nor a
+// working directory. With --prestart 0 it keeps none.
+func TestDrainTearsDownPrestartedSandboxes(t *testing.T) {
+	c := startCluster(t)
+	ctx := ctxT(t, 60*time.Second)
+	newRoot := func() string {
+		root, err := os.MkdirTemp("", "toolbatch-worker-root")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(root) })
+		if err := os.Chmod(root, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return root
+	}
+	cfg := filepath.Join(t.TempDir(), "dr.yaml")
+	if err := os.WriteFile(cfg, []byte(workerYAML("dr", c.effects)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	root := newRoot()
+	w := testproc.Start(t, "dr", `"ready"`, workerBin, "--nats-url", c.url, "--config", cfg, "--worker-id", "dr", "--log-format", "json", "--work-root", root)
+	if err := c.client.Submit(ctx, batch("pre", 1, "append")); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.client.WaitResults(ctx, "pre", "pre/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(texts(res)); got != `[ok "ok\n"]` {
+		t.Fatalf("results: %s", got)
+	}
+	// append, slow_nr and slow_rs: 2 each (missing_binary never starts).
+	const want = 3 * 2
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		procs, dirs := sandboxesUnder(t, root)
+		if procs >= want && dirs >= want {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d sandbox processes and %d working directories, want %d pre-started sandboxes", procs, dirs, want)
+		case <-tick.C:
+		}
+	}
+	if err := w.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	<-w.Exited()
+	if code := w.Cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("the worker exited %d after SIGTERM:\n%s", code, w.Logs())
+	}
+	if procs, dirs := sandboxesUnder(t, root); procs != 0 || dirs != 0 {
+		t.Fatalf("after the drain: %d sandbox processes, %d working directories left", procs, dirs)
+	}
+
+	// Off: no sandbox before a call comes.
+	root0 := newRoot()
+	testproc.Start(t, "dr0", `"ready"`, workerBin, "--nats-url", c.url, "--config", cfg, "--worker-id", "dr0", "--log-format", "json",
+		"--work-root", root0, "--prestart", "0")
+	if procs, dirs := sandboxesUnder(t, root0); procs != 0 || dirs != 0 {
+		t.Fatalf("--prestart 0: %d sandbox processes, %d working directories", procs, dirs)
 	}
 }
