@@ -34,6 +34,15 @@
 // sandbox's init process is killed, which makes the kernel kill every
 // process of its PID namespace; Run returns once bubblewrap has exited.
 //
+// With isolation bubblewrap a Runner also keeps pre-started sandboxes
+// (Config.Prestart, default 2 per subprocess tool; prestart.go): the same
+// bubblewrap command line, whose first process is the stage (StageMain: the
+// program itself re-executed) instead of env. The stage waits for the
+// call's environment on a pipe and execs the same prlimit command line, so
+// the tool's process is the one a sandbox started for the call runs. Each
+// serves one call; Close kills the ready ones and removes their working
+// directories.
+//
 // With isolation none the same command line runs without bubblewrap, in
 // its own process group; Runner.Warning says what is then not isolated.
 package sandbox

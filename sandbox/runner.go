@@ -109,6 +109,7 @@ type Runner struct {
 	// Pre-started sandboxes (see prestart.go): a pool per tool that has
 	// them, and the stage program, opened once.
 	pools             map[string]*pool
+	stagePath         string // the stage program; default os.Executable()
 	stageExe          *os.File
 	onPrestartFailure func(toolID string, err error)
 	closeOnce         sync.Once
@@ -196,7 +197,10 @@ func (r *Runner) startPools() error {
 	if len(tools) == 0 {
 		return nil
 	}
-	exe, err := os.Executable()
+	exe, err := r.stagePath, error(nil)
+	if exe == "" {
+		exe, err = os.Executable()
+	}
 	if err == nil {
 		r.stageExe, err = os.Open(exe)
 	}

@@ -8,9 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -850,5 +852,113 @@ func TestNewRunnerChecksMountsAndConfig(t *testing.T) {
 		if _, err := NewRunner(c.cfg, WithWorkRoot(root)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("NewRunner(%+v): %v, want %q", c.cfg, err, c.want)
 		}
+	}
+}
+
+// TestPrestartedToolIsTheSame: the tool's process in a pre-started sandbox
+// is the one a sandbox started for the call runs: the same pid and parent
+// in its PID namespace, credentials, capabilities, signal mask and
+// ignored signals, rlimits, open files, environment, working directory,
+// stdin and hostname.
+func TestPrestartedToolIsTheSame(t *testing.T) {
+	t.Parallel()
+	const probe = `
+tools:
+  - id: probe
+    command: [/bin/sh, -c, 'echo "pid $$ ppid $PPID"; grep -E "^(Uid|Gid|Groups|NoNewPrivs|Seccomp|Cap(Inh|Prm|Eff|Bnd|Amb)|SigBlk|SigIgn)" /proc/$$/status; cat /proc/$$/limits; ls /proc/$$/fd; ls /proc | grep -cE "^[0-9]+$"; env | sort; pwd; ls -A; umask; hostname; cat']
+    env: {SECRET_TOKEN: s3cret}
+    limits: {memory_mb: 128, cpu_seconds: 7, output_kb: 64, max_procs: 40}
+`
+	outputs := map[mode]string{}
+	inModes(t, func(t *testing.T, m mode) {
+		r, workRoot := newRunner(t, m, probe)
+		res := r.Run(context.Background(), Call{ToolID: "probe", CallID: "c9", OperationID: "run-3/2/c9", Attempt: 4, Arguments: []byte(`{"q":"stdin"}`)})
+		text := wantOutput(t, res).Text()
+		// Each call has its own working directory.
+		home := regexp.MustCompile(workRoot + `/toolbatch-call-[0-9]+`).FindString(text)
+		if home == "" {
+			t.Fatalf("no working directory in:\n%s", text)
+		}
+		outputs[m] = strings.ReplaceAll(text, home, "WORKDIR")
+	})
+	if t.Failed() {
+		return
+	}
+	f, p := outputs[fresh], outputs[prestarted]
+	for _, want := range []string{"pid 2 ppid 1\n", "TOOLBATCH_ATTEMPT=4\n", "TOOLBATCH_CALL_ID=c9\n", "TOOLBATCH_OPERATION_ID=run-3/2/c9\n",
+		"SECRET_TOKEN=s3cret\n", "HOME=WORKDIR\n", "Max cpu time              7                    8", `{"q":"stdin"}`} {
+		if !strings.Contains(f, want) {
+			t.Fatalf("the probe's output lacks %q:\n%s", want, f)
+		}
+	}
+	if f != p {
+		t.Fatalf("the tool's process differs:\n--- fresh\n%s\n--- prestarted\n%s", f, p)
+	}
+}
+
+// TestPrestartedSandboxDiedBeforeUse: pre-started sandboxes that died
+// while they waited are never a call's failure: the call takes the next
+// one (here, the replacement being started).
+func TestPrestartedSandboxDiedBeforeUse(t *testing.T) {
+	t.Parallel()
+	r, _ := newRunner(t, prestarted, scriptTools)
+	p := r.pools["cat"]
+	p.mu.Lock()
+	ready := slices.Clone(p.ready)
+	p.mu.Unlock()
+	if len(ready) != DefaultPrestart {
+		t.Fatalf("%d ready, want %d", len(ready), DefaultPrestart)
+	}
+	for _, w := range ready {
+		if err := syscall.Kill(-w.p.pgid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		<-w.p.done
+	}
+	wantText(t, run(t, r, "cat", `{"after":"the deaths"}`), `{"after":"the deaths"}`)
+	if st := r.Stats(); st.DiedBeforeUse != int64(len(ready)) || st.Prestarted != 1 || st.Fresh != 0 {
+		t.Fatalf("stats %+v, want %d died before use and the call in a pre-started sandbox", st, len(ready))
+	}
+}
+
+// TestCloseTearsDownPrestarted: Close kills every pre-started sandbox and
+// removes its working directory before it returns; calls after Close
+// start their own sandbox.
+func TestCloseTearsDownPrestarted(t *testing.T) {
+	// Not parallel: it counts the sandbox user's processes.
+	before := sandboxProcs(t)
+	r, workRoot := newRunner(t, prestarted, scriptTools, WithSandboxUser(countUID, countUID))
+	// cat, cat_json, env, fail, workdir: 2 each, of 3 processes (bwrap,
+	// its init, the stage).
+	const sandboxes = 5 * DefaultPrestart
+	if n := sandboxProcs(t); n < before+3*sandboxes {
+		t.Fatalf("%d sandbox processes, want at least %d", n-before, 3*sandboxes)
+	}
+	if entries, _ := os.ReadDir(workRoot); len(entries) != sandboxes {
+		t.Fatalf("%d working directories, want %d", len(entries), sandboxes)
+	}
+	wantCleanedUp(t, r, workRoot)
+	if n := sandboxProcs(t); n > before {
+		t.Fatalf("%d sandbox processes left after Close", n-before)
+	}
+	wantText(t, run(t, r, "cat", `{}`), `{}`)
+	if st := r.Stats(); st.Fresh != 1 {
+		t.Fatalf("stats after Close: %+v", st)
+	}
+	r.stats.fresh.Store(0) // newRunner's check is about calls before Close
+	wantEmpty(t, workRoot)
+}
+
+// TestPrestartBroken: a program whose stage does not run StageMain
+// (here /bin/true) is refused by NewRunner with a clear error.
+func TestPrestartBroken(t *testing.T) {
+	t.Parallel()
+	cfg, err := ParseConfig([]byte("tools: [{id: t, command: [/bin/true]}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = NewRunner(cfg, WithWorkRoot(worldDir(t, false)), func(r *Runner) { r.stagePath = "/bin/true" })
+	if !errors.Is(err, ErrPrestartBroken) || !strings.Contains(err.Error(), "the sandbox ended before it was ready: exit status 0") {
+		t.Fatalf("NewRunner with a stage that does not run StageMain: %v", err)
 	}
 }

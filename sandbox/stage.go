@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"syscall"
+	"unsafe"
 )
 
 // The stage is the first process of a pre-started sandbox: the program
@@ -46,6 +48,18 @@ const (
 	stageExitExec   = 127
 )
 
+// stageSigmask is the signal mask the stage was started with (what
+// bubblewrap gives its command), read while package initialisation runs
+// on the main thread. The Go runtime blocks signals on some of its
+// threads; the tool gets this mask back, as it would without the stage.
+var stageSigmask uint64
+
+func init() {
+	if len(os.Args) >= 3 && os.Args[1] == stageArg {
+		_, _, _ = syscall.RawSyscall6(syscall.SYS_RT_SIGPROCMASK, 0 /* SIG_BLOCK */, 0, uintptr(unsafe.Pointer(&stageSigmask)), 8, 0, 0)
+	}
+}
+
 // StageMain runs the pre-started sandbox stage and does not return when the
 // process was started as one (by a Runner with pre-started sandboxes); it
 // returns at once otherwise. Every program that builds a Runner whose config
@@ -79,6 +93,13 @@ func runStage(argv []string) int {
 	env := decodeEnv(msg)
 	if err := writeStatus(stageGo); err != nil {
 		return stageExitBroken
+	}
+	// The exec happens on this thread: give it the mask the stage started
+	// with.
+	runtime.LockOSThread()
+	if _, _, e := syscall.RawSyscall6(syscall.SYS_RT_SIGPROCMASK, 2 /* SIG_SETMASK */, uintptr(unsafe.Pointer(&stageSigmask)), 0, 8, 0, 0); e != 0 {
+		fmt.Fprintf(os.Stderr, "toolbatch sandbox stage: cannot set the signal mask: %v\n", e)
+		return stageExitExec
 	}
 	err = syscall.Exec(argv[0], argv, env)
 	fmt.Fprintf(os.Stderr, "toolbatch sandbox stage: cannot exec %s: %v\n", argv[0], err)
