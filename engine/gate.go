@@ -83,6 +83,21 @@ func (e *Engine) gateDecisions(ctx context.Context, run *aggregate.Run, callIDs 
 	return out, nil
 }
 
+// gateAsksOutside reports whether gating the run's open batch may ask the
+// external gate service (or cannot tell, its catalog being unreadable).
+func (e *Engine) gateAsksOutside(ctx context.Context, run *aggregate.Run) bool {
+	b := run.OpenBatch()
+	if b == nil {
+		return false
+	}
+	cat, err := e.catalogFor(ctx, b.SnapshotID)
+	if err != nil {
+		return true
+	}
+	_, ok := cat.External()
+	return ok
+}
+
 func fromPolicy(callID string, pd catalog.Decision) aggregate.Decision {
 	return aggregate.Decision{CallID: callID, Outcome: pd.Outcome, Stage: events.StagePolicy, Rule: pd.Rule,
 		Reason: pd.Reason, Output: pd.Output, Deadline: pd.Deadline, Due: pd.Due, ActionKind: pd.ActionKind}

@@ -90,7 +90,7 @@ func (s *shard) renew(ctx context.Context, rs *runState) {
 func (s *shard) forget(rs *runState) {
 	rs.owned, rs.loaded = false, false
 	rs.releasedRev = 0
-	rs.held = nil
+	rs.held, rs.durableHeld, rs.pending = nil, 0, nil
 	clear(rs.inflight)
 	clear(rs.leases)
 }

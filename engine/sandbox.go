@@ -146,7 +146,7 @@ func (s *shard) onClaim(ctx context.Context, rs *runState, it item) error {
 	}
 	leaseMS := s.e.cfg.Lease.Milliseconds()
 	token := newID()
-	err := s.decide(ctx, rs, aggregate.Claim{CallID: callID, Attempt: req.Attempt, WorkerID: req.WorkerID, Token: token, LeaseMS: leaseMS, At: s.e.cfg.Now()})
+	err := s.decideNow(ctx, rs, aggregate.Claim{CallID: callID, Attempt: req.Attempt, WorkerID: req.WorkerID, Token: token, LeaseMS: leaseMS, At: s.e.cfg.Now()})
 	if err != nil && !aggregate.IsDecision(err) {
 		return err // answered busy: the worker gives the job back
 	}
@@ -256,7 +256,7 @@ func (s *shard) onLeaseExpired(ctx, runCtx context.Context, rs *runState, le *le
 	if c == nil {
 		return nil
 	}
-	err := s.decide(ctx, rs, aggregate.LeaseExpired{CallID: le.callID, Attempt: le.lease.attempt, ClaimToken: le.lease.token,
+	err := s.decideNow(ctx, rs, aggregate.LeaseExpired{CallID: le.callID, Attempt: le.lease.attempt, ClaimToken: le.lease.token,
 		Capability: s.e.capability(ctx, c.ToolID, c.Tool), At: s.e.cfg.Now()})
 	if err != nil && !aggregate.IsDecision(err) {
 		// Not recorded: watch the lease again and decide it soon.

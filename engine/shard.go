@@ -53,8 +53,13 @@ type runState struct {
 	inflight map[string]bool  // "<call_id>/<attempt>" executing here
 	leases   map[string]lease // claimed sandbox attempts, by call id
 	used     time.Time
-	owned    bool   // this engine holds the run's owner key
-	ownRev   uint64 // its revision
+	// pending are the decisions staged since the last flush, each a
+	// decision's events; durableHeld counts the held messages whose
+	// decisions are in the log.
+	pending     [][]events.Event
+	durableHeld int
+	owned       bool   // this engine holds the run's owner key
+	ownRev      uint64 // its revision
 	// releasedRev is the revision of this engine's last release of the
 	// key (0: none, or taken since).
 	releasedRev uint64
@@ -122,9 +127,14 @@ func (s *shard) keepAlive(runCtx context.Context) {
 		for _, m := range rs.held {
 			_ = m.InProgress()
 		}
-		if len(rs.held) > 0 && len(rs.inflight) == 0 && rs.loaded {
-			if err := s.drive(ctx, runCtx, rs); err != nil {
+		if len(rs.held) > 0 && len(rs.inflight) == 0 {
+			err := s.load(ctx, rs)
+			if err == nil {
+				err = s.drive(ctx, runCtx, rs)
+			}
+			if err != nil {
 				s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("drive failed; will retry")
+				s.abandon(rs)
 			}
 		}
 		s.release(ctx, rs)
@@ -177,21 +187,32 @@ func (s *shard) handle(runCtx context.Context, it item) {
 			break
 		}
 		log.Debug().Err(err).Msg("run extended elsewhere: reloading")
-		rs.loaded = false
+		s.abandon(rs)
 	}
 	if err != nil {
 		log.Error().Err(err).Str("kind", it.kind).Msg("work failed; will retry")
-		if it.msg != nil && !slices.Contains(rs.held, it.msg) {
+		held := it.msg != nil && slices.Contains(rs.held, it.msg)
+		s.abandon(rs) // fold again next time
+		if it.msg != nil && !held {
 			_ = it.msg.NakWithDelay(time.Second)
 		}
 		if it.req != nil {
 			respond(it.req, events.ClaimReply{Reason: ReasonBusy})
 		}
-		rs.loaded = false // fold again next time
+		if o := it.done; o != nil {
+			// Not recorded: keep the outcome and try again.
+			rs.inflight[fmt.Sprintf("%s/%d", o.callID, o.attempt)] = true
+			time.AfterFunc(time.Second, func() { s.postCtx(runCtx, item{runID: rs.id, done: o}) })
+		}
 	}
 	s.release(ctx, rs)
 	s.evict()
 }
+
+// commitHeaderRoom is what a commit's headers take at most, beyond its
+// body: the event types, the previous sequence, the message id and the
+// expected sequence.
+const commitHeaderRoom = 8 << 10
 
 // ReasonBusy answers a claim the engine could not decide now: try again.
 const ReasonBusy = events.ReasonBusy
@@ -268,40 +289,102 @@ func (s *shard) evict() {
 		func(rs *runState) bool { return len(rs.held) == 0 && len(rs.inflight) == 0 && len(rs.leases) == 0 })
 }
 
-// decide runs a command and commits its events.
+// decide runs a command and stages its events: they are applied to the
+// cached run at once and appended to the log by the next flush, together
+// with whatever else was staged since the last one. Every path that acts
+// on the outside world (entering an executor, answering a claim,
+// acknowledging a message) flushes first, so nothing is ever acted on
+// before its events are durable; what is staged between two such actions
+// (a call's completion and the next call's gate decision, say) becomes one
+// commit instead of several.
 func (s *shard) decide(ctx context.Context, rs *runState, cmd aggregate.Command) error {
 	evs, err := aggregate.Decide(rs.run, cmd)
 	if err != nil || len(evs) == 0 {
 		return err
 	}
-	return s.commitEvents(ctx, rs, evs)
+	return s.stage(rs, evs)
 }
 
-// commitEvents appends events as one commit, then folds them into the
-// cached run.
-func (s *shard) commitEvents(ctx context.Context, rs *runState, evs []events.Event) error {
-	seq, err := s.e.events.append(ctx, rs.id, rs.seq, evs)
-	if err == nil && s.e.log.GetLevel() <= zerolog.DebugLevel {
-		for _, e := range evs {
-			ev := s.e.log.Debug().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, seq)
-			if b := rs.run.Batch; b != nil {
-				ev = ev.Str(fieldBatchID, b.ID)
-			}
-			ev.Msg(events.Describe(e))
-		}
-	}
-	if err != nil {
+// decideNow decides and flushes at once.
+func (s *shard) decideNow(ctx context.Context, rs *runState, cmd aggregate.Command) error {
+	if err := s.decide(ctx, rs, cmd); err != nil {
 		return err
 	}
+	return s.flush(ctx, rs)
+}
+
+// commitEvents stages events and flushes them with anything staged before.
+func (s *shard) commitEvents(ctx context.Context, rs *runState, evs []events.Event) error {
+	if err := s.stage(rs, evs); err != nil {
+		return err
+	}
+	return s.flush(ctx, rs)
+}
+
+// stage applies one decision's events to the cached run and keeps them
+// for the next flush.
+func (s *shard) stage(rs *runState, evs []events.Event) error {
 	if err := rs.run.ApplyAll(evs); err != nil {
 		// Decide checked these events on a copy: this is a bug, and the
 		// cached state can no longer be trusted.
-		rs.loaded = false
-		return fmt.Errorf("apply committed events: %w", err)
+		s.abandon(rs)
+		return fmt.Errorf("apply decided events: %w", err)
 	}
-	rs.seq = seq
-	s.afterCommit(rs, evs)
+	rs.pending = append(rs.pending, evs)
 	return nil
+}
+
+// flush appends the staged decisions as one commit (several when together
+// they exceed the server's message size; a decision is never split). A
+// failed append abandons the staged decisions: the run is folded again
+// from the log, and the messages held since the last flush are given back
+// to be decided again.
+func (s *shard) flush(ctx context.Context, rs *runState) error {
+	for len(rs.pending) > 0 {
+		n := len(rs.pending)
+		var seq uint64
+		var evs []events.Event
+		var err error
+		for {
+			evs = slices.Concat(rs.pending[:n]...)
+			seq, err = s.e.events.append(ctx, rs.id, rs.seq, evs)
+			if n == 1 || !errors.Is(err, nats.ErrMaxPayload) {
+				break
+			}
+			n = (n + 1) / 2 // nothing was sent: try fewer decisions
+		}
+		if err != nil {
+			s.abandon(rs)
+			return err
+		}
+		if s.e.log.GetLevel() <= zerolog.DebugLevel {
+			for _, e := range evs {
+				ev := s.e.log.Debug().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, seq)
+				if b := rs.run.Batch; b != nil {
+					ev = ev.Str(fieldBatchID, b.ID)
+				}
+				ev.Msg(events.Describe(e))
+			}
+		}
+		rs.seq = seq
+		rs.pending = rs.pending[n:]
+		s.afterCommit(rs, evs)
+	}
+	rs.pending = nil
+	rs.durableHeld = len(rs.held)
+	return nil
+}
+
+// abandon forgets what is staged: the cached run is folded again from the
+// log, and the messages held since the last flush, whose decisions were
+// never recorded, come back to be decided again.
+func (s *shard) abandon(rs *runState) {
+	rs.pending = nil
+	rs.loaded = false
+	for _, m := range rs.held[rs.durableHeld:] {
+		_ = m.NakWithDelay(100 * time.Millisecond)
+	}
+	rs.held = rs.held[:rs.durableHeld]
 }
 
 // afterCommit delivers what a commit asks of the outside world after it is
@@ -398,17 +481,26 @@ func (s *shard) onSubmit(ctx, runCtx context.Context, rs *runState, it item) err
 		}
 		tools[i] = d
 	}
-	err = s.decide(ctx, rs, aggregate.Submit{Submit: sub, Tools: tools, SnapshotID: cat.SnapshotID(), At: now})
+	evs, err := aggregate.Decide(rs.run, aggregate.Submit{Submit: sub, Tools: tools, SnapshotID: cat.SnapshotID(), At: now})
 	if _, refused := events.CodeOf(err); refused {
 		return s.reject(ctx, rs, it.msg, sub, err, now)
 	}
-	if errors.Is(err, nats.ErrMaxPayload) {
-		// The batch fits the limits but not one message of this server.
-		return s.reject(ctx, rs, it.msg, sub, events.Refuse(events.CodeLimitExceeded,
-			"the batch does not fit one message of the NATS server (max_payload %d bytes)", s.e.nc.MaxPayload()), now)
-	}
 	if err != nil {
 		return err
+	}
+	if len(evs) > 0 && len(it.msg.Data()) > int(s.e.nc.MaxPayload())/4 {
+		// A large batch may fit the limits but not one message of this
+		// server. (A smaller one always fits: its event is at most about
+		// twice its submission.)
+		if body, _, err := events.EncodeCommit(evs); err == nil && len(body)+commitHeaderRoom > int(s.e.nc.MaxPayload()) {
+			return s.reject(ctx, rs, it.msg, sub, events.Refuse(events.CodeLimitExceeded,
+				"the batch does not fit one message of the NATS server (max_payload %d bytes)", s.e.nc.MaxPayload()), now)
+		}
+	}
+	if len(evs) > 0 {
+		if err := s.stage(rs, evs); err != nil {
+			return err
+		}
 	}
 	rs.held = append(rs.held, it.msg)
 	return s.drive(ctx, runCtx, rs)
@@ -565,10 +657,7 @@ func (s *shard) onOutcome(ctx, runCtx context.Context, rs *runState, o *outcome)
 			s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, o.callID).Err(err).Msg("outcome not applied")
 			return nil
 		}
-		// Not recorded: keep the outcome and try again.
-		rs.inflight[key] = true
-		time.AfterFunc(time.Second, func() { s.postCtx(runCtx, item{runID: rs.id, done: o}) })
-		return err
+		return err // handle keeps the outcome and tries again
 	}
 	return nil
 }
@@ -593,6 +682,13 @@ func (s *shard) drive(ctx, runCtx context.Context, rs *runState) error {
 		w := aggregate.Next(rs.run)
 		switch w.Kind {
 		case aggregate.NextGate:
+			if s.e.gateAsksOutside(ctx, rs.run) {
+				// The external gate may take its time: record what is
+				// decided before asking it.
+				if err := s.flush(ctx, rs); err != nil {
+					return err
+				}
+			}
 			decisions, err := s.e.gateDecisions(ctx, rs.run, w.CallIDs)
 			if err != nil {
 				return err
@@ -610,15 +706,21 @@ func (s *shard) drive(ctx, runCtx context.Context, rs *runState) error {
 				return err
 			}
 		case aggregate.NextExecuting:
+			if err := s.flush(ctx, rs); err != nil {
+				return err
+			}
 			s.startExecutors(runCtx, rs, w.CallIDs)
 			return nil
 		default: // parked, finalized, ended or idle: quiescent
+			if err := s.flush(ctx, rs); err != nil {
+				return err
+			}
 			for _, m := range rs.held {
 				if err := m.Ack(); err != nil {
 					s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("ack failed; the message will be redelivered and is harmless")
 				}
 			}
-			rs.held = nil
+			rs.held, rs.durableHeld = nil, 0
 			return nil
 		}
 	}
@@ -732,7 +834,7 @@ func (s *shard) onTimer(ctx, runCtx context.Context, rs *runState, it item) erro
 // engine takes the run over (a recovery at load, say, starts work that a
 // refused message alone would not keep alive).
 func (s *shard) settle(rs *runState, m jetstream.Msg) error {
-	if rs.loaded && len(rs.inflight) == 0 && len(rs.leases) == 0 {
+	if rs.loaded && len(rs.pending) == 0 && len(rs.inflight) == 0 && len(rs.leases) == 0 {
 		switch aggregate.Next(rs.run).Kind {
 		case aggregate.NextNone, aggregate.NextAwaiting:
 			return m.Ack()
