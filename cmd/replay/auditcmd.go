@@ -24,7 +24,8 @@ func cmdAudit(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	a := audit.New(o.prefix)
 	prog := newProgress(stderr)
 	var lastEvent uint64
-	err = src.read(ctx, eventsStream, o.sel, func(r audit.Record) error {
+	err = src.read(ctx, eventsStream, o.sel, false, func(m *message) error {
+		r := m.Record
 		prog.add(r)
 		a.Event(r)
 		lastEvent = r.Seq
@@ -35,7 +36,8 @@ func cmdAudit(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	}
 	prog.done()
 	outs := 0
-	err = src.read(ctx, outStream, o.sel, func(r audit.Record) error {
+	err = src.read(ctx, outStream, o.sel, false, func(m *message) error {
+		r := m.Record
 		if laterSource(r, lastEvent) {
 			return nil // derived from a commit stored after the events were read
 		}

@@ -70,7 +70,8 @@ func exportStream(ctx context.Context, src source, which stream, sel selection, 
 		w = f
 	}
 	bw := bufio.NewWriterSize(w, 1<<20)
-	err = src.read(ctx, which, sel, func(r audit.Record) error {
+	err = src.read(ctx, which, sel, false, func(m *message) error {
+		r := m.Record
 		if !keep(r) {
 			return nil
 		}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/toolbatch/toolbatch/aggregate"
-	"github.com/toolbatch/toolbatch/audit"
 	"github.com/toolbatch/toolbatch/events"
 )
 
@@ -22,9 +21,9 @@ func cmdHistory(ctx context.Context, o *options, stdout, stderr io.Writer) error
 	defer src.close()
 	h := newHistory(o.prefix, o.sel.startsLate())
 	prog := newProgress(stderr)
-	err = src.read(ctx, eventsStream, o.sel, func(r audit.Record) error {
-		prog.add(r)
-		h.add(r)
+	err = src.read(ctx, eventsStream, o.sel, true, func(m *message) error {
+		prog.add(m.Record)
+		h.add(m)
 		return nil
 	})
 	if err != nil {
@@ -110,7 +109,8 @@ func newHistory(prefix string, startsLate bool) *history {
 }
 
 // add folds one commit.
-func (h *history) add(r audit.Record) {
+func (h *history) add(m *message) {
+	r := m.Record
 	runID, ok := strings.CutPrefix(r.Subject, h.prefix+".events.")
 	if !ok || runID == "" {
 		h.strays = append(h.strays, item{seq: r.Seq, time: r.Time, note: fmt.Sprintf("subject %q is not a run's events subject", r.Subject)})
@@ -143,7 +143,7 @@ func (h *history) add(r audit.Record) {
 	}
 	rh.commits++
 	rh.last = r.Seq
-	evs, err := events.DecodeCommit(r.Data, r.Headers[headerEvent])
+	evs, err := m.commit()
 	if err != nil {
 		notes = append(notes, "undecodable commit: "+err.Error())
 		if rh.run != nil {

@@ -137,8 +137,10 @@ func cell(s string) string {
 	if s == "" {
 		return "-"
 	}
-	return strings.NewReplacer("\t", " ", "\n", " ", "\r", " ").Replace(s)
+	return cellReplacer.Replace(s)
 }
+
+var cellReplacer = strings.NewReplacer("\t", " ", "\n", " ", "\r", " ")
 
 // printText writes the history as aligned tables.
 func (h *history) printText(w io.Writer) error {

@@ -152,7 +152,7 @@ func TestExportFromFile(t *testing.T) {
 		b, _ := os.ReadFile(f)
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 		for _, l := range lines {
-			r, err := decodeRecord([]byte(l))
+			r, err := decodeRecord([]byte(l), new([]byte))
 			if err != nil || !strings.Contains(r.Subject, ".r2") {
 				t.Errorf("%s: %s (%v)", f, l, err)
 			}
@@ -179,7 +179,7 @@ func TestExportRecordFormat(t *testing.T) {
 	if b.String() != want {
 		t.Fatalf("got  %swant %s", b.String(), want)
 	}
-	back, err := decodeRecord(b.Bytes())
+	back, err := decodeRecord(b.Bytes(), new([]byte))
 	if err != nil || back.Seq != 7 || !back.Time.Equal(r.Time) || !bytes.Equal(back.Data, r.Data) || back.Headers["Toolbatch-Event"][1] != "CallExecuting" {
 		t.Fatalf("round trip: %+v %v", back, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -56,8 +57,12 @@ const (
 // source is where the streams are read from: NATS or export files. Both
 // deliver records in stream order, filtered by the selection, and stop
 // early when fn returns an error.
+//
+// With decode, the commits of the events stream are decoded on every core
+// while fn gets the messages, in order, on the caller's goroutine; fn must
+// then not keep a record's Data after it returns.
 type source interface {
-	read(ctx context.Context, which stream, sel selection, fn func(audit.Record) error) error
+	read(ctx context.Context, which stream, sel selection, decode bool, fn func(*message) error) error
 	close()
 }
 
@@ -156,7 +161,7 @@ type fileSource struct {
 
 func (f *fileSource) close() {}
 
-func (f *fileSource) read(ctx context.Context, which stream, sel selection, fn func(audit.Record) error) error {
+func (f *fileSource) read(ctx context.Context, which stream, sel selection, decode bool, fn func(*message) error) error {
 	path := f.events
 	if which == outStream {
 		if f.out == "" {
@@ -170,75 +175,184 @@ func (f *fileSource) read(ctx context.Context, which stream, sel selection, fn f
 	}
 	defer file.Close()
 	filter := subjectFilter(f.prefix, which, sel.run)
-	return readRecords(ctx, path, file, func(r audit.Record) error {
+	accept := func(r audit.Record) (keep, stop bool) {
 		if !subjectMatches(filter, r.Subject) {
-			return nil
+			return false, false
 		}
-		keep, stop := sel.keep(which, r)
-		if stop {
-			return errStop
-		}
-		if !keep {
-			return nil
-		}
-		return fn(r)
-	})
+		return sel.keep(which, r)
+	}
+	return readRecords(ctx, path, file, accept, decode && which == eventsStream, fn)
 }
 
 // errStop ends a read early without an error.
 var errStop = errors.New("stop")
 
-// readRecords decodes JSON Lines records from r, in order. Blank lines are
-// skipped; a line that is not a record is a read error naming the line.
-func readRecords(ctx context.Context, name string, r io.Reader, fn func(audit.Record) error) error {
-	br := bufio.NewReaderSize(r, 1<<20)
-	for line := 1; ; line++ {
-		b, err := br.ReadBytes('\n')
-		if len(bytes.TrimSpace(b)) > 0 {
-			rec, derr := decodeRecord(b)
-			if derr != nil {
-				return usageErrorf("%s:%d: %v", name, line, derr)
-			}
-			if ferr := fn(rec); ferr != nil {
-				if errors.Is(ferr, errStop) {
-					return nil
-				}
-				return ferr
-			}
-		}
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return usageErrorf("read %s: %v", name, err)
-		}
-		if line%4096 == 0 && ctx.Err() != nil {
-			return usageErrorf("interrupted")
-		}
-	}
+// Errors of records that decode but are not messages.
+var (
+	errNoSeq     = errors.New("record without a seq")
+	errNoSubject = errors.New("record without a subject")
+)
+
+// lineChunk is a run of export lines read together, and what they hold.
+type lineChunk struct {
+	buf   []byte // the lines, one after another
+	ends  []int  // where each line ends in buf
+	lines []int  // each line's number in the file
+	msgs  []message
+	keep  []bool
+	arena []byte // the bodies (see work)
+	stop  int   // the index of the first message that ends the read, or -1
+	err   error // the first line that is not a record (after msgs)
 }
 
-// decodeRecord decodes one export line.
-func decodeRecord(line []byte) (audit.Record, error) {
+// Chunk sizes: a chunk is handed on when it holds this many lines or bytes.
+const (
+	chunkLines = 512
+	chunkBytes = 512 << 10
+)
+
+var chunkPool = sync.Pool{New: func() any { return new(lineChunk) }}
+
+// readRecords decodes JSON Lines records from r, in order; accept says which
+// to keep and where to stop (the first record it says stop for ends the
+// read). Lines are decoded on every core (with their commits when decode
+// is set); fn gets them in order. With decode, a record's Data is valid
+// only until fn returns. Blank lines are skipped; a line that is not a
+// record is a read error naming the line.
+func readRecords(ctx context.Context, name string, r io.Reader, accept func(audit.Record) (keep, stop bool),
+	decode bool, fn func(*message) error) error {
+	br := bufio.NewReaderSize(r, 1<<20)
+	produce := func(emit func(*lineChunk) bool) error {
+		c := newChunk()
+		for line := 1; ; line++ {
+			start := len(c.buf)
+			var err error
+			for {
+				var b []byte
+				b, err = br.ReadSlice('\n')
+				c.buf = append(c.buf, b...)
+				if err != bufio.ErrBufferFull {
+					break
+				}
+			}
+			if len(bytes.TrimSpace(c.buf[start:])) > 0 {
+				c.ends, c.lines = append(c.ends, len(c.buf)), append(c.lines, line)
+			} else {
+				c.buf = c.buf[:start]
+			}
+			if err != nil && err != io.EOF {
+				return usageErrorf("read %s: %v", name, err)
+			}
+			if err == io.EOF || len(c.ends) >= chunkLines || len(c.buf) >= chunkBytes {
+				if len(c.ends) > 0 {
+					if ctx.Err() != nil {
+						return usageErrorf("interrupted")
+					}
+					if !emit(c) {
+						return nil
+					}
+					c = newChunk()
+				}
+				if err == io.EOF {
+					return nil
+				}
+			}
+		}
+	}
+	work := func(c *lineChunk) {
+		// The bodies go to one buffer per chunk (base64 takes 4 bytes for
+		// 3). With decode, fn sees only decoded commits, and the buffer is
+		// used again for the next chunk; else it is the records' own.
+		arena := c.arena[:0]
+		if need := len(c.buf)/4*3 + 4; !decode || cap(arena) < need {
+			arena = make([]byte, 0, need)
+		}
+		if decode {
+			defer func() { c.arena = arena[:0] }()
+		}
+		start := 0
+		for i, end := range c.ends {
+			rec, err := decodeRecord(c.buf[start:end], &arena)
+			start = end
+			if err != nil {
+				c.err = usageErrorf("%s:%d: %v", name, c.lines[i], err)
+				return
+			}
+			keep, stop := accept(rec)
+			if stop {
+				c.stop = len(c.msgs)
+				return
+			}
+			m := message{Record: rec}
+			if keep && decode {
+				m.commit()
+			}
+			c.msgs, c.keep = append(c.msgs, m), append(c.keep, keep)
+		}
+	}
+	consume := func(c *lineChunk) error {
+		defer recycle(c)
+		for i := range c.msgs {
+			if !c.keep[i] {
+				continue
+			}
+			if err := fn(&c.msgs[i]); err != nil {
+				return err
+			}
+		}
+		if c.stop >= 0 {
+			return errStop
+		}
+		return c.err
+	}
+	err := inOrder(produce, work, consume)
+	if errors.Is(err, errStop) {
+		return nil
+	}
+	return err
+}
+
+func newChunk() *lineChunk {
+	c := chunkPool.Get().(*lineChunk)
+	c.stop = -1
+	return c
+}
+
+// recycle returns a chunk to the pool once its messages were handed on:
+// what fn kept of them (records, events) is not in the chunk's buffers.
+func recycle(c *lineChunk) {
+	clear(c.msgs)
+	c.buf, c.ends, c.lines, c.msgs, c.keep = c.buf[:0], c.ends[:0], c.lines[:0], c.msgs[:0], c.keep[:0]
+	c.err = nil
+	chunkPool.Put(c)
+}
+
+// decodeRecord decodes one export line, with parseRecordFast when the
+// line is in encodeRecord's own form, else with encoding/json; the body is
+// decoded into arena.
+func decodeRecord(line []byte, arena *[]byte) (audit.Record, error) {
+	w, ok := parseRecordFast(line, arena)
+	if !ok {
+		var err error
+		if w, err = decodeRecordJSON(line); err != nil {
+			return audit.Record{}, err
+		}
+	}
+	return recordOf(w)
+}
+
+// decodeRecordJSON decodes one export line with encoding/json.
+func decodeRecordJSON(line []byte) (wireRecord, error) {
 	var w wireRecord
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&w); err != nil {
-		return audit.Record{}, fmt.Errorf("not an export record: %v", err)
+		return w, fmt.Errorf("not an export record: %v", err)
 	}
 	if dec.More() {
-		return audit.Record{}, errors.New("not an export record: more than one value on the line")
+		return w, errors.New("not an export record: more than one value on the line")
 	}
-	switch {
-	case w.Seq == 0:
-		return audit.Record{}, errors.New("record without a seq")
-	case w.Subject == "":
-		return audit.Record{}, errors.New("record without a subject")
-	}
-	if w.Headers == nil {
-		w.Headers = map[string][]string{}
-	}
-	return audit.Record{Seq: w.Seq, Subject: w.Subject, Time: w.Time, Headers: w.Headers, Data: w.Data}, nil
+	return w, nil
 }
 
 // encodeRecord writes one export line.
@@ -267,7 +381,7 @@ func (n *natsSource) close() { n.nc.Close() }
 
 // read delivers every message of the stream that matches the selection,
 // up to the last one stored when the read began.
-func (n *natsSource) read(ctx context.Context, which stream, sel selection, fn func(audit.Record) error) error {
+func (n *natsSource) read(ctx context.Context, which stream, sel selection, decode bool, fn func(*message) error) error {
 	name := streamName(n.prefix, which)
 	st, err := n.js.Stream(ctx, name)
 	if err != nil {
@@ -305,45 +419,83 @@ func (n *natsSource) read(ctx context.Context, which stream, sel selection, fn f
 	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
 		return nil // nothing matches
 	}
-	var last uint64
-	for {
-		nctx, cancel := context.WithTimeout(ctx, stallTimeout)
-		m, err := it.Next(jetstream.NextContext(nctx))
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return usageErrorf("interrupted")
+	decode = decode && which == eventsStream
+	// The reading loop hands on batches of messages; their commits are
+	// decoded on every core; fn gets them in order.
+	const batch = 256
+	produce := func(emit func([]message) bool) error {
+		var last uint64
+		msgs := make([]message, 0, batch)
+		flush := func() bool {
+			if len(msgs) == 0 {
+				return true
 			}
-			return usageErrorf("stream %s: no message after seq %d for %s (%v)", name, last, stallTimeout, err)
+			ok := emit(msgs)
+			msgs = make([]message, 0, batch)
+			return ok
 		}
-		meta, err := m.Metadata()
-		if err != nil {
-			return usageErrorf("stream %s: %v", name, err)
-		}
-		seq := meta.Sequence.Stream
-		if seq > upTo {
-			return nil // stored after the read began
-		}
-		last = seq
-		h := make(map[string][]string, len(m.Headers()))
-		for k, v := range m.Headers() {
-			h[k] = append([]string(nil), v...)
-		}
-		r := audit.Record{Seq: seq, Subject: m.Subject(), Time: meta.Timestamp.UTC(), Headers: h, Data: bytes.Clone(m.Data())}
-		keep, stop := sel.keep(which, r)
-		if stop {
-			return nil
-		}
-		if keep {
-			if err := fn(r); err != nil {
-				if errors.Is(err, errStop) {
+		for {
+			nctx, cancel := context.WithTimeout(ctx, stallTimeout)
+			m, err := it.Next(jetstream.NextContext(nctx))
+			cancel()
+			if err != nil {
+				flush()
+				if ctx.Err() != nil {
+					return usageErrorf("interrupted")
+				}
+				return usageErrorf("stream %s: no message after seq %d for %s (%v)", name, last, stallTimeout, err)
+			}
+			meta, err := m.Metadata()
+			if err != nil {
+				flush()
+				return usageErrorf("stream %s: %v", name, err)
+			}
+			seq := meta.Sequence.Stream
+			if seq > upTo {
+				flush()
+				return nil // stored after the read began
+			}
+			last = seq
+			h := make(map[string][]string, len(m.Headers()))
+			for k, v := range m.Headers() {
+				h[k] = append([]string(nil), v...)
+			}
+			r := audit.Record{Seq: seq, Subject: m.Subject(), Time: meta.Timestamp.UTC(), Headers: h, Data: bytes.Clone(m.Data())}
+			keep, stop := sel.keep(which, r)
+			if stop {
+				flush()
+				return nil
+			}
+			if keep {
+				msgs = append(msgs, message{Record: r})
+				if len(msgs) == batch && !flush() {
 					return nil
 				}
+			}
+			if seq >= upTo || meta.NumPending == 0 {
+				flush()
+				return nil
+			}
+		}
+	}
+	work := func(msgs []message) {
+		if decode {
+			for i := range msgs {
+				msgs[i].commit()
+			}
+		}
+	}
+	consume := func(msgs []message) error {
+		for i := range msgs {
+			if err := fn(&msgs[i]); err != nil {
 				return err
 			}
 		}
-		if seq >= upTo || meta.NumPending == 0 {
-			return nil
-		}
+		return nil
 	}
+	err = inOrder(produce, work, consume)
+	if errors.Is(err, errStop) {
+		return nil
+	}
+	return err
 }

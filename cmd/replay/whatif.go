@@ -11,7 +11,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/toolbatch/toolbatch/audit"
 	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/events"
 )
@@ -32,9 +31,9 @@ func cmdWhatIf(ctx context.Context, o *options, stdout, stderr io.Writer) error 
 	defer src.close()
 	w := &whatIf{cat: cat, prefix: o.prefix, batches: map[string]*events.BatchSubmitted{}}
 	prog := newProgress(stderr)
-	err = src.read(ctx, eventsStream, o.sel, func(r audit.Record) error {
-		prog.add(r)
-		w.add(r)
+	err = src.read(ctx, eventsStream, o.sel, true, func(m *message) error {
+		prog.add(m.Record)
+		w.add(m)
 		return nil
 	})
 	if err != nil {
@@ -94,9 +93,10 @@ func (d decision) String() string {
 
 // add reads one commit: submissions are kept for their calls, and every
 // CallGated is re-evaluated.
-func (w *whatIf) add(r audit.Record) {
+func (w *whatIf) add(m *message) {
+	r := m.Record
 	runID, _ := strings.CutPrefix(r.Subject, w.prefix+".events.")
-	evs, err := events.DecodeCommit(r.Data, r.Headers[headerEvent])
+	evs, err := m.commit()
 	if err != nil {
 		w.skipped = append(w.skipped, fmt.Sprintf("seq %d: %v", r.Seq, err))
 		return

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"runtime"
+	"sync"
+
+	"github.com/toolbatch/toolbatch/audit"
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// message is one message of a stream as a read delivers it: its record
+// and, when the read was asked to decode, its commit already decoded.
+type message struct {
+	audit.Record
+	decoded bool
+	events  []events.Event
+	err     error // decoding the commit
+}
+
+// commit returns the message's events, decoding them unless the read did.
+func (m *message) commit() ([]events.Event, error) {
+	if !m.decoded {
+		m.events, m.err = events.DecodeCommit(m.Data, m.Headers[headerEvent])
+		m.decoded = true
+	}
+	return m.events, m.err
+}
+
+// inOrder is the read pipeline: produce makes batches in stream order, work
+// runs on them on every core, and consume gets them in the order they were
+// made, each after its work is done. It stops at the first error of
+// consume (or when emit reports false to produce after that) and returns
+// consume's error, else produce's, once every goroutine it started has
+// ended.
+func inOrder[T any](produce func(emit func(T) bool) error, work func(T), consume func(T) error) error {
+	type item struct {
+		v    T
+		done chan struct{}
+	}
+	workers := runtime.GOMAXPROCS(0)
+	todo := make(chan *item, workers)
+	order := make(chan *item, 4*workers)
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for it := range todo {
+				work(it.v)
+				close(it.done)
+			}
+		})
+	}
+	var perr error
+	wg.Go(func() {
+		defer close(order)
+		defer close(todo)
+		perr = produce(func(v T) bool {
+			it := &item{v: v, done: make(chan struct{})}
+			select {
+			case order <- it:
+			case <-quit:
+				return false
+			}
+			select {
+			case todo <- it:
+				return true
+			case <-quit:
+				return false
+			}
+		})
+	})
+	var cerr error
+	for it := range order {
+		<-it.done
+		if cerr = consume(it.v); cerr != nil {
+			break
+		}
+	}
+	close(quit)
+	wg.Wait()
+	if cerr != nil {
+		return cerr
+	}
+	return perr
+}

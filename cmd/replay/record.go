@@ -1,0 +1,211 @@
+package main
+
+import (
+	"bytes"
+	"encoding/base64"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/toolbatch/toolbatch/audit"
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// parseRecordFast reads an export line in the exact form encodeRecord
+// writes it, without encoding/json:
+//
+//	{"seq":N,"subject":"S","time":"T","headers":{"K":["V",...],...},"data":"B"}
+//
+// with nothing to unescape in its strings. It reports false for anything
+// else (other spacing or key order, escapes, nulls, a duplicate header),
+// and decodeRecord then reads the line with encoding/json, which decides:
+// so what it accepts, it reads as encoding/json does (record_test.go checks
+// it). The body is decoded into arena, which grows as needed.
+func parseRecordFast(line []byte, arena *[]byte) (wireRecord, bool) {
+	var w wireRecord
+	p := recordParser{b: line}
+	if !p.lit(`{"seq":`) {
+		return w, false
+	}
+	seq, ok := p.uint()
+	if !ok || !p.lit(`,"subject":`) {
+		return w, false
+	}
+	subject, ok := p.str()
+	if !ok || !p.lit(`,"time":`) {
+		return w, false
+	}
+	start := p.i
+	if _, ok := p.str(); !ok {
+		return w, false
+	}
+	// The very method encoding/json calls for a time.Time.
+	if err := w.Time.UnmarshalJSON(line[start:p.i]); err != nil {
+		return w, false
+	}
+	if !p.lit(`,"headers":{`) {
+		return w, false
+	}
+	w.Headers = make(map[string][]string, 4)
+	for first := true; !p.lit("}"); first = false {
+		if !first && !p.lit(",") {
+			return w, false
+		}
+		name, ok := p.str()
+		if !ok || !p.lit(":[") {
+			return w, false
+		}
+		key := headerName(name)
+		if _, dup := w.Headers[key]; dup {
+			return w, false
+		}
+		vals := make([]string, 0, 1)
+		for firstVal := true; !p.lit("]"); firstVal = false {
+			if !firstVal && !p.lit(",") {
+				return w, false
+			}
+			v, ok := p.str()
+			if !ok {
+				return w, false
+			}
+			vals = append(vals, headerValue(key, v))
+		}
+		w.Headers[key] = vals
+	}
+	// The body: base64 refuses every byte a JSON string would have to
+	// escape, or that would need unescaping, except the line breaks it
+	// skips, which are looked for here.
+	if !p.lit(`,"data":"`) {
+		return w, false
+	}
+	end := bytes.IndexByte(p.b[p.i:], '"')
+	if end < 0 {
+		return w, false
+	}
+	data := p.b[p.i : p.i+end]
+	p.i += end + 1
+	if bytes.IndexByte(data, '\r') >= 0 || bytes.IndexByte(data, '\n') >= 0 || !p.lit("}") {
+		return w, false
+	}
+	for _, c := range line[p.i:] {
+		if c != ' ' && c != '\t' && c != '\r' && c != '\n' {
+			return w, false
+		}
+	}
+	// As encoding/json decodes a []byte.
+	n := base64.StdEncoding.DecodedLen(len(data))
+	if cap(*arena)-len(*arena) < n {
+		*arena = make([]byte, 0, max(n, 64<<10))
+	}
+	buf := (*arena)[len(*arena) : len(*arena)+n]
+	m, err := base64.StdEncoding.Decode(buf, data)
+	if err != nil {
+		return w, false
+	}
+	*arena = (*arena)[:len(*arena)+m]
+	w.Seq, w.Subject, w.Data = seq, string(subject), buf[:m:m]
+	if w.Data == nil {
+		w.Data = []byte{} // encoding/json's empty body is not nil either
+	}
+	return w, true
+}
+
+// recordParser is a cursor over one line.
+type recordParser struct {
+	b []byte
+	i int
+}
+
+// lit consumes s if the line continues with it.
+func (p *recordParser) lit(s string) bool {
+	if len(p.b)-p.i < len(s) || string(p.b[p.i:p.i+len(s)]) != s {
+		return false
+	}
+	p.i += len(s)
+	return true
+}
+
+// uint reads a JSON number that is a decimal integer without sign,
+// fraction or exponent, as encoding/json reads one into a uint64.
+func (p *recordParser) uint() (uint64, bool) {
+	start := p.i
+	for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
+		p.i++
+	}
+	digits := p.b[start:p.i]
+	if len(digits) == 0 || len(digits) > 1 && digits[0] == '0' {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(string(digits), 10, 64)
+	return n, err == nil
+}
+
+// str reads a JSON string with nothing to unescape: valid UTF-8 without
+// control characters or backslashes. It returns the bytes between the
+// quotes.
+func (p *recordParser) str() ([]byte, bool) {
+	if p.i >= len(p.b) || p.b[p.i] != '"' {
+		return nil, false
+	}
+	start := p.i + 1
+	ascii := true
+	for j := start; j < len(p.b); j++ {
+		switch c := p.b[j]; {
+		case c == '"':
+			s := p.b[start:j]
+			if !ascii && !utf8.Valid(s) {
+				return nil, false
+			}
+			p.i = j + 1
+			return s, true
+		case c < 0x20 || c == '\\':
+			return nil, false
+		case c >= utf8.RuneSelf:
+			ascii = false
+		}
+	}
+	return nil, false
+}
+
+// Known header names and values, shared by every record that has them.
+var (
+	knownHeaders = map[string]string{headerEvent: headerEvent, headerPrev: headerPrev, headerSource: headerSource,
+		"Nats-Msg-Id": "Nats-Msg-Id"}
+	eventTypeNames = func() map[string]string {
+		m := map[string]string{}
+		for _, t := range events.Types() {
+			m[string(t)] = string(t)
+		}
+		return m
+	}()
+)
+
+func headerName(b []byte) string {
+	if s, ok := knownHeaders[string(b)]; ok {
+		return s
+	}
+	return string(b)
+}
+
+func headerValue(name string, b []byte) string {
+	if name == headerEvent {
+		if s, ok := eventTypeNames[string(b)]; ok {
+			return s
+		}
+	}
+	return string(b)
+}
+
+// recordOf is the record an export line holds, after the checks every
+// line gets.
+func recordOf(w wireRecord) (audit.Record, error) {
+	switch {
+	case w.Seq == 0:
+		return audit.Record{}, errNoSeq
+	case w.Subject == "":
+		return audit.Record{}, errNoSubject
+	}
+	if w.Headers == nil {
+		w.Headers = map[string][]string{}
+	}
+	return audit.Record{Seq: w.Seq, Subject: w.Subject, Time: w.Time, Headers: w.Headers, Data: w.Data}, nil
+}

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/toolbatch/toolbatch/audit"
+)
+
+// parseRecordFast against encoding/json (decodeRecordJSON), its oracle:
+// whatever the fast parser reads, encoding/json reads into an equal record.
+
+// checkRecordAgrees fails t when parseRecordFast reads line and
+// encoding/json refuses it or reads another record. It reports whether the
+// fast parser read it.
+func checkRecordAgrees(t *testing.T, line []byte) bool {
+	t.Helper()
+	var arena []byte
+	fast, ok := parseRecordFast(line, &arena)
+	if !ok {
+		return false
+	}
+	ref, err := decodeRecordJSON(line)
+	if err != nil {
+		t.Fatalf("the fast parser read %q, encoding/json refuses it: %v", line, err)
+	}
+	if !reflect.DeepEqual(fast, ref) || fast.Time.Location() != ref.Time.Location() {
+		t.Fatalf("the parsers differ on %q\n      fast: %+v\nencoding/json: %+v", line, fast, ref)
+	}
+	return true
+}
+
+// recordSeeds returns export lines: every line of the recorded streams and
+// lines written by encodeRecord for odd records.
+func recordSeeds(t testing.TB) [][]byte {
+	t.Helper()
+	var out [][]byte
+	files, err := filepath.Glob(filepath.Join(streamsDir, "*.jsonl"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no recorded streams in %s (%v)", streamsDir, err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for l := range bytes.Lines(b) {
+			out = append(out, l)
+		}
+	}
+	odd := []audit.Record{
+		{Seq: 1, Subject: "toolbatch.events.r1", Time: time.Date(2026, 1, 2, 3, 4, 5, 600, time.UTC)},
+		{Seq: 18446744073709551615, Subject: "toolbatch.events.é", Time: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC),
+			Headers: map[string][]string{"Toolbatch-Event": {}, "X": {"a", "", "é"}}, Data: []byte{}},
+		{Seq: 2, Subject: `toolbatch.events."quoted"<&>`, Time: time.Date(2026, 1, 2, 3, 4, 5, 0, time.FixedZone("x", 3600)),
+			Headers: map[string][]string{"Toolbatch-Event": {"CallGated\n"}}, Data: []byte("\xff\x00\x01")},
+	}
+	for _, r := range odd {
+		var b bytes.Buffer
+		if err := encodeRecord(&b, r); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, b.Bytes())
+	}
+	return out
+}
+
+func TestParseRecordFast(t *testing.T) {
+	read := 0
+	for _, l := range recordSeeds(t) {
+		if checkRecordAgrees(t, l) {
+			read++
+		} else if !bytes.Contains(l, []byte(`\`)) {
+			t.Errorf("the fast parser gave up on %q, which encodeRecord wrote with nothing to unescape", l)
+		}
+	}
+	if read == 0 {
+		t.Fatal("the fast parser read no line")
+	}
+	odd := []string{
+		`{"seq":1,"subject":"s","time":"2026-01-02T03:04:05Z","headers":{},"data":""}`,
+		`{"seq":1,"subject":"s","time":"2026-01-02T03:04:05Z","headers":{},"data":""}}`,
+		`{"seq":1,"subject":"s","time":"2026-01-02T03:04:05Z","headers":{},"data":""} {}`,
+		`{"seq":01,"subject":"s","time":"2026-01-02T03:04:05Z","headers":{},"data":""}`,
+		`{"seq":1.0,"subject":"s","time":"2026-01-02T03:04:05Z","headers":{},"data":""}`,
+		`{"seq":-1,"subject":"s","time":"2026-01-02T03:04:05Z","headers":{},"data":""}`,
+		`{"seq":18446744073709551616,"subject":"s","time":"2026-01-02T03:04:05Z","headers":{},"data":""}`,
+		`{"seq":1,"subject":"s","time":"2026-01-02T03:04:05+01:00","headers":{},"data":""}`,
+		`{"seq":1,"subject":"s","time":"2026-01-02T03:04:05.123456789Z","headers":{},"data":""}`,
+		`{"seq":1,"subject":"s","time":"2026-01-02 03:04:05Z","headers":{},"data":""}`,
+		`{"seq":1,"subject":"s","time":"2026-13-02T03:04:05Z","headers":{},"data":""}`,
+		`{"seq":1,"subject":"s","time":"2026-01-02T03:04:05Z","headers":{"A":["1"],"A":["2"]},"data":""}`,
+		`{"seq":1,"subject":"s","time":"2026-01-02T03:04:05Z","headers":{"A":[]},"data":"kYA"}`,
+		`{"seq":1,"subject":"s","time":"2026-01-02T03:04:05Z","headers":{"A":[]},"data":"kYA=="}`,
+		`{"seq":1,"subject":"s","time":"2026-01-02T03:04:05Z","headers":{"A":[]},"data":"k YA="}`,
+		`{"seq":1,"subject":"s","time":"2026-01-02T03:04:05Z","headers":{"A":[],},"data":""}`,
+		`{"seq":1,"subject":"s","time":"2026-01-02T03:04:05Z","headers":{"A":["x",]},"data":""}`,
+		`{"seq":1,"subject":"s","time":"2026-01-02T03:04:05Z","headers":null,"data":null}`,
+		`{"seq":1,"subject":"s\u0000","time":"2026-01-02T03:04:05Z","headers":{},"data":""}`,
+		"{\"seq\":1,\"subject\":\"s\xff\",\"time\":\"2026-01-02T03:04:05Z\",\"headers\":{},\"data\":\"\"}",
+		"{\"seq\":1,\"subject\":\"s\t\",\"time\":\"2026-01-02T03:04:05Z\",\"headers\":{},\"data\":\"\"}",
+		`{"Seq":1,"subject":"s","time":"2026-01-02T03:04:05Z","headers":{},"data":""}`,
+		`{"seq":1,"subject":"s","time":"2026-01-02T03:04:05Z","headers":{},"data":"","more":1}`,
+		` {"seq":1,"subject":"s","time":"2026-01-02T03:04:05Z","headers":{},"data":""}` + "\r\n",
+	}
+	for _, l := range odd {
+		checkRecordAgrees(t, []byte(l))
+		checkRecordAgrees(t, []byte(l+"\n"))
+	}
+}
+
+// FuzzParseRecord: the parsers agree on any line.
+//
+//	go test ./cmd/replay -run '^$' -fuzz '^FuzzParseRecord$' -fuzztime 30s
+func FuzzParseRecord(f *testing.F) {
+	for _, l := range recordSeeds(f) {
+		f.Add(l)
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		checkRecordAgrees(t, line)
+	})
+}
+
+func BenchmarkDecodeRecord(b *testing.B) {
+	var lines [][]byte
+	for _, l := range recordSeeds(b) {
+		if strings.Contains(string(l), `"toolbatch.events.`) {
+			lines = append(lines, l)
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		parse func([]byte) error
+	}{
+		{"fast", func(l []byte) error { _, err := decodeRecord(l, new([]byte)); return err }},
+		{"json", func(l []byte) error { _, err := decodeRecordJSON(l); return err }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				for _, l := range lines {
+					if err := c.parse(l); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}
