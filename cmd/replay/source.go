@@ -201,8 +201,8 @@ type lineChunk struct {
 	msgs  []message
 	keep  []bool
 	arena []byte // the bodies (see work)
-	stop  int   // the index of the first message that ends the read, or -1
-	err   error // the first line that is not a record (after msgs)
+	stop  int    // the index of the first message that ends the read, or -1
+	err   error  // the first line that is not a record (after msgs)
 }
 
 // Chunk sizes: a chunk is handed on when it holds this many lines or bytes.
