@@ -20,18 +20,13 @@ import (
 
 // The engine's catalog for W1, W2 and the parked runs: noop runs on the
 // sandbox workers (their builtin, no subprocess), echo is the engine's own
-// brain builtin, confirm parks every call on a permission ticket.
-//
-// noop's dispatch deadline is an hour so that the dispatch-deadline timer
-// every sandbox attempt schedules does not fire during the benchmark (with
-// the default 30 s they would fire into later windows and each cost the
-// engine an inbox message; see docs/performance.md).
+// brain builtin, confirm parks every call on a permission ticket. Every
+// tool has the default dispatch deadline (30 s).
 const benchCatalog = `# toolbatch benchmark catalog (bench/engine.go)
 tools:
   - id: noop
     target: sandbox
     recovery: {mode: replay_safe, max_attempts: 3}
-    dispatch_deadline: 1h
   - id: echo
     builtin: echo
     recovery: {mode: replay_safe, max_attempts: 3}

@@ -93,6 +93,7 @@ func (s *shard) forget(rs *runState) {
 	rs.held, rs.durableHeld, rs.pending = nil, 0, nil
 	clear(rs.inflight)
 	clear(rs.leases)
+	clear(rs.unclaimed)
 }
 
 // release gives the run up when nothing of it is in progress here. It

@@ -17,7 +17,13 @@ import (
 //
 //  1. When a sandbox call's CallExecuting is committed, publish its dispatch
 //     on <prefix>.dispatch.<pool>.<tool_id> (message id
-//     <operation_id>/<attempt>) and schedule its dispatch deadline.
+//     <operation_id>/<attempt>) and watch its dispatch deadline. The
+//     deadline is watched in memory, like a lease: while the attempt is
+//     unclaimed the run holds an unacknowledged inbox message, so after a
+//     crash the run is taken over and its unclaimed attempt dispatched again
+//     by the recovery table, with a new deadline. (A stored timer per
+//     dispatch would cost a write per call and a delivery long after most
+//     calls are done.)
 //  2. A worker asks for the attempt on <prefix>.api.claim. The engine
 //     decides the claim, commits CallClaimed (the dispatch boundary), and
 //     only then answers with a claim token and a lease. A second claim of
@@ -54,7 +60,7 @@ type lease struct {
 	deadline time.Time
 }
 
-// dispatch publishes a sandbox attempt's job and schedules its deadline.
+// dispatch publishes a sandbox attempt's job.
 func (e *Engine) dispatch(ctx context.Context, inv invocation) error {
 	body, err := events.Marshal(events.Dispatch{BatchID: inv.batchID, RunID: inv.runID, CallID: inv.callID, ToolID: inv.toolID,
 		Arguments: inv.arguments, Attempt: inv.attempt, OperationID: inv.operationID})
@@ -70,12 +76,33 @@ func (e *Engine) dispatch(ctx context.Context, inv invocation) error {
 	if _, err := e.js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("%s/%d", inv.operationID, inv.attempt))); err != nil {
 		return fmt.Errorf("dispatch %s attempt %d: %w", inv.operationID, inv.attempt, err)
 	}
-	deadline := DefaultDispatchDeadline
-	if t, ok := e.cfg.Catalog.Tool(inv.toolID); ok && t.DispatchDeadline > 0 {
-		deadline = t.DispatchDeadline
+	return nil
+}
+
+// dispatchDeadline is how long a sandbox tool's attempt may wait for a
+// claim.
+func (e *Engine) dispatchDeadline(toolID string) time.Duration {
+	if t, ok := e.cfg.Catalog.Tool(toolID); ok && t.DispatchDeadline > 0 {
+		return t.DispatchDeadline
 	}
-	f := timerFire{Action: timerDispatchDeadline, CorrelationID: fmt.Sprintf("%s-%d", inv.callID, inv.attempt), CallID: inv.callID, Attempt: inv.attempt}
-	return e.schedule(ctx, inv.runID, f, e.cfg.Now().Add(deadline))
+	return DefaultDispatchDeadline
+}
+
+// onDispatchDeadline completes an attempt no worker claimed in time
+// (unavailable_before_dispatch: nothing ran); the aggregate retries it
+// while attempts remain. An attempt claimed or moved on meanwhile is left
+// alone.
+func (s *shard) onDispatchDeadline(ctx, runCtx context.Context, rs *runState, callID string, attempt int) error {
+	err := s.decide(ctx, rs, aggregate.Complete{CallID: callID, Attempt: attempt, At: s.e.cfg.Now(),
+		Error: &events.ToolError{Kind: events.ErrorUnavailableBeforeDispatch, Message: "no worker claimed it before its dispatch deadline"}})
+	if aggregate.IsDecision(err) {
+		return nil // claimed, or moved on: nothing to do
+	}
+	if err != nil {
+		return err
+	}
+	delete(rs.inflight, fmt.Sprintf("%s/%d", callID, attempt))
+	return s.drive(ctx, runCtx, rs)
 }
 
 // DefaultDispatchDeadline is how long a sandbox attempt may wait for a
@@ -155,6 +182,7 @@ func (s *shard) onClaim(ctx context.Context, rs *runState, it item) error {
 		return nil
 	}
 	rs.leases[callID] = lease{attempt: req.Attempt, token: token, deadline: time.Now().Add(s.e.cfg.Lease)}
+	delete(rs.unclaimed, callID)
 	respond(it.req, events.ClaimReply{Granted: true, ClaimToken: token, LeaseMS: leaseMS})
 	return nil
 }
@@ -228,10 +256,18 @@ func (s *shard) onResult(ctx, runCtx context.Context, rs *runState, it item) err
 	return s.drive(ctx, runCtx, rs)
 }
 
-// checkLeases decides the attempts whose lease ran out.
+// checkLeases decides the attempts whose lease or dispatch deadline ran
+// out.
 func (s *shard) checkLeases() {
 	now := time.Now()
 	for _, rs := range s.runs {
+		for callID, u := range rs.unclaimed {
+			if now.Before(u.deadline) {
+				continue
+			}
+			delete(rs.unclaimed, callID)
+			s.handle(s.runCtx, item{runID: rs.id, kind: "unclaimed", unclaimed: &unclaimedExpiry{callID: callID, attempt: u.attempt}})
+		}
 		for callID, l := range rs.leases {
 			if now.Before(l.deadline) || !rs.loaded {
 				continue
@@ -240,6 +276,11 @@ func (s *shard) checkLeases() {
 			s.handle(s.runCtx, item{runID: rs.id, kind: "lease", lease: &leaseExpiry{callID: callID, lease: l}})
 		}
 	}
+}
+
+type unclaimedExpiry struct {
+	callID  string
+	attempt int
 }
 
 type leaseExpiry struct {

@@ -26,6 +26,7 @@ type item struct {
 	done      *outcome
 	req       *nats.Msg    // claim and heartbeat requests
 	lease     *leaseExpiry // a lease that ran out
+	unclaimed *unclaimedExpiry // a dispatch deadline that passed
 }
 
 // outcome is what an executor reported for an attempt.
@@ -52,6 +53,9 @@ type runState struct {
 	held     []jetstream.Msg
 	inflight map[string]bool  // "<call_id>/<attempt>" executing here
 	leases   map[string]lease // claimed sandbox attempts, by call id
+	// unclaimed are dispatched sandbox attempts waiting for a claim, by
+	// call id: their attempt and dispatch deadline.
+	unclaimed map[string]lease
 	used     time.Time
 	// pending are the decisions staged since the last flush, each a
 	// decision's events; durableHeld counts the held messages whose
@@ -150,7 +154,7 @@ func opCtx() (context.Context, context.CancelFunc) {
 func (s *shard) state(runID string) *runState {
 	rs := s.runs[runID]
 	if rs == nil {
-		rs = &runState{id: runID, inflight: map[string]bool{}, leases: map[string]lease{}}
+		rs = &runState{id: runID, inflight: map[string]bool{}, leases: map[string]lease{}, unclaimed: map[string]lease{}}
 		s.runs[runID] = rs
 	}
 	rs.used = time.Now()
@@ -166,7 +170,7 @@ func (s *shard) handle(runCtx context.Context, it item) {
 	rs := s.state(it.runID)
 	ctx, cancel := opCtx()
 	defer cancel()
-	if it.done != nil || it.lease != nil {
+	if it.done != nil || it.lease != nil || it.unclaimed != nil {
 		if !rs.owned {
 			return // this engine lost the run since: the new owner recovers the call
 		}
@@ -452,6 +456,8 @@ func (s *shard) handleOnce(runCtx context.Context, rs *runState, it item) error 
 		return s.onResult(ctx, runCtx, rs, it)
 	case it.kind == "lease":
 		return s.onLeaseExpired(ctx, runCtx, rs, it.lease)
+	case it.kind == "unclaimed":
+		return s.onDispatchDeadline(ctx, runCtx, rs, it.unclaimed.callID, it.unclaimed.attempt)
 	default:
 		s.e.log.Warn().Str(fieldSubject, it.msg.Subject()).Msg("inbox message of an unknown kind: terminated")
 		return it.msg.TermWithReason("unknown inbox kind " + it.kind)
@@ -615,6 +621,9 @@ func (s *shard) onOutcome(ctx, runCtx context.Context, rs *runState, o *outcome)
 		return nil // the run was reloaded and recovered since: this outcome is stale
 	}
 	delete(rs.inflight, key)
+	if u, ok := rs.unclaimed[o.callID]; ok && u.attempt == o.attempt {
+		delete(rs.unclaimed, o.callID) // its dispatch failed
+	}
 	now := s.e.cfg.Now()
 	var cmd aggregate.Command
 	if o.awaiting {
@@ -737,6 +746,9 @@ func (s *shard) startExecutors(runCtx context.Context, rs *runState, callIDs []s
 			continue
 		}
 		rs.inflight[key] = true
+		if c.Tool.Target == events.TargetSandbox {
+			rs.unclaimed[id] = lease{attempt: c.Attempt, deadline: time.Now().Add(s.e.dispatchDeadline(c.ToolID))}
+		}
 		inv := invocation{runID: rs.id, batchID: b.ID, callID: id, toolID: c.ToolID, arguments: c.Arguments,
 			attempt: c.Attempt, operationID: b.OperationID(id), tool: c.Tool, input: c.Input, hasInput: c.HasInput}
 		s.e.wg.Add(1)
@@ -779,17 +791,11 @@ func (s *shard) onTimer(ctx, runCtx context.Context, rs *runState, it item) erro
 	case timerExpire:
 		cmd = aggregate.Expire{CorrelationID: f.CorrelationID, At: now}
 	case timerDispatchDeadline:
-		err := s.decide(ctx, rs, aggregate.Complete{CallID: f.CallID, Attempt: f.Attempt, At: now,
-			Error: &events.ToolError{Kind: events.ErrorUnavailableBeforeDispatch, Message: "no worker claimed it before its dispatch deadline"}})
-		if err != nil && !aggregate.IsDecision(err) {
+		// Scheduled by engines before deadlines were watched in memory.
+		if err := s.onDispatchDeadline(ctx, runCtx, rs, f.CallID, f.Attempt); err != nil {
 			return err
 		}
-		if err != nil {
-			return s.settle(rs, it.msg) // claimed, or moved on: nothing to do
-		}
-		delete(rs.inflight, fmt.Sprintf("%s/%d", f.CallID, f.Attempt))
-		rs.held = append(rs.held, it.msg)
-		return s.drive(ctx, runCtx, rs)
+		return s.settle(rs, it.msg)
 	case timerPerform:
 		capability := events.CapNonRecoverable
 		if t := rs.run.Ticket(); t != nil && t.CorrelationID == f.CorrelationID {
