@@ -758,6 +758,9 @@ func (d *mp) plainStr() string {
 		d.bad = true
 		return ""
 	}
+	if s, ok := symbols[string(b)]; ok {
+		return s
+	}
 	d.i = start
 	return d.str()
 }

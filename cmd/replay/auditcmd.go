@@ -26,7 +26,7 @@ func cmdAudit(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	var lastEvent uint64
 	err = src.read(ctx, eventsStream, o.sel, false, func(m *message) error {
 		r := m.Record
-		prog.add(r)
+		prog.add(m)
 		a.Event(r)
 		lastEvent = r.Seq
 		return nil

@@ -21,7 +21,7 @@ func cmdExport(ctx context.Context, o *options, stdout, stderr io.Writer) error 
 	prog := newProgress(stderr)
 	var lastEvent uint64
 	n, err := exportStream(ctx, src, eventsStream, o.sel, o.out, stdout, func(r audit.Record) bool {
-		prog.add(r)
+		prog.add(&message{Record: r})
 		lastEvent = r.Seq
 		return true
 	})

@@ -22,7 +22,7 @@ func cmdHistory(ctx context.Context, o *options, stdout, stderr io.Writer) error
 	h := newHistory(o.prefix, o.sel.startsLate())
 	prog := newProgress(stderr)
 	err = src.read(ctx, eventsStream, o.sel, true, func(m *message) error {
-		prog.add(m.Record)
+		prog.add(m)
 		h.add(m)
 		return nil
 	})
@@ -93,6 +93,9 @@ type callState struct {
 	Worker      string `json:"worker,omitempty"`  // the latest claim's worker
 	Reason      string `json:"reason,omitempty"`  // indeterminate
 	Outcome     string `json:"outcome,omitempty"` // events.DescribeOutput of a completed call
+	// output is what Outcome describes: finish writes the description,
+	// for printing.
+	output *events.Output
 }
 
 // item is one event (or a note) of a batch or a run, with the commit it
@@ -124,7 +127,7 @@ func (h *history) add(m *message) {
 	}
 	var notes []string
 	prevText := ""
-	if vs := r.Headers[headerPrev]; len(vs) > 0 {
+	if vs := m.header(headerPrev); len(vs) > 0 {
 		prevText = vs[0]
 	}
 	prev, perr := strconv.ParseUint(prevText, 10, 64)
@@ -189,7 +192,10 @@ func (rh *runHistory) place(e events.Event, seq uint64) *[]item {
 		if b := rh.byID[ev.BatchID]; b != nil && b.submitted == ev {
 			return &b.items
 		}
-		b := &batchHistory{id: ev.BatchID, step: ev.Step, submitted: ev, subSeq: seq}
+		// A call's history is four events (gate, executing, claim,
+		// completed) in the common case; then the barrier.
+		b := &batchHistory{id: ev.BatchID, step: ev.Step, submitted: ev, subSeq: seq,
+			items: make([]item, 0, 2+4*len(ev.Calls))}
 		rh.batches = append(rh.batches, b)
 		rh.byID[ev.BatchID] = b
 		if rh.thread == "" {
@@ -242,6 +248,11 @@ func (h *history) finish() {
 			}
 		}
 		for _, b := range rh.batches {
+			for i, c := range b.calls {
+				if c.output != nil {
+					b.calls[i].Outcome = events.DescribeOutput(*c.output)
+				}
+			}
 			if b.calls != nil || b.submitted == nil {
 				continue
 			}
@@ -263,9 +274,7 @@ func callStates(b *aggregate.Batch) []callState {
 		if c.Claim != nil {
 			s.Worker = c.Claim.WorkerID
 		}
-		if c.Output != nil {
-			s.Outcome = events.DescribeOutput(*c.Output)
-		}
+		s.output = c.Output
 		out[i] = s
 	}
 	return out

@@ -12,6 +12,9 @@ import (
 // and, when the read was asked to decode, its commit already decoded.
 type message struct {
 	audit.Record
+	// hdrs are the headers when Record.Headers is nil (reads that decode
+	// the commits do not build the map): see header.
+	hdrs    []header
 	decoded bool
 	events  []events.Event
 	err     error // decoding the commit
@@ -20,10 +23,23 @@ type message struct {
 // commit returns the message's events, decoding them unless the read did.
 func (m *message) commit() ([]events.Event, error) {
 	if !m.decoded {
-		m.events, m.err = events.DecodeCommit(m.Data, m.Headers[headerEvent])
+		m.events, m.err = events.DecodeCommit(m.Data, m.header(headerEvent))
 		m.decoded = true
 	}
 	return m.events, m.err
+}
+
+// header returns the values of a header.
+func (m *message) header(name string) []string {
+	if m.Headers != nil {
+		return m.Headers[name]
+	}
+	for _, h := range m.hdrs {
+		if h.name == name {
+			return h.vals
+		}
+	}
+	return nil
 }
 
 // inOrder is the read pipeline: produce makes batches in stream order, work

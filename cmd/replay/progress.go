@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"io"
 	"time"
-
-	"github.com/toolbatch/toolbatch/audit"
 )
 
 // progressEvery is how many messages pass between two progress lines.
@@ -32,9 +30,10 @@ func newProgress(w io.Writer) *progress {
 }
 
 // add counts one message of the events stream.
-func (p *progress) add(r audit.Record) {
+func (p *progress) add(m *message) {
+	r := m.Record
 	p.msgs++
-	p.events += len(r.Headers[headerEvent])
+	p.events += len(m.header(headerEvent))
 	if _, ok := p.runs[r.Subject]; !ok {
 		p.runs[r.Subject] = struct{}{}
 	}

@@ -10,6 +10,21 @@ import (
 	"github.com/toolbatch/toolbatch/events"
 )
 
+// header is one header of a message and its values.
+type header struct {
+	name string
+	vals []string
+}
+
+// headerBuf holds the headers of many records: they are cut from its
+// slices, which a reader uses again once the records were handed on.
+type headerBuf struct {
+	hdrs []header
+	vals []string
+}
+
+func (hb *headerBuf) reset() { hb.hdrs, hb.vals = hb.hdrs[:0], hb.vals[:0] }
+
 // parseRecordFast reads an export line in the exact form encodeRecord
 // writes it, without encoding/json:
 //
@@ -20,75 +35,111 @@ import (
 // and decodeRecord then reads the line with encoding/json, which decides:
 // so what it accepts, it reads as encoding/json does (record_test.go checks
 // it). The body is decoded into arena, which grows as needed.
-func parseRecordFast(line []byte, arena *[]byte) (wireRecord, bool) {
+//
+// With hb, the headers are not put in a map but in hb's buffers, and
+// returned as a list (the map is most of what a line costs to read).
+func parseRecordFast(line []byte, arena *[]byte, hb *headerBuf) (wireRecord, []header, bool) {
 	var w wireRecord
+	var hdrs []header
 	p := recordParser{b: line}
 	if !p.lit(`{"seq":`) {
-		return w, false
+		return w, nil, false
 	}
 	seq, ok := p.uint()
 	if !ok || !p.lit(`,"subject":`) {
-		return w, false
+		return w, nil, false
 	}
 	subject, ok := p.str()
 	if !ok || !p.lit(`,"time":`) {
-		return w, false
+		return w, nil, false
 	}
 	start := p.i
 	if _, ok := p.str(); !ok {
-		return w, false
+		return w, nil, false
 	}
 	// The very method encoding/json calls for a time.Time.
 	if err := w.Time.UnmarshalJSON(line[start:p.i]); err != nil {
-		return w, false
+		return w, nil, false
 	}
 	if !p.lit(`,"headers":{`) {
-		return w, false
+		return w, nil, false
 	}
-	w.Headers = make(map[string][]string, 4)
+	if hb == nil {
+		w.Headers = make(map[string][]string, 4)
+	}
+	firstHdr := 0
+	if hb != nil {
+		firstHdr = len(hb.hdrs)
+	}
 	for first := true; !p.lit("}"); first = false {
 		if !first && !p.lit(",") {
-			return w, false
+			return w, nil, false
 		}
 		name, ok := p.str()
 		if !ok || !p.lit(":[") {
-			return w, false
+			return w, nil, false
 		}
 		key := headerName(name)
-		if _, dup := w.Headers[key]; dup {
-			return w, false
+		var vals []string
+		firstVal := 0
+		if hb == nil {
+			if _, dup := w.Headers[key]; dup {
+				return w, nil, false
+			}
+			vals = make([]string, 0, 1)
+		} else {
+			for _, h := range hb.hdrs[firstHdr:] {
+				if h.name == key {
+					return w, nil, false
+				}
+			}
+			firstVal = len(hb.vals)
 		}
-		vals := make([]string, 0, 1)
-		for firstVal := true; !p.lit("]"); firstVal = false {
-			if !firstVal && !p.lit(",") {
-				return w, false
+		for firstV := true; !p.lit("]"); firstV = false {
+			if !firstV && !p.lit(",") {
+				return w, nil, false
 			}
 			v, ok := p.str()
 			if !ok {
-				return w, false
+				return w, nil, false
 			}
-			vals = append(vals, headerValue(key, v))
+			if hb == nil {
+				vals = append(vals, headerValue(key, v))
+			} else {
+				hb.vals = append(hb.vals, headerValue(key, v))
+			}
 		}
-		w.Headers[key] = vals
+		if hb == nil {
+			w.Headers[key] = vals
+		} else {
+			vals = hb.vals[firstVal:len(hb.vals):len(hb.vals)]
+			if len(vals) == 0 {
+				vals = []string{} // as encoding/json reads []
+			}
+			hb.hdrs = append(hb.hdrs, header{name: key, vals: vals})
+		}
+	}
+	if hb != nil {
+		hdrs = hb.hdrs[firstHdr:len(hb.hdrs):len(hb.hdrs)]
 	}
 	// The body: base64 refuses every byte a JSON string would have to
 	// escape, or that would need unescaping, except the line breaks it
 	// skips, which are looked for here.
 	if !p.lit(`,"data":"`) {
-		return w, false
+		return w, nil, false
 	}
 	end := bytes.IndexByte(p.b[p.i:], '"')
 	if end < 0 {
-		return w, false
+		return w, nil, false
 	}
 	data := p.b[p.i : p.i+end]
 	p.i += end + 1
 	if bytes.IndexByte(data, '\r') >= 0 || bytes.IndexByte(data, '\n') >= 0 || !p.lit("}") {
-		return w, false
+		return w, nil, false
 	}
 	for _, c := range line[p.i:] {
 		if c != ' ' && c != '\t' && c != '\r' && c != '\n' {
-			return w, false
+			return w, nil, false
 		}
 	}
 	// As encoding/json decodes a []byte.
@@ -99,14 +150,14 @@ func parseRecordFast(line []byte, arena *[]byte) (wireRecord, bool) {
 	buf := (*arena)[len(*arena) : len(*arena)+n]
 	m, err := base64.StdEncoding.Decode(buf, data)
 	if err != nil {
-		return w, false
+		return w, nil, false
 	}
 	*arena = (*arena)[:len(*arena)+m]
 	w.Seq, w.Subject, w.Data = seq, string(subject), buf[:m:m]
 	if w.Data == nil {
 		w.Data = []byte{} // encoding/json's empty body is not nil either
 	}
-	return w, true
+	return w, hdrs, true
 }
 
 // recordParser is a cursor over one line.

@@ -21,9 +21,22 @@ import (
 func checkRecordAgrees(t *testing.T, line []byte) bool {
 	t.Helper()
 	var arena []byte
-	fast, ok := parseRecordFast(line, &arena)
+	fast, _, ok := parseRecordFast(line, &arena, nil)
+	// The same with the headers as a list.
+	var hb headerBuf
+	listed, hdrs, listOK := parseRecordFast(line, &arena, &hb)
+	if ok != listOK {
+		t.Fatalf("the fast parser reads %q with a map: %v, with a list: %v", line, ok, listOK)
+	}
 	if !ok {
 		return false
+	}
+	if listed.Headers != nil {
+		t.Fatalf("with a list, the record has a map too")
+	}
+	listed.Headers = map[string][]string{}
+	for _, h := range hdrs {
+		listed.Headers[h.name] = h.vals
 	}
 	ref, err := decodeRecordJSON(line)
 	if err != nil {
@@ -31,6 +44,9 @@ func checkRecordAgrees(t *testing.T, line []byte) bool {
 	}
 	if !reflect.DeepEqual(fast, ref) || fast.Time.Location() != ref.Time.Location() {
 		t.Fatalf("the parsers differ on %q\n      fast: %+v\nencoding/json: %+v", line, fast, ref)
+	}
+	if !reflect.DeepEqual(listed, ref) {
+		t.Fatalf("the parsers differ on %q\nfast, listed: %+v\nencoding/json: %+v", line, listed, ref)
 	}
 	return true
 }
@@ -137,7 +153,7 @@ func BenchmarkDecodeRecord(b *testing.B) {
 		name  string
 		parse func([]byte) error
 	}{
-		{"fast", func(l []byte) error { _, err := decodeRecord(l, new([]byte)); return err }},
+		{"fast", func(l []byte) error { _, _, err := decodeRecord(l, new([]byte), nil); return err }},
 		{"json", func(l []byte) error { _, err := decodeRecordJSON(l); return err }},
 	} {
 		b.Run(c.name, func(b *testing.B) {

@@ -152,7 +152,7 @@ func TestExportFromFile(t *testing.T) {
 		b, _ := os.ReadFile(f)
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 		for _, l := range lines {
-			r, err := decodeRecord([]byte(l), new([]byte))
+			r, _, err := decodeRecord([]byte(l), new([]byte), nil)
 			if err != nil || !strings.Contains(r.Subject, ".r2") {
 				t.Errorf("%s: %s (%v)", f, l, err)
 			}
@@ -179,7 +179,7 @@ func TestExportRecordFormat(t *testing.T) {
 	if b.String() != want {
 		t.Fatalf("got  %swant %s", b.String(), want)
 	}
-	back, err := decodeRecord(b.Bytes(), new([]byte))
+	back, _, err := decodeRecord(b.Bytes(), new([]byte), nil)
 	if err != nil || back.Seq != 7 || !back.Time.Equal(r.Time) || !bytes.Equal(back.Data, r.Data) || back.Headers["Toolbatch-Event"][1] != "CallExecuting" {
 		t.Fatalf("round trip: %+v %v", back, err)
 	}
@@ -286,7 +286,7 @@ func TestProgressEvery100k(t *testing.T) {
 	p := newProgress(&b)
 	r := audit.Record{Subject: "toolbatch.events.r1", Headers: map[string][]string{headerEvent: {"CallGated", "CallExecuting"}}}
 	for i := 0; i < 2*progressEvery+5; i++ {
-		p.add(r)
+		p.add(&message{Record: r})
 	}
 	p.done()
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")

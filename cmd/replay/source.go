@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -200,9 +199,10 @@ type lineChunk struct {
 	lines []int  // each line's number in the file
 	msgs  []message
 	keep  []bool
-	arena []byte // the bodies (see work)
-	stop  int    // the index of the first message that ends the read, or -1
-	err   error  // the first line that is not a record (after msgs)
+	arena []byte    // the bodies (see work)
+	hb    headerBuf // the headers, with decode
+	stop  int       // the index of the first message that ends the read, or -1
+	err   error     // the first line that is not a record (after msgs)
 }
 
 // Chunk sizes: a chunk is handed on when it holds this many lines or bytes.
@@ -211,7 +211,9 @@ const (
 	chunkBytes = 512 << 10
 )
 
-var chunkPool = sync.Pool{New: func() any { return new(lineChunk) }}
+// freeChunks keeps chunks (and their buffers) for the next ones: a read
+// has at most a few dozen in flight.
+var freeChunks = make(chan *lineChunk, 64)
 
 // readRecords decodes JSON Lines records from r, in order; accept says which
 // to keep and where to stop (the first record it says stop for ends the
@@ -272,7 +274,11 @@ func readRecords(ctx context.Context, name string, r io.Reader, accept func(audi
 		}
 		start := 0
 		for i, end := range c.ends {
-			rec, err := decodeRecord(c.buf[start:end], &arena)
+			var hb *headerBuf
+			if decode {
+				hb = &c.hb
+			}
+			rec, hdrs, err := decodeRecord(c.buf[start:end], &arena, hb)
 			start = end
 			if err != nil {
 				c.err = usageErrorf("%s:%d: %v", name, c.lines[i], err)
@@ -283,7 +289,7 @@ func readRecords(ctx context.Context, name string, r io.Reader, accept func(audi
 				c.stop = len(c.msgs)
 				return
 			}
-			m := message{Record: rec}
+			m := message{Record: rec, hdrs: hdrs}
 			if keep && decode {
 				m.commit()
 			}
@@ -313,7 +319,12 @@ func readRecords(ctx context.Context, name string, r io.Reader, accept func(audi
 }
 
 func newChunk() *lineChunk {
-	c := chunkPool.Get().(*lineChunk)
+	var c *lineChunk
+	select {
+	case c = <-freeChunks:
+	default:
+		c = new(lineChunk)
+	}
 	c.stop = -1
 	return c
 }
@@ -323,22 +334,35 @@ func newChunk() *lineChunk {
 func recycle(c *lineChunk) {
 	clear(c.msgs)
 	c.buf, c.ends, c.lines, c.msgs, c.keep = c.buf[:0], c.ends[:0], c.lines[:0], c.msgs[:0], c.keep[:0]
+	c.hb.reset()
 	c.err = nil
-	chunkPool.Put(c)
+	select {
+	case freeChunks <- c:
+	default:
+	}
 }
 
 // decodeRecord decodes one export line, with parseRecordFast when the
 // line is in encodeRecord's own form, else with encoding/json; the body is
 // decoded into arena.
-func decodeRecord(line []byte, arena *[]byte) (audit.Record, error) {
-	w, ok := parseRecordFast(line, arena)
+//
+// With hb, a line in encodeRecord's form has its headers returned as a
+// list cut from hb, and the record has no Headers map.
+func decodeRecord(line []byte, arena *[]byte, hb *headerBuf) (audit.Record, []header, error) {
+	w, hdrs, ok := parseRecordFast(line, arena, hb)
 	if !ok {
 		var err error
 		if w, err = decodeRecordJSON(line); err != nil {
-			return audit.Record{}, err
+			return audit.Record{}, nil, err
 		}
 	}
-	return recordOf(w)
+	if hdrs != nil {
+		r, err := recordOf(w)
+		r.Headers = nil
+		return r, hdrs, err
+	}
+	r, err := recordOf(w)
+	return r, nil, err
 }
 
 // decodeRecordJSON decodes one export line with encoding/json.

@@ -32,7 +32,7 @@ func cmdWhatIf(ctx context.Context, o *options, stdout, stderr io.Writer) error 
 	w := &whatIf{cat: cat, prefix: o.prefix, batches: map[string]*events.BatchSubmitted{}}
 	prog := newProgress(stderr)
 	err = src.read(ctx, eventsStream, o.sel, true, func(m *message) error {
-		prog.add(m.Record)
+		prog.add(m)
 		w.add(m)
 		return nil
 	})
