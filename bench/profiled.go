@@ -64,7 +64,7 @@ func profiledEngine(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	log := zerolog.New(os.Stderr).With().Timestamp().Logger()
+	log := zerolog.New(os.Stderr).Level(zerolog.InfoLevel).With().Timestamp().Logger() // cmd/engine's default level
 	cat := catalog.Default()
 	if *catPath != "" {
 		var err error
