@@ -218,6 +218,24 @@ func (s *shard) handle(runCtx context.Context, it item) {
 // expected sequence.
 const commitHeaderRoom = 8 << 10
 
+// busyDelay is how long a message of a run another engine owns waits
+// before it is delivered again: 5 ms at first, doubling with every
+// delivery, at most a quarter of the ack wait and never more than 500 ms.
+// A result that reached the wrong engine comes back at once; one whose run
+// stays owned elsewhere (its owner crashed, say, and its key has not
+// expired yet) does not churn.
+func busyDelay(m jetstream.Msg, ackWait time.Duration) time.Duration {
+	n := uint64(1)
+	if meta, err := m.Metadata(); err == nil {
+		n = max(meta.NumDelivered, 1)
+	}
+	ceiling := min(max(ackWait/4, 100*time.Millisecond), 500*time.Millisecond)
+	if n > 8 {
+		return ceiling
+	}
+	return min(5*time.Millisecond<<(n-1), ceiling)
+}
+
 // ReasonBusy answers a claim the engine could not decide now: try again.
 const ReasonBusy = events.ReasonBusy
 
@@ -229,8 +247,10 @@ func (s *shard) busy(it item, err error) {
 	}
 	switch {
 	case it.msg != nil:
-		// Back soon: the owner may release the run in a moment.
-		_ = it.msg.NakWithDelay(min(max(s.e.cfg.AckWait/4, 100*time.Millisecond), 500*time.Millisecond))
+		// Back soon: the owner may release the run in a moment, or the
+		// message reaches the owner next time (every engine pulls from
+		// the inbox).
+		_ = it.msg.NakWithDelay(busyDelay(it.msg, s.e.cfg.AckWait))
 	case it.req != nil && !errors.Is(err, ErrNotOwner):
 		respond(it.req, events.ClaimReply{Reason: ReasonBusy})
 	}
