@@ -11,18 +11,24 @@
 //  2. Load: a run not in the cache is folded from its subject on the events
 //     stream. If its open batch has executing calls, the engine decides
 //     Recover first (contract.md §4), before anything else touches the run.
-//  3. Decide and commit: aggregate.Decide returns the events of one commit;
-//     they are appended as one message on <prefix>.events.<run_id> with the
-//     run's expected last subject sequence and a deterministic message id.
-//     "Wrong last sequence" (10071, or 10164 when replicated) means another
-//     engine extended the run: the engine reloads it and decides again.
-//     Only after the append is acknowledged are the events applied to the
-//     cached state.
-//  4. Drive: after each commit the engine asks aggregate.Next what the run
-//     needs: run the gate chain (narrowing, the catalog's rules, the
-//     external gate service, allow) and commit its decision; park a client
-//     call; or invoke the executors of calls whose CallExecuting is
-//     committed. An executor is never entered before that commit.
+//  3. Decide, stage, flush: aggregate.Decide returns one decision's events;
+//     they are applied to the cached state and staged. A flush appends
+//     everything staged as one message on <prefix>.events.<run_id> with the
+//     run's expected last subject sequence and a deterministic message id
+//     (several messages only when one would exceed the server's size; a
+//     decision is never split). The engine flushes before it acts on the
+//     outside world: before entering an executor, answering a claim,
+//     acknowledging a message or asking the external gate. So a call's
+//     completion and the next call's gate decision are one commit. "Wrong
+//     last sequence" (10071, or 10164 when replicated) means another
+//     engine extended the run; a failed flush of any kind drops what was
+//     staged, gives back the messages whose decisions it held, and the run
+//     is folded again from the log and decided again.
+//  4. Drive: after each decision the engine asks aggregate.Next what the
+//     run needs: run the gate chain (narrowing, the catalog's rules, the
+//     external gate service, allow) and decide; park a client call; or
+//     invoke the executors of calls whose CallExecuting is committed. An
+//     executor is never entered before that commit.
 //  5. Acknowledge: an inbox message is acknowledged when its run is
 //     quiescent (parked on a ticket, finalized or ended). Until then it is
 //     kept in progress, so that after a crash the message is redelivered and
