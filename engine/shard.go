@@ -24,8 +24,8 @@ type item struct {
 	kind      string // submit, resume, control, result
 	principal string // resume.<run_id>.<principal>
 	done      *outcome
-	req       *nats.Msg    // claim and heartbeat requests
-	lease     *leaseExpiry // a lease that ran out
+	req       *nats.Msg        // claim and heartbeat requests
+	lease     *leaseExpiry     // a lease that ran out
 	unclaimed *unclaimedExpiry // a dispatch deadline that passed
 }
 
@@ -56,7 +56,7 @@ type runState struct {
 	// unclaimed are dispatched sandbox attempts waiting for a claim, by
 	// call id: their attempt and dispatch deadline.
 	unclaimed map[string]lease
-	used     time.Time
+	used      time.Time
 	// pending are the decisions staged since the last flush, each a
 	// decision's events; durableHeld counts the held messages whose
 	// decisions are in the log.
