@@ -101,7 +101,7 @@ func (s *shard) forget(rs *runState) {
 // engine's Create succeeds), but through a plain publish, which returns
 // the marker's revision for the next acquire.
 func (s *shard) release(ctx context.Context, rs *runState) {
-	if !rs.owned || len(rs.held) > 0 || len(rs.inflight) > 0 || len(rs.leases) > 0 {
+	if !rs.owned || len(rs.held) > 0 || len(rs.pending) > 0 || len(rs.inflight) > 0 || len(rs.leases) > 0 {
 		return
 	}
 	rs.owned = false

@@ -186,6 +186,9 @@ func (s *shard) handle(runCtx context.Context, it item) {
 				// Whatever the item was, the run goes on from where it is.
 				err = s.drive(ctx, runCtx, rs)
 			}
+			if err == nil {
+				err = s.flush(ctx, rs) // drive flushed, unless it had nothing to do
+			}
 		}
 		if !errors.Is(err, ErrConflict) {
 			break
