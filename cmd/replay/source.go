@@ -458,10 +458,16 @@ func (n *natsSource) read(ctx context.Context, which stream, sel selection, deco
 			msgs = make([]message, 0, batch)
 			return ok
 		}
+		// One timer, armed while waiting for a message, is much cheaper than
+		// a context with a deadline per message.
+		wctx, stalled := context.WithCancel(ctx)
+		defer stalled()
+		stall := time.AfterFunc(stallTimeout, stalled)
+		stall.Stop()
 		for {
-			nctx, cancel := context.WithTimeout(ctx, stallTimeout)
-			m, err := it.Next(jetstream.NextContext(nctx))
-			cancel()
+			stall.Reset(stallTimeout)
+			m, err := it.Next(jetstream.NextContext(wctx))
+			stall.Stop()
 			if err != nil {
 				flush()
 				if ctx.Err() != nil {
@@ -480,11 +486,12 @@ func (n *natsSource) read(ctx context.Context, which stream, sel selection, deco
 				return nil // stored after the read began
 			}
 			last = seq
-			h := make(map[string][]string, len(m.Headers()))
-			for k, v := range m.Headers() {
-				h[k] = append([]string(nil), v...)
+			// The client gives every message its own body and header map.
+			h := map[string][]string(m.Headers())
+			if h == nil {
+				h = map[string][]string{}
 			}
-			r := audit.Record{Seq: seq, Subject: m.Subject(), Time: meta.Timestamp.UTC(), Headers: h, Data: bytes.Clone(m.Data())}
+			r := audit.Record{Seq: seq, Subject: m.Subject(), Time: meta.Timestamp.UTC(), Headers: h, Data: m.Data()}
 			keep, stop := sel.keep(which, r)
 			if stop {
 				flush()
