@@ -81,21 +81,17 @@ func isMapCode(c byte) bool { return c&0xf0 == 0x80 || c == 0xde || c == 0xdf }
 
 // typeName reads an event type as its registered constant.
 func (d *mp) typeName() Type {
-	t, ok := typeNames[string(d.strBytes())]
-	if !ok {
-		d.bad = true
+	b := d.strBytes()
+	for _, t := range typeList {
+		if string(t) == string(b) {
+			return t
+		}
 	}
-	return t
+	d.bad = true
+	return ""
 }
 
-// typeNames maps the registered type names to their constants.
-var typeNames = func() map[string]Type {
-	m := map[string]Type{}
-	for _, t := range Types() {
-		m[string(t)] = t
-	}
-	return m
-}()
+var typeList = Types()
 
 func (d *mp) event(t Type) Event {
 	switch t {
@@ -290,37 +286,130 @@ func (d *mp) str() string {
 func (d *mp) sym() string {
 	start := d.i
 	b := d.strBytes()
-	if s, ok := symbols[string(b)]; ok {
+	if s, ok := symbol(b); ok {
 		return s
 	}
 	d.i = start
 	return d.str()
 }
 
-// symbols are the constant strings events carry, shared by every event
-// that holds one.
-var symbols = func() map[string]string {
-	m := map[string]string{}
-	for _, s := range []string{
-		string(TargetBrain), string(TargetSandbox), string(KindTool), string(KindClient), string(KindDelegation), string(KindUnknown),
-		string(CapNonRecoverable), string(CapReplaySafe), string(CapIdempotent), string(CapDurableRequest),
-		string(ModeNeverReplay), string(ModeReplaySafe), string(ModeIdempotent), string(ModeDurableRequest),
-		string(WaitPermission), string(WaitExternalResult), string(WaitScheduledAction), string(WaitDelegation),
-		string(GateAllow), string(GateBlock), string(GateSetResult), string(GateRequireConfirmation), string(GateSchedule),
-		"deny", "ask", StageNarrowing, StagePolicy, StageExternal, StageDefault,
-		CauseAllowed, CauseApproved, CausePerformed, CauseRetry, CauseRecovered,
-		string(ResolutionApproved), string(ResolutionDenied), string(ResolutionToolResult), string(ResolutionInput),
-		string(ResolutionPerformed), string(ResolutionExpired),
-		string(EndCancelled), string(EndInterrupted), string(EndStateConflict), string(EndIndeterminate),
-		string(ErrorUnknown), string(ErrorInvalidArguments), string(ErrorUnavailableBeforeDispatch), string(ErrorExecution),
-		string(ScopeRun), string(ScopeThread), string(ScopeShared), string(MergeDisjoint), string(MergeCommutative),
-		string(MergeExclusive), string(ActionSet), string(ActionRemove), NarrowingConfigured, NarrowingDenyAll,
-		"default", EmptySuccessText, EmptyErrorText, InterruptedText,
-	} {
-		m[s] = s
+// symbol returns b as the constant string it equals, for the values
+// events carry most (enumerations, the builtin texts), so that every event
+// holding one shares it; a switch, which compares lengths first, is faster
+// than a map here.
+func symbol(b []byte) (string, bool) {
+	switch string(b) {
+	case "Tool completed successfully without output.":
+		return "Tool completed successfully without output.", true
+	case "Tool execution was interrupted before completion. Please retry.":
+		return "Tool execution was interrupted before completion. Please retry.", true
+	case "Tool failed without an error message.":
+		return "Tool failed without an error message.", true
+	case "allow":
+		return "allow", true
+	case "allowed":
+		return "allowed", true
+	case "approved":
+		return "approved", true
+	case "ask":
+		return "ask", true
+	case "block":
+		return "block", true
+	case "brain":
+		return "brain", true
+	case "cancelled":
+		return "cancelled", true
+	case "client":
+		return "client", true
+	case "commutative":
+		return "commutative", true
+	case "configured":
+		return "configured", true
+	case "default":
+		return "default", true
+	case "delegation":
+		return "delegation", true
+	case "denied":
+		return "denied", true
+	case "deny":
+		return "deny", true
+	case "deny_all":
+		return "deny_all", true
+	case "disjoint":
+		return "disjoint", true
+	case "durable_request":
+		return "durable_request", true
+	case "exclusive":
+		return "exclusive", true
+	case "execution":
+		return "execution", true
+	case "expired":
+		return "expired", true
+	case "external":
+		return "external", true
+	case "external_result":
+		return "external_result", true
+	case "idempotent":
+		return "idempotent", true
+	case "indeterminate":
+		return "indeterminate", true
+	case "input":
+		return "input", true
+	case "interrupted":
+		return "interrupted", true
+	case "invalid_arguments":
+		return "invalid_arguments", true
+	case "narrowing":
+		return "narrowing", true
+	case "never_replay":
+		return "never_replay", true
+	case "non_recoverable":
+		return "non_recoverable", true
+	case "performed":
+		return "performed", true
+	case "permission":
+		return "permission", true
+	case "policy":
+		return "policy", true
+	case "recovered":
+		return "recovered", true
+	case "remove":
+		return "remove", true
+	case "replay_safe":
+		return "replay_safe", true
+	case "require_confirmation":
+		return "require_confirmation", true
+	case "retry":
+		return "retry", true
+	case "run":
+		return "run", true
+	case "sandbox":
+		return "sandbox", true
+	case "schedule":
+		return "schedule", true
+	case "scheduled_action":
+		return "scheduled_action", true
+	case "set":
+		return "set", true
+	case "set_result":
+		return "set_result", true
+	case "shared":
+		return "shared", true
+	case "state_conflict":
+		return "state_conflict", true
+	case "thread":
+		return "thread", true
+	case "tool":
+		return "tool", true
+	case "tool_result":
+		return "tool_result", true
+	case "unavailable_before_dispatch":
+		return "unavailable_before_dispatch", true
+	case "unknown":
+		return "unknown", true
 	}
-	return m
-}()
+	return "", false
+}
 
 // int64 reads an integer as the library's DecodeInt64 does (nil is 0, a
 // uint64 wraps).
@@ -758,7 +847,7 @@ func (d *mp) plainStr() string {
 		d.bad = true
 		return ""
 	}
-	if s, ok := symbols[string(b)]; ok {
+	if s, ok := symbol(b); ok {
 		return s
 	}
 	d.i = start
