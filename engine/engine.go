@@ -268,6 +268,11 @@ func (e *Engine) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("serve workers: %w", err)
 	}
+	fwd, err := e.serveForwards()
+	if err != nil {
+		return fmt.Errorf("serve forwards: %w", err)
+	}
+	subs = append(subs, fwd)
 	close(e.ready)
 	e.log.Info().Str("prefix", e.cfg.Prefix).Str("catalog", e.cfg.Catalog.SnapshotID()).Msg("engine ready")
 	<-ctx.Done()

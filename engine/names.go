@@ -85,6 +85,10 @@ func (n Names) Delegate(toolID string) string { return n.Prefix + ".delegate." +
 // API is a request/reply subject of the engine: claim, heartbeat.
 func (n Names) API(kind string) string { return n.Prefix + ".api." + kind }
 
+// Forward is where other engines forward the messages of the runs an
+// engine owns (core NATS, engine internal).
+func (n Names) Forward(engineID string) string { return n.Prefix + ".engine." + engineID + ".forward" }
+
 // WorkersBucket holds the live workers' advertisements.
 func (n Names) WorkersBucket() string { return n.stream("WORKERS") }
 

@@ -51,7 +51,7 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 		case gerr != nil:
 			return gerr
 		case string(entry.Value()) != s.e.id:
-			return ErrNotOwner
+			return ownedElsewhere{owner: string(entry.Value())}
 		}
 		rev, err = entry.Revision(), nil
 	}

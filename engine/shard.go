@@ -26,6 +26,7 @@ type item struct {
 	done      *outcome
 	req       *nats.Msg        // claim and heartbeat requests
 	lease     *leaseExpiry     // a lease that ran out
+	forwarded bool             // msg was forwarded by another engine
 	unclaimed *unclaimedExpiry // a dispatch deadline that passed
 }
 
@@ -248,11 +249,12 @@ func (s *shard) busy(it item, err error) {
 	if !errors.Is(err, ErrNotOwner) {
 		s.e.log.Warn().Str(fieldRunID, it.runID).Err(err).Msg("cannot own the run; will retry")
 	}
+	var elsewhere ownedElsewhere
 	switch {
+	case it.msg != nil && !it.forwarded && errors.As(err, &elsewhere) && s.e.forward(it.msg, elsewhere.owner):
+		// The owner handles it.
 	case it.msg != nil:
-		// Back soon: the owner may release the run in a moment, or the
-		// message reaches the owner next time (every engine pulls from
-		// the inbox).
+		// Back soon: the owner may release the run in a moment.
 		_ = it.msg.NakWithDelay(busyDelay(it.msg, s.e.cfg.AckWait))
 	case it.req != nil && !errors.Is(err, ErrNotOwner):
 		respond(it.req, events.ClaimReply{Reason: ReasonBusy})

@@ -1,0 +1,118 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/client"
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// TestMessagesReachTheOwner: with two engines, a message of a run that
+// reaches the engine not owning it is forwarded to the owner, which
+// handles it and acknowledges it through the original acknowledgement
+// subject. Every run is owned by engine A before its first submission, so
+// the submissions engine B pulls are forwarded.
+func TestMessagesReachTheOwner(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	// Cleanups run last registered first: the server stops after the engines.
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	connect := func() *nats.Conn {
+		nc, err := nats.Connect(srv.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	start := func() *Engine {
+		e, err := New(connect(), Config{AckWait: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, stop := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- e.Run(runCtx) }()
+		t.Cleanup(func() {
+			stop()
+			if err := <-done; err != nil {
+				t.Errorf("engine: %v", err)
+			}
+		})
+		select {
+		case <-e.Ready():
+		case err := <-done:
+			t.Fatalf("engine stopped: %v", err)
+		}
+		return e
+	}
+	a, _ := start(), start()
+
+	nc := connect()
+	var forwards atomic.Int64
+	if _, err := nc.Subscribe(a.names.Forward("*"), func(*nats.Msg) { forwards.Add(1) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	const runs = 30
+	for i := 0; i < runs; i++ {
+		if _, err := a.ownersKV.Create(ctx, fmt.Sprintf("run.fw%d", i), []byte(a.id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < runs; i++ {
+		run := fmt.Sprintf("fw%d", i)
+		s := &events.Submit{RunID: run, ThreadID: "t1", Step: 1, Assistant: events.Message{ID: "m",
+			Content: []events.ContentBlock{{Type: events.BlockToolUse, ID: "c1", Name: "echo", Input: events.MustJSON(`{"text":"hi"}`)}}}}
+		if err := c.Submit(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		res, err := c.WaitResults(ctx, run, events.BatchID(run, 1))
+		if err != nil {
+			t.Fatalf("%s: %v", run, err)
+		}
+		if len(res.Results) != 1 || res.Results[0].IsError {
+			t.Fatalf("%s: results %+v", run, res.Results)
+		}
+	}
+	if forwards.Load() == 0 {
+		t.Fatalf("no submission of %d reached engine B and was forwarded", runs)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inbox, err := js.Stream(ctx, a.names.InboxStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Forwarded messages were acknowledged by their owner: the work queue
+	// empties.
+	waitFor(t, ctx, "inbox acknowledged", func() bool {
+		info, err := inbox.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+	t.Logf("%d of %d submissions forwarded", forwards.Load(), runs)
+}
