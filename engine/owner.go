@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -89,22 +90,60 @@ func (s *shard) renew(ctx context.Context, rs *runState) {
 // outcomes are stale.
 func (s *shard) forget(rs *runState) {
 	rs.owned, rs.loaded = false, false
-	rs.releasedRev = 0
+	rs.releasedRev, rs.idleSince = 0, time.Time{}
 	rs.held, rs.durableHeld, rs.pending = nil, 0, nil
 	clear(rs.inflight)
 	clear(rs.leases)
 	clear(rs.unclaimed)
 }
 
-// release gives the run up when nothing of it is in progress here. It
-// deletes the key as the bucket does (a delete marker, so that another
-// engine's Create succeeds), but through a plain publish, which returns
-// the marker's revision for the next acquire.
+// ownerLinger is how long an engine keeps a quiescent run before it gives
+// it up: the next batch of an active run usually comes within it, and its
+// messages then reach (or are forwarded to) the engine that has the run
+// folded in memory, which saves the key's release and creation.
+const ownerLinger = 2 * time.Second
+
+// quiescent reports whether nothing of the run is in progress here.
+func (rs *runState) quiescent() bool {
+	return len(rs.held) == 0 && len(rs.pending) == 0 && len(rs.inflight) == 0 && len(rs.leases) == 0
+}
+
+// noteIdle starts (or stops) the linger of a run this engine owns.
+func (s *shard) noteIdle(rs *runState) {
+	switch {
+	case !rs.owned || !rs.quiescent():
+		rs.idleSince = time.Time{}
+	case rs.idleSince.IsZero():
+		rs.idleSince = time.Now()
+	}
+}
+
+// releaseIdle gives up the runs quiescent here for longer than the linger
+// (all of them, at shutdown).
+func (s *shard) releaseIdle(all bool) {
+	linger := min(ownerLinger, s.e.cfg.AckWait/3)
+	var ctx context.Context
+	for _, rs := range s.runs {
+		if !rs.owned || !rs.quiescent() || rs.idleSince.IsZero() || (!all && time.Since(rs.idleSince) < linger) {
+			continue
+		}
+		if ctx == nil {
+			var cancel context.CancelFunc
+			ctx, cancel = opCtx()
+			defer cancel()
+		}
+		s.release(ctx, rs)
+	}
+}
+
+// release gives the run up. It deletes the key as the bucket does (a
+// delete marker, so that another engine's Create succeeds), but through a
+// plain publish, which returns the marker's revision for the next acquire.
 func (s *shard) release(ctx context.Context, rs *runState) {
-	if !rs.owned || len(rs.held) > 0 || len(rs.pending) > 0 || len(rs.inflight) > 0 || len(rs.leases) > 0 {
+	if !rs.owned || !rs.quiescent() {
 		return
 	}
-	rs.owned = false
+	rs.owned, rs.idleSince = false, time.Time{}
 	m := nats.NewMsg("$KV." + s.e.names.OwnersBucket() + ".run." + rs.id)
 	m.Header.Set(kvOperation, kvOperationDelete)
 	ack, err := s.e.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rs.ownRev))

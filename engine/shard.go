@@ -68,6 +68,9 @@ type runState struct {
 	// releasedRev is the revision of this engine's last release of the
 	// key (0: none, or taken since).
 	releasedRev uint64
+	// idleSince is when the owned run became quiescent here (zero: busy,
+	// or not owned).
+	idleSince time.Time
 }
 
 // shard serializes the work of the runs hashed to it.
@@ -105,11 +108,13 @@ func (s *shard) loop(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			s.releaseIdle(true)
 			return
 		case it := <-s.in:
 			s.handle(ctx, it)
 		case <-leaseTick.C:
 			s.checkLeases()
+			s.releaseIdle(false)
 		case <-tick.C:
 			s.keepAlive(ctx)
 		}
@@ -142,7 +147,7 @@ func (s *shard) keepAlive(runCtx context.Context) {
 				s.abandon(rs)
 			}
 		}
-		s.release(ctx, rs)
+		s.noteIdle(rs)
 	}
 }
 
@@ -213,7 +218,7 @@ func (s *shard) handle(runCtx context.Context, it item) {
 			time.AfterFunc(time.Second, func() { s.postCtx(runCtx, item{runID: rs.id, done: o}) })
 		}
 	}
-	s.release(ctx, rs)
+	s.noteIdle(rs)
 	s.evict()
 }
 
@@ -315,7 +320,7 @@ func (s *shard) load(ctx context.Context, rs *runState) error {
 // evict drops the least recently used idle runs beyond the cache size.
 func (s *shard) evict() {
 	trimOldest(s.runs, s.max, func(rs *runState) int64 { return rs.used.UnixNano() },
-		func(rs *runState) bool { return len(rs.held) == 0 && len(rs.inflight) == 0 && len(rs.leases) == 0 })
+		func(rs *runState) bool { return !rs.owned && rs.quiescent() })
 }
 
 // decide runs a command and stages its events: they are applied to the
