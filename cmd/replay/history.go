@@ -60,11 +60,12 @@ type runHistory struct {
 	first   uint64
 	last    uint64
 	// foldStop says why the run is not (or no longer) folded.
-	foldStop string
-	batches  []*batchHistory
-	byID     map[string]*batchHistory
-	items    []item // rejections, the run's end, notes outside any batch
-	end      *events.RunEnded
+	foldStop  string
+	batches   []*batchHistory
+	byID      map[string]*batchHistory
+	lastBatch *batchHistory // the batch of the event placed last: byID[lastBatch.id]
+	items     []item        // rejections, the run's end, notes outside any batch
+	end       *events.RunEnded
 }
 
 // batchHistory is one batch of a run.
@@ -198,6 +199,7 @@ func (rh *runHistory) place(e events.Event, seq uint64) *[]item {
 			items: make([]item, 0, 2+4*len(ev.Calls))}
 		rh.batches = append(rh.batches, b)
 		rh.byID[ev.BatchID] = b
+		rh.lastBatch = b
 		if rh.thread == "" {
 			rh.thread = ev.ThreadID
 		}
@@ -209,6 +211,9 @@ func (rh *runHistory) place(e events.Event, seq uint64) *[]item {
 	if id == "" {
 		return &rh.items
 	}
+	if b := rh.lastBatch; b != nil && b.id == id {
+		return &b.items
+	}
 	b := rh.byID[id]
 	if b == nil {
 		// Its submission is outside the selection (or missing).
@@ -219,6 +224,7 @@ func (rh *runHistory) place(e events.Event, seq uint64) *[]item {
 		rh.batches = append(rh.batches, b)
 		rh.byID[id] = b
 	}
+	rh.lastBatch = b
 	return &b.items
 }
 
