@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -21,16 +20,7 @@ import (
 // subject. Every run is owned by engine A before its first submission, so
 // the submissions engine B pulls are forwarded.
 func TestMessagesReachTheOwner(t *testing.T) {
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server did not start")
-	}
-	// Cleanups run last registered first: the server stops after the engines.
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	srv := testServer(t)
 	connect := func() *nats.Conn {
 		nc, err := nats.Connect(srv.ClientURL())
 		if err != nil {
