@@ -89,14 +89,20 @@ func TestEndToEnd(t *testing.T) {
 	if got := runReplay(t, replayBin, 0, "--nats-url", url, "--run", "e2e-b"); strings.Contains(got, "e2e-a") || !strings.Contains(got, "batch e2e-b/1") {
 		t.Errorf("--run e2e-b:\n%s", got)
 	}
-	if got := runReplay(t, replayBin, 0, "--nats-url", url, "--from-seq", "11"); !strings.Contains(got, "batch e2e-a/2") ||
+	// From the submission of e2e-a/2 on (how many commits come before it
+	// depends on how the engine groups its decisions).
+	sub := regexp.MustCompile(`batch e2e-a/2 +step 2 +submitted at seq (\d+)`).FindStringSubmatch(fromNATS)
+	if sub == nil {
+		t.Fatalf("the history has no submission of e2e-a/2:\n%s", fromNATS)
+	}
+	if got := runReplay(t, replayBin, 0, "--nats-url", url, "--from-seq", sub[1]); !strings.Contains(got, "batch e2e-a/2") ||
 		strings.Contains(got, "e2e-a/1") || !strings.Contains(got, "not folded") {
-		t.Errorf("--from-seq 11:\n%s", got)
+		t.Errorf("--from-seq %s:\n%s", sub[1], got)
 	}
 	if got := runReplay(t, replayBin, 0, "--nats-url", url, "--since", time.Now().Add(time.Hour).Format(time.RFC3339)); got != "no events\n" {
 		t.Errorf("--since in an hour:\n%s", got)
 	}
-	if got := runReplay(t, replayBin, 0, "audit", "--nats-url", url, "--run", "e2e-b"); !strings.HasPrefix(got, "audit: every invariant holds: 1 run, 8 events in 5 commits, 3 out messages") {
+	if got := runReplay(t, replayBin, 0, "audit", "--nats-url", url, "--run", "e2e-b"); !regexp.MustCompile(`^audit: every invariant holds: 1 run, 8 events in \d+ commits, 3 out messages`).MatchString(got) {
 		t.Errorf("audit --run e2e-b: %s", got)
 	}
 
