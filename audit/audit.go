@@ -128,6 +128,15 @@ func (a *Auditor) add(v Violation) {
 // Event folds one message of the events stream; messages must come in
 // stream order.
 func (a *Auditor) Event(r Record) {
+	evs, err := events.DecodeCommit(r.Data, r.Headers[headerEvent])
+	a.EventDecoded(r, evs, err)
+}
+
+// EventDecoded is Event for a message whose commit the caller has decoded
+// already: evs and decodeErr are what events.DecodeCommit returned for its body
+// and Toolbatch-Event header. A reader can so decode commits on every core
+// while the audit folds them in stream order.
+func (a *Auditor) EventDecoded(r Record, evs []events.Event, decodeErr error) {
 	runID, ok := strings.CutPrefix(r.Subject, a.prefix+".events.")
 	if !ok || !events.ValidRunID(runID) {
 		a.add(Violation{Seq: r.Seq, Invariant: InvLog, Detail: fmt.Sprintf("subject %q is not a run's events subject", r.Subject)})
@@ -160,9 +169,8 @@ func (a *Auditor) Event(r Record) {
 		a.add(v)
 	}
 	ra.lastSeq = r.Seq
-	evs, err := events.DecodeCommit(r.Data, r.Headers[headerEvent])
-	if err != nil {
-		v.Invariant, v.Detail = InvLog, "undecodable commit: "+err.Error()
+	if decodeErr != nil {
+		v.Invariant, v.Detail = InvLog, "undecodable commit: "+decodeErr.Error()
 		a.add(v)
 		ra.broken = true
 		return

@@ -24,11 +24,11 @@ func cmdAudit(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	a := audit.New(o.prefix)
 	prog := newProgress(stderr)
 	var lastEvent uint64
-	err = src.read(ctx, eventsStream, o.sel, false, func(m *message) error {
-		r := m.Record
+	err = src.read(ctx, eventsStream, o.sel, true, func(m *message) error {
 		prog.add(m)
-		a.Event(r)
-		lastEvent = r.Seq
+		evs, err := m.commit()
+		a.EventDecoded(m.withHeaders(), evs, err)
+		lastEvent = m.Seq
 		return nil
 	})
 	if err != nil {

@@ -42,6 +42,19 @@ func (m *message) header(name string) []string {
 	return nil
 }
 
+// withHeaders returns the record with its headers as a map, which the
+// read may have left out (see hdrs); the map is the record's own.
+func (m *message) withHeaders() audit.Record {
+	r := m.Record
+	if r.Headers == nil {
+		r.Headers = make(map[string][]string, len(m.hdrs))
+		for _, h := range m.hdrs {
+			r.Headers[h.name] = append([]string{}, h.vals...)
+		}
+	}
+	return r
+}
+
 // inOrder is the read pipeline: produce makes batches in stream order, work
 // runs on them on every core, and consume gets them in the order they were
 // made, each after its work is done. It stops at the first error of
