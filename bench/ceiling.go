@@ -348,14 +348,14 @@ func latencies(ctx context.Context, to endpoint, n int, body []byte, rep int) (p
 }
 
 // commitPayload returns the average body size of the engine's commits:
-// the last 390 commits up to `to` (30 whole W1 batches of 13 commits, so
+// the last 270 commits up to `to` (30 whole W1 batches of 9 commits, so
 // that every kind of commit counts as often as it happens).
 func commitPayload(ctx context.Context, js jetstream.JetStream, from, to uint64) int {
 	st, err := js.Stream(ctx, "TOOLBATCH_EVENTS")
 	if err != nil || to < from {
 		return 400
 	}
-	from = max(from, to-min(to, 389))
+	from = max(from, to-min(to, 269))
 	total, n := 0, 0
 	for seq := from; seq <= to; seq++ {
 		m, err := st.GetMsg(ctx, seq)
@@ -422,15 +422,17 @@ func runCeiling(ctx context.Context, to endpoint, payload int, reps int, dur tim
 // as one batch of 4 sandbox calls in the engine, with no engine logic (no
 // decoding or folding, no gate, no owner keys, no capability lookups, no
 // caches): a client submits on the inbox (the real client, so the same
-// Submit and the same watch as W1), a minimal "engine" appends the 13 commits with
-// expected sequences, publishes each call's dispatch and deadline
-// schedule, answers the claim after committing it, and records the
-// result; a minimal "worker" takes the job from the dispatch work queue,
-// claims it by request/reply, publishes the result on the inbox and acks
-// the job; a minimal "projector" consumes the events stream and publishes
-// the 4 dispositions and the results of the final commit on the out stream.
-// Per batch: 1 submit, 13 commits, 4 dispatches, 4 schedules, 4 claim
-// round trips, 4 results, 5 out messages.
+// Submit and the same watch as W1), a minimal "engine" appends the 9 commits
+// the engine makes, with expected sequences (the submission with the first
+// call's gate decision and entry; per call its claim, and its completion
+// with the next call's gate decision and entry, the last one with the
+// barrier), publishes each call's dispatch, answers the claim after
+// committing it, and records the result; a minimal "worker" takes the job
+// from the dispatch work queue, claims it by request/reply, publishes the
+// result on the inbox and acks the job; a minimal "projector" consumes the
+// events stream and publishes the 4 dispositions and the results of the
+// final commit on the out stream. Per batch: 1 submit, 9 commits, 4
+// dispatches, 4 claim round trips, 4 results, 5 out messages.
 
 // HandRolled is the hand-rolled W1 minimum.
 type HandRolled struct {
@@ -488,31 +490,19 @@ func (e *minEngine) commit(ctx context.Context, runID string, r *minRun, types [
 	return nil
 }
 
-// gateAndDispatch commits the next call's gate decision and entry, and
-// publishes its dispatch (and, off the path as the engine does, its
-// dispatch-deadline schedule).
-func (e *minEngine) gateAndDispatch(ctx context.Context, runID string, r *minRun) error {
+// gateAndDispatch commits what came before (the submission, or the
+// previous call's completion) with the next call's gate decision and entry,
+// as the engine does, and publishes its dispatch.
+func (e *minEngine) gateAndDispatch(ctx context.Context, runID string, r *minRun, before string) error {
 	r.next++
-	if err := e.commit(ctx, runID, r, []string{"CallGated", "CallExecuting"}, false); err != nil {
+	if err := e.commit(ctx, runID, r, []string{before, "CallGated", "CallExecuting"}, false); err != nil {
 		return err
 	}
 	op := fmt.Sprintf("%s/c%d", r.batch, r.next)
 	d := nats.NewMsg(minPrefix + ".dispatch.default.noop")
 	d.Data = []byte(op)
-	if _, err := e.js.PublishMsg(ctx, d, jetstream.WithMsgID(op+"/1")); err != nil {
-		return err
-	}
-	go func() {
-		s := nats.NewMsg(minPrefix + ".timer.at." + runID + ".dispatch_deadline.c" + strconv.Itoa(r.next))
-		s.Data = []byte(op)
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := e.js.PublishMsg(sctx, s, jetstream.WithScheduleAt(time.Now().Add(time.Hour).Truncate(time.Second)),
-			jetstream.WithScheduleTarget(minPrefix+".timer.fire."+runID)); err != nil {
-			e.fail(fmt.Errorf("schedule: %w", err))
-		}
-	}()
-	return nil
+	_, err := e.js.PublishMsg(ctx, d, jetstream.WithMsgID(op+"/1"))
+	return err
 }
 
 func (e *minEngine) loop(ctx context.Context) {
@@ -558,23 +548,18 @@ func (e *minEngine) onInbox(ctx context.Context, m jetstream.Msg) error {
 			return fmt.Errorf("submit without a message id: %q", id)
 		}
 		r.batch, r.next, r.submit = parts[0]+"/"+parts[1], 0, m
-		if err := e.commit(ctx, runID, r, []string{"BatchSubmitted"}, false); err != nil {
-			return err
-		}
-		return e.gateAndDispatch(ctx, runID, r)
+		return e.gateAndDispatch(ctx, runID, r, "BatchSubmitted")
 	case "result":
-		final := r.next == minCalls
-		types := []string{"CallCompleted"}
-		if final {
-			types = append(types, "BatchFinalized")
+		if r.next < minCalls {
+			if err := e.gateAndDispatch(ctx, runID, r, "CallCompleted"); err != nil {
+				return err
+			}
+			return m.Ack()
 		}
-		if err := e.commit(ctx, runID, r, types, final); err != nil {
+		if err := e.commit(ctx, runID, r, []string{"CallCompleted", "BatchFinalized"}, true); err != nil {
 			return err
 		}
 		_ = m.Ack()
-		if !final {
-			return e.gateAndDispatch(ctx, runID, r)
-		}
 		return r.submit.Ack()
 	}
 	return fmt.Errorf("inbox subject %s", m.Subject())
