@@ -119,7 +119,7 @@ func (s *shard) noteIdle(rs *runState) {
 }
 
 // releaseIdle gives up the runs quiescent here for longer than the linger
-// (all of them, at shutdown).
+// (all of them, at shutdown); the cache may then let them go.
 func (s *shard) releaseIdle(all bool) {
 	linger := min(ownerLinger, s.e.cfg.AckWait/3)
 	var ctx context.Context
@@ -133,6 +133,9 @@ func (s *shard) releaseIdle(all bool) {
 			defer cancel()
 		}
 		s.release(ctx, rs)
+	}
+	if ctx != nil {
+		s.evict()
 	}
 }
 
