@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/aggregate"
 )
 
 // Ownership: one engine at a time works on a run. Every engine shares the
@@ -97,10 +99,12 @@ func (s *shard) forget(rs *runState) {
 	clear(rs.unclaimed)
 }
 
-// ownerLinger is how long an engine keeps a quiescent run before it gives
-// it up: the next batch of an active run usually comes within it, and its
-// messages then reach (or are forwarded to) the engine that has the run
-// folded in memory, which saves the key's release and creation.
+// ownerLinger is how long an engine keeps a run between two batches before
+// it gives it up: the next batch of an active run usually comes within
+// it, and its messages then reach (or are forwarded to) the engine that has
+// the run folded in memory, which saves the key's release and creation. A
+// run parked on a ticket, or ended, is given up at once: what it waits for
+// may take hours, and the cache can then let it go.
 const ownerLinger = 2 * time.Second
 
 // quiescent reports whether nothing of the run is in progress here.
@@ -108,11 +112,14 @@ func (rs *runState) quiescent() bool {
 	return len(rs.held) == 0 && len(rs.pending) == 0 && len(rs.inflight) == 0 && len(rs.leases) == 0
 }
 
-// noteIdle starts (or stops) the linger of a run this engine owns.
-func (s *shard) noteIdle(rs *runState) {
+// noteIdle starts (or stops) the linger of a run this engine owns, or
+// gives the run up at once when lingering would serve nothing.
+func (s *shard) noteIdle(ctx context.Context, rs *runState) {
 	switch {
 	case !rs.owned || !rs.quiescent():
 		rs.idleSince = time.Time{}
+	case !rs.loaded || rs.run.End != nil || aggregate.Next(rs.run).Kind != aggregate.NextNone:
+		s.release(ctx, rs)
 	case rs.idleSince.IsZero():
 		rs.idleSince = time.Now()
 	}

@@ -147,7 +147,7 @@ func (s *shard) keepAlive(runCtx context.Context) {
 				s.abandon(rs)
 			}
 		}
-		s.noteIdle(rs)
+		s.noteIdle(ctx, rs)
 	}
 }
 
@@ -218,7 +218,7 @@ func (s *shard) handle(runCtx context.Context, it item) {
 			time.AfterFunc(time.Second, func() { s.postCtx(runCtx, item{runID: rs.id, done: o}) })
 		}
 	}
-	s.noteIdle(rs)
+	s.noteIdle(ctx, rs)
 	s.evict()
 }
 
