@@ -34,6 +34,16 @@ const (
 	HeaderPrev = "Toolbatch-Prev"
 )
 
+// engineDuplicates is the duplicate window of the streams only engines
+// write (events, dispatch, out): their message ids make an engine's own
+// retries of an append harmless, and a retry comes within seconds (the
+// projector's republications after a crash are checked against the
+// stream itself, however late). JetStream's default of 2 minutes keeps
+// every id of the last 2 minutes in the server's memory: about 300 MB at
+// 16,000 appends/s. The inbox, which clients and workers write, keeps the
+// default.
+const engineDuplicates = 30 * time.Second
+
 // StreamConfig sets the streams up.
 type StreamConfig struct {
 	Replicas  int           // replicas of every stream (default 1)
@@ -53,17 +63,18 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n Names, sc Stre
 	cfgs := []jetstream.StreamConfig{{
 		Name: n.EventsStream(), Subjects: []string{p + ".events.>"}, Retention: jetstream.LimitsPolicy,
 		Storage: jetstream.FileStorage, DenyDelete: true, DenyPurge: true, Replicas: sc.Replicas,
-		Description: "toolbatch event log: the only source of truth",
+		Duplicates: engineDuplicates, Description: "toolbatch event log: the only source of truth",
 	}, {
 		Name: n.InboxStream(), Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Replicas: sc.Replicas,
 		Subjects:    []string{p + ".submit.>", p + ".resume.>", p + ".control.>", p + ".result.>"},
 		Description: "toolbatch commands from clients and workers",
 	}, {
 		Name: n.DispatchStream(), Subjects: []string{p + ".dispatch.>"}, Retention: jetstream.WorkQueuePolicy,
-		Storage: jetstream.FileStorage, Replicas: sc.Replicas, Description: "toolbatch sandbox jobs",
+		Storage: jetstream.FileStorage, Replicas: sc.Replicas, Duplicates: engineDuplicates,
+		Description: "toolbatch sandbox jobs",
 	}, {
 		Name: n.OutStream(), Subjects: []string{p + ".out.>"}, Retention: jetstream.LimitsPolicy,
-		Storage: jetstream.FileStorage, MaxAge: sc.OutMaxAge, Replicas: sc.Replicas,
+		Storage: jetstream.FileStorage, MaxAge: sc.OutMaxAge, Replicas: sc.Replicas, Duplicates: engineDuplicates,
 		Description: "toolbatch projections for subscribers",
 	}}
 	cfgs = append(cfgs, jetstream.StreamConfig{
