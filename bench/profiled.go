@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -111,6 +112,11 @@ func profiledEngine(args []string) error {
 			case sig == syscall.SIGUSR2 && f != nil:
 				pprof.StopCPUProfile()
 				f.Close()
+				// And the heap as it is at the end: <name>.heap.
+				if h, err := os.Create(strings.TrimSuffix(f.Name(), ".pprof") + ".heap.pprof"); err == nil {
+					_ = pprof.Lookup("heap").WriteTo(h, 0)
+					h.Close()
+				}
 				f = nil
 			}
 		}
