@@ -17,11 +17,12 @@ import (
 // them; the engine that holds the run's key in the owners bucket
 // (run.<run_id>, value its engine id) is the only one that decides for it.
 // It creates the key before it touches the run, renews it while the run has
-// work in progress here, and deletes it when the run is quiescent. An engine
-// that dies stops renewing: the key expires after the ack wait and another
-// engine takes the run over, folding it from the log and recovering it.
-// Others give the message back (nak with delay), or stay silent to a claim
-// or heartbeat, which every engine receives.
+// work in progress here, and deletes it when the run is quiescent (after a
+// linger, between batches). An engine that dies stops renewing: the key
+// expires after the ack wait and another engine takes the run over, folding
+// it from the log and recovering it. Others forward the run's messages to
+// the owner (forward.go), and stay silent to a claim or heartbeat, which
+// every engine receives.
 
 // ErrNotOwner means another engine works on the run now.
 var ErrNotOwner = errors.New("engine: another engine owns the run")
