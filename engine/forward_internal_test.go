@@ -106,3 +106,33 @@ func TestMessagesReachTheOwner(t *testing.T) {
 	})
 	t.Logf("%d of %d submissions forwarded", forwards.Load(), runs)
 }
+
+// TestBusyDelay: a message of a run owned elsewhere comes back after 5 ms,
+// doubling with each delivery, at most a quarter of the ack wait and never
+// more than 500 ms (here through a forwarded message's metadata, parsed
+// from its acknowledgement subject).
+func TestBusyDelay(t *testing.T) {
+	msg := func(delivered int) jetstream.Msg {
+		return &forwardedMsg{subject: "toolbatch.result.r1", msg: &nats.Msg{Sub: &nats.Subscription{},
+			Reply: fmt.Sprintf("$JS.ACK.TOOLBATCH_INBOX.engine.%d.7.7.1700000000000000000.0", delivered)}}
+	}
+	for _, c := range []struct {
+		delivered int
+		ackWait   time.Duration
+		want      time.Duration
+	}{
+		{1, 30 * time.Second, 5 * time.Millisecond},
+		{2, 30 * time.Second, 10 * time.Millisecond},
+		{7, 30 * time.Second, 320 * time.Millisecond},
+		{8, 30 * time.Second, 500 * time.Millisecond},
+		{1000, 30 * time.Second, 500 * time.Millisecond},
+		{6, time.Second, 160 * time.Millisecond},
+		{7, time.Second, 250 * time.Millisecond},
+		{3, 100 * time.Millisecond, 20 * time.Millisecond},
+		{9, 100 * time.Millisecond, 100 * time.Millisecond},
+	} {
+		if got := busyDelay(msg(c.delivered), c.ackWait); got != c.want {
+			t.Errorf("delivery %d, ack wait %s: %s, want %s", c.delivered, c.ackWait, got, c.want)
+		}
+	}
+}
