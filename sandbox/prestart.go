@@ -50,6 +50,9 @@ type Stats struct {
 	// PrestartFailures is how many pre-starts failed (bubblewrap or the
 	// stage did not come up).
 	PrestartFailures int64
+	// StageLimits is how many pre-started calls had their rlimits set by
+	// the stage itself, without prlimit's exec.
+	StageLimits int64
 }
 
 // warm is a pre-started sandbox.
@@ -263,7 +266,10 @@ func (p *pool) run(ctx context.Context, t ToolConfig, call Call, prog string, st
 			_ = w.control.Close()
 		}()
 		o := p.r.finish(ctx, t, w.p, stdin)
-		took := w.tookCall()
+		took, direct := w.tookCall()
+		if direct {
+			p.r.stats.stageLimits.Add(1)
+		}
 		_ = w.status.Close()
 		removeWorkdir(w.workdir)
 		if took || o.cancelled != nil {
@@ -273,13 +279,15 @@ func (p *pool) run(ctx context.Context, t ToolConfig, call Call, prog string, st
 	}
 }
 
-// tookCall reports whether the stage said it execs the tool. The sandbox
-// has ended, so the status pipe holds all it will ever hold.
-func (w *warm) tookCall() bool {
+// tookCall reports whether the stage said it execs the tool, and whether
+// it set the tool's rlimits itself. The sandbox has ended, so the status
+// pipe holds all it will ever hold.
+func (w *warm) tookCall() (took, direct bool) {
 	_ = w.status.SetReadDeadline(time.Now().Add(pipeGrace))
 	b := make([]byte, 1)
 	n, _ := io.ReadFull(w.status, b)
-	return n == 1 && b[0] == stageGo
+	took = n == 1 && (b[0] == stageGo || b[0] == stageGoDirect)
+	return took, took && b[0] == stageGoDirect
 }
 
 // prestart starts one sandbox of the tool and waits until its stage waits

@@ -114,7 +114,7 @@ type Runner struct {
 	onPrestartFailure func(toolID string, err error)
 	closeOnce         sync.Once
 	stats             struct {
-		prestarted, fresh, diedBeforeUse, prestartFailures atomic.Int64
+		prestarted, fresh, diedBeforeUse, prestartFailures, stageLimits atomic.Int64
 	}
 }
 
@@ -291,6 +291,7 @@ func (r *Runner) Stats() Stats {
 		Fresh:            r.stats.fresh.Load(),
 		DiedBeforeUse:    r.stats.diedBeforeUse.Load(),
 		PrestartFailures: r.stats.prestartFailures.Load(),
+		StageLimits:      r.stats.stageLimits.Load(),
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"syscall"
 	"unsafe"
 )
@@ -22,8 +24,8 @@ const (
 	// environment, NUL-separated KEY=VALUE entries, then end of file.
 	stageControlFD = 4
 	// stageStatusFD is the write end of the status pipe: one stageWaiting
-	// byte once the sandbox is up, one stageGo byte once the environment
-	// has been read, just before the exec.
+	// byte once the sandbox is up, one stageGo (or stageGoDirect) byte once
+	// the environment has been read, just before the exec.
 	stageStatusFD = 5
 	// stageExeFD is the stage program itself, opened by the worker.
 	stageExeFD = 6
@@ -34,8 +36,9 @@ const stageArg = "toolbatch-sandbox-stage"
 
 // Status bytes of the stage.
 const (
-	stageWaiting byte = 'R'
-	stageGo      byte = 'G'
+	stageWaiting  byte = 'R'
+	stageGo       byte = 'G' // execs the command line as given (prlimit)
+	stageGoDirect byte = 'D' // sets the rlimits itself and execs the tool
 )
 
 // stageExitNoCall is the stage's exit status when the worker closed the
@@ -91,7 +94,13 @@ func runStage(argv []string) int {
 		return stageExitNoCall
 	}
 	env := decodeEnv(msg)
-	if err := writeStatus(stageGo); err != nil {
+	// Setting prlimit's rlimits here saves its exec on the call's path.
+	d, direct := planDirectExec(argv, env)
+	status := stageGo
+	if direct {
+		status = stageGoDirect
+	}
+	if err := writeStatus(status); err != nil {
 		return stageExitBroken
 	}
 	// The exec happens on this thread: give it the mask the stage started
@@ -101,9 +110,114 @@ func runStage(argv []string) int {
 		fmt.Fprintf(os.Stderr, "toolbatch sandbox stage: cannot set the signal mask: %v\n", e)
 		return stageExitExec
 	}
+	if direct {
+		err = d.exec()
+		fmt.Fprintf(os.Stderr, "toolbatch sandbox stage: cannot exec %s: %v\n", d.argv[0], err)
+		return stageExitExec
+	}
 	err = syscall.Exec(argv[0], argv, env)
 	fmt.Fprintf(os.Stderr, "toolbatch sandbox stage: cannot exec %s: %v\n", argv[0], err)
 	return stageExitExec
+}
+
+// directExec is the stage's own rendering of the prlimit command line the
+// worker sends (Runner.limitArgs): the same rlimits, set with prlimit64 on
+// the stage itself, then the tool exec'd in place, as prlimit does, with the
+// open-files limit bubblewrap gave (the Go runtime raised the stage's own).
+// Everything that allocates is done before the first limit is set: once
+// the address-space limit is in place the stage only makes raw system
+// calls.
+type directExec struct {
+	argv   []string
+	limits []stageLimit
+	nofile syscall.Rlimit
+	argv0p *byte
+	argvp  []*byte
+	envp   []*byte
+}
+
+type stageLimit struct {
+	resource int
+	value    syscall.Rlimit
+}
+
+// Resources prlimit's flags name (linux, every architecture Go supports
+// here).
+var prlimitFlags = map[string]int{"--as": 9, "--cpu": 0, "--nproc": 6, "--fsize": 1, "--core": 4}
+
+// parsePrlimit reads "prlimit --X=soft[:hard]... -- /prog args..." (the
+// flags Runner.limitArgs writes); ok is false for anything else.
+func parsePrlimit(argv []string) (limits []stageLimit, tool []string, ok bool) {
+	if len(argv) < 3 || !strings.HasSuffix(argv[0], "/prlimit") {
+		return nil, nil, false
+	}
+	i := 1
+	for ; i < len(argv) && argv[i] != "--"; i++ {
+		name, val, found := strings.Cut(argv[i], "=")
+		res, known := prlimitFlags[name]
+		if !found || !known {
+			return nil, nil, false
+		}
+		softS, hardS, two := strings.Cut(val, ":")
+		if !two {
+			hardS = softS
+		}
+		soft, err1 := strconv.ParseUint(softS, 10, 64)
+		hard, err2 := strconv.ParseUint(hardS, 10, 64)
+		if err1 != nil || err2 != nil || soft > hard {
+			return nil, nil, false
+		}
+		limits = append(limits, stageLimit{res, syscall.Rlimit{Cur: soft, Max: hard}})
+	}
+	if i+1 >= len(argv) || !strings.HasPrefix(argv[i+1], "/") {
+		return nil, nil, false
+	}
+	return limits, argv[i+1:], true
+}
+
+// planDirectExec prepares the exec of a prlimit command line by the stage
+// itself; ok is false when it cannot (the stage then execs prlimit).
+func planDirectExec(argv, env []string) (d directExec, ok bool) {
+	if d.limits, d.argv, ok = parsePrlimit(argv); !ok {
+		return d, false
+	}
+	// bubblewrap's init (pid 1 here) has the open-files limit the tool
+	// gets without a stage.
+	if _, _, e := syscall.RawSyscall6(syscall.SYS_PRLIMIT64, 1, syscall.RLIMIT_NOFILE, 0, uintptr(unsafe.Pointer(&d.nofile)), 0, 0); e != 0 {
+		return d, false
+	}
+	var err error
+	if d.argv0p, err = syscall.BytePtrFromString(d.argv[0]); err != nil {
+		return d, false
+	}
+	if d.argvp, err = syscall.SlicePtrFromStrings(d.argv); err != nil {
+		return d, false
+	}
+	if d.envp, err = syscall.SlicePtrFromStrings(env); err != nil {
+		return d, false
+	}
+	return d, true
+}
+
+// exec sets the limits and execs the tool; it returns only on failure.
+func (d *directExec) exec() error {
+	set := func(res int, l *syscall.Rlimit) error {
+		if _, _, e := syscall.RawSyscall6(syscall.SYS_PRLIMIT64, 0, uintptr(res), uintptr(unsafe.Pointer(l)), 0, 0, 0); e != 0 {
+			return e
+		}
+		return nil
+	}
+	if err := set(syscall.RLIMIT_NOFILE, &d.nofile); err != nil {
+		return err
+	}
+	for i := range d.limits {
+		if err := set(d.limits[i].resource, &d.limits[i].value); err != nil {
+			return err
+		}
+	}
+	_, _, e := syscall.RawSyscall(syscall.SYS_EXECVE, uintptr(unsafe.Pointer(d.argv0p)),
+		uintptr(unsafe.Pointer(&d.argvp[0])), uintptr(unsafe.Pointer(&d.envp[0])))
+	return e
 }
 
 // writeStatus writes one status byte to the worker.

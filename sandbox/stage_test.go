@@ -1,0 +1,74 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"syscall"
+	"testing"
+)
+
+// TestStageReadsTheRunnersPrlimitLine: the stage applies exactly the
+// rlimits of the prlimit command line the Runner writes (each flag's soft
+// and hard values) and execs the tool with its own arguments; any other
+// line is left to prlimit.
+func TestStageReadsTheRunnersPrlimitLine(t *testing.T) {
+	r := &Runner{prlimit: "/usr/bin/prlimit"}
+	tool := ToolConfig{Command: []string{"/bin/tool", "-x", "--", "y"},
+		Limits: Limits{MemoryMB: 128, CPUSeconds: 7, OutputKB: 64, MaxProcs: 40}}
+	limits, argv, ok := parsePrlimit(r.limitArgs(tool, "/bin/tool"))
+	if !ok {
+		t.Fatalf("the Runner's own line is not read: %q", r.limitArgs(tool, "/bin/tool"))
+	}
+	want := []stageLimit{
+		{9, syscall.Rlimit{Cur: 128 << 20, Max: 128 << 20}}, // address space
+		{0, syscall.Rlimit{Cur: 7, Max: 8}},                 // CPU seconds
+		{6, syscall.Rlimit{Cur: 40, Max: 40}},               // processes
+		{1, syscall.Rlimit{Cur: 128 << 20, Max: 128 << 20}}, // file size: the larger of output and memory
+		{4, syscall.Rlimit{Cur: 0, Max: 0}},                 // core dumps
+	}
+	if !reflect.DeepEqual(limits, want) {
+		t.Fatalf("limits %+v, want %+v", limits, want)
+	}
+	if !reflect.DeepEqual(argv, []string{"/bin/tool", "-x", "--", "y"}) {
+		t.Fatalf("tool argv %q", argv)
+	}
+	for _, bad := range [][]string{
+		{"/usr/bin/env", "--as=1", "--", "/bin/tool"},
+		{"/usr/bin/prlimit", "--nofile=5", "--", "/bin/tool"},
+		{"/usr/bin/prlimit", "--as", "--", "/bin/tool"},
+		{"/usr/bin/prlimit", "--as=x", "--", "/bin/tool"},
+		{"/usr/bin/prlimit", "--cpu=9:8", "--", "/bin/tool"},
+		{"/usr/bin/prlimit", "--as=1", "/bin/tool"},
+		{"/usr/bin/prlimit", "--as=1", "--", "tool"},
+		{"/usr/bin/prlimit", "--as=1", "--"},
+	} {
+		if _, _, ok := parsePrlimit(bad); ok {
+			t.Errorf("%q read as a prlimit line the stage applies", bad)
+		}
+	}
+}
+
+// TestPrestartedStageSetsLimitsItself: in a pre-started sandbox the stage
+// sets the rlimits of the Runner's prlimit line itself and execs the tool
+// (prlimit's exec is off the call's path), and the tool has those limits.
+func TestPrestartedStageSetsLimitsItself(t *testing.T) {
+	t.Parallel()
+	r, _ := newRunner(t, prestarted, `
+tools:
+  - id: limits
+    command: [/bin/sh, -c, 'ulimit -v; ulimit -t; ulimit -c']
+    limits: {memory_mb: 96, cpu_seconds: 5, max_procs: 30}
+`)
+	const calls = 3
+	before := r.Stats().StageLimits // NewRunner's trial of the stage
+	for i := 0; i < calls; i++ {
+		res := r.Run(context.Background(), Call{ToolID: "limits", CallID: "c1", OperationID: fmt.Sprintf("r/%d/c1", i), Attempt: 1})
+		if got := wantOutput(t, res).Text(); got != "98304\n5\n0\n" {
+			t.Fatalf("call %d: output %q, want the address-space, CPU and core limits", i, got)
+		}
+	}
+	if st := r.Stats(); st.StageLimits-before != calls {
+		t.Fatalf("%d of %d calls had their limits set by the stage (stats %+v)", st.StageLimits-before, calls, st)
+	}
+}
