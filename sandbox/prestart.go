@@ -166,7 +166,9 @@ func (p *pool) prestart() {
 
 // take returns a live pre-started sandbox, waiting for one under way if
 // that is the case, or nil: the call starts its own. Every sandbox it
-// takes is replaced.
+// takes is replaced: at once when no other is ready, else once the call
+// is done (run), so that starting the replacement does not compete with
+// the call for the CPU while another ready sandbox serves the next call.
 func (p *pool) take(ctx context.Context) *warm {
 	for {
 		p.mu.Lock()
@@ -184,7 +186,9 @@ func (p *pool) take(ctx context.Context) *warm {
 			wait = make(chan *warm, 1)
 			p.waiters = append(p.waiters, wait)
 		}
-		p.fill()
+		if w == nil || len(p.ready) == 0 {
+			p.fill()
+		}
 		p.mu.Unlock()
 		if wait != nil {
 			select {
@@ -266,6 +270,9 @@ func (p *pool) run(ctx context.Context, t ToolConfig, call Call, prog string, st
 			_ = w.control.Close()
 		}()
 		o := p.r.finish(ctx, t, w.p, stdin)
+		p.mu.Lock()
+		p.fill() // the replacement take may have left for now
+		p.mu.Unlock()
 		took, direct := w.tookCall()
 		if direct {
 			p.r.stats.stageLimits.Add(1)

@@ -3,9 +3,12 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestStageReadsTheRunnersPrlimitLine: the stage applies exactly the
@@ -71,4 +74,56 @@ tools:
 	if st := r.Stats(); st.StageLimits-before != calls {
 		t.Fatalf("%d of %d calls had their limits set by the stage (stats %+v)", st.StageLimits-before, calls, st)
 	}
+}
+
+// TestPrestartedReplacementWaitsForTheCall: while another sandbox of the
+// tool is ready, a taken sandbox's replacement starts once the call is
+// done, not while it runs; it does start then.
+func TestPrestartedReplacementWaitsForTheCall(t *testing.T) {
+	t.Parallel()
+	gateDir := worldDir(t, false)
+	gate := filepath.Join(gateDir, "gate")
+	if err := syscall.Mkfifo(gate, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(gate, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := newRunner(t, prestarted, fmt.Sprintf(`
+tools:
+  - id: wait
+    command: [/bin/sh, -c, 'read x < %s; echo "$x"']
+    mounts: [{path: %s}]
+`, gate, gateDir))
+	p := r.pools["wait"]
+	state := func() (ready, starting int) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.ready), p.starting
+	}
+	if ready, starting := state(); ready != 2 || starting != 0 {
+		t.Fatalf("before the call: %d ready, %d starting", ready, starting)
+	}
+	done := make(chan Result, 1)
+	go func() {
+		done <- r.Run(context.Background(), Call{ToolID: "wait", CallID: "c1", OperationID: "r/1/c1", Attempt: 1})
+	}()
+	// Opening the gate for writing returns once the tool opened it for
+	// reading: the call is running.
+	w, err := os.OpenFile(gate, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready, starting := state()
+	if _, err := w.WriteString("open\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Close()
+	if got := wantOutput(t, <-done).Text(); got != "open\n" {
+		t.Fatalf("output %q", got)
+	}
+	if ready != 1 || starting != 0 {
+		t.Fatalf("while the call ran: %d ready, %d starting; want 1 and 0", ready, starting)
+	}
+	eventually(t, 20*time.Second, "the replacement is ready", func() bool { ready, _ := state(); return ready == 2 })
 }
