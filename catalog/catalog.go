@@ -19,6 +19,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/located"
 )
 
 // idPattern is the rule for tool ids (the one model providers use for tool
@@ -257,7 +258,7 @@ func build(cfg *Config, x *index) (*Catalog, []*ProblemError) {
 		t := k.tool(i, tc)
 		if tc.ID != "" {
 			if j, dup := first[tc.ID]; dup {
-				k.addf(toolWhere(i, tc.ID), fmt.Sprintf("tools[%d].id", i), "id %q is already used by tools[%d]", tc.ID, j)
+				k.addf(located.ToolWhere(i, tc.ID), fmt.Sprintf("tools[%d].id", i), "id %q is already used by tools[%d]", tc.ID, j)
 			} else {
 				first[tc.ID] = i
 			}
@@ -284,7 +285,7 @@ func build(cfg *Config, x *index) (*Catalog, []*ProblemError) {
 
 // tool checks one tool and applies its defaults.
 func (k *checker) tool(i int, tc ToolConfig) Tool {
-	where := toolWhere(i, tc.ID)
+	where := located.ToolWhere(i, tc.ID)
 	at := func(field string) string { return fmt.Sprintf("tools[%d].%s", i, field) }
 	t := Tool{
 		ID:      tc.ID,

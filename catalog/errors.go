@@ -4,11 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/toolbatch/toolbatch/internal/located"
 )
 
 // ErrInvalid is matched (errors.Is) by every problem of a catalog that does
@@ -32,22 +33,7 @@ type ProblemError struct {
 }
 
 // Error returns "path:line: where: msg", leaving out what is not known.
-func (e *ProblemError) Error() string {
-	var b strings.Builder
-	switch {
-	case e.Path != "" && e.Line > 0:
-		fmt.Fprintf(&b, "%s:%d: ", e.Path, e.Line)
-	case e.Path != "":
-		b.WriteString(e.Path + ": ")
-	case e.Line > 0:
-		fmt.Fprintf(&b, "line %d: ", e.Line)
-	}
-	if e.Where != "" {
-		b.WriteString(e.Where + ": ")
-	}
-	b.WriteString(e.Msg)
-	return b.String()
-}
+func (e *ProblemError) Error() string { return located.Format(e.Path, e.Line, e.Where, e.Msg) }
 
 // Unwrap returns ErrInvalid.
 func (e *ProblemError) Unwrap() error { return ErrInvalid }
@@ -55,21 +41,7 @@ func (e *ProblemError) Unwrap() error { return ErrInvalid }
 // joinProblems orders the problems by line (those without a line last, in
 // the order found) and joins them; nil when there are none.
 func joinProblems(ps []*ProblemError) error {
-	if len(ps) == 0 {
-		return nil
-	}
-	sort.SliceStable(ps, func(i, j int) bool {
-		li, lj := ps[i].Line, ps[j].Line
-		if li == 0 || lj == 0 {
-			return li != 0 && lj == 0
-		}
-		return li < lj
-	})
-	errs := make([]error, len(ps))
-	for i, p := range ps {
-		errs[i] = p
-	}
-	return errors.Join(errs...)
+	return located.Join(ps, func(p *ProblemError) int { return p.Line })
 }
 
 // entry is one located node of the document: a mapping key with its value,
@@ -268,7 +240,7 @@ func split(path string, cfg *Config) (where, field string) {
 		if cfg != nil && i < len(cfg.Tools) {
 			id = cfg.Tools[i].ID
 		}
-		return toolWhere(i, id), m[2]
+		return located.ToolWhere(i, id), m[2]
 	}
 	if m := reRulePath.FindStringSubmatch(path); m != nil {
 		return "gate.rules[" + m[1] + "]", m[2]
@@ -277,14 +249,6 @@ func split(path string, cfg *Config) (where, field string) {
 		return "gate.external", m[1]
 	}
 	return "", path
-}
-
-// toolWhere names tools[i], with its id when it has one.
-func toolWhere(i int, id string) string {
-	if id == "" {
-		return fmt.Sprintf("tools[%d]", i)
-	}
-	return fmt.Sprintf("tools[%d] (id %q)", i, id)
 }
 
 var (

@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/located"
 )
 
 // Defaults of the worker config. A field left out, or written as its zero
@@ -197,22 +198,7 @@ type ConfigError struct {
 }
 
 // Error returns "path:line: where: msg", leaving out what is not known.
-func (e *ConfigError) Error() string {
-	var b strings.Builder
-	switch {
-	case e.Path != "" && e.Line > 0:
-		fmt.Fprintf(&b, "%s:%d: ", e.Path, e.Line)
-	case e.Path != "":
-		b.WriteString(e.Path + ": ")
-	case e.Line > 0:
-		fmt.Fprintf(&b, "line %d: ", e.Line)
-	}
-	if e.Where != "" {
-		b.WriteString(e.Where + ": ")
-	}
-	b.WriteString(e.Msg)
-	return b.String()
-}
+func (e *ConfigError) Error() string { return located.Format(e.Path, e.Line, e.Where, e.Msg) }
 
 // Unwrap returns ErrInvalidConfig.
 func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
@@ -448,7 +434,7 @@ func (c Config) problems() []*ConfigError {
 	}
 	seenTool := map[string]int{}
 	for i, t := range c.Tools {
-		where := toolWhere(i, t.ID)
+		where := located.ToolWhere(i, t.ID)
 		at := func(f string) string { return fmt.Sprintf("tools[%d].%s", i, f) }
 		addf := func(f, format string, args ...any) { add(where, at(f), format, args...) }
 		switch {
@@ -584,32 +570,10 @@ func sortedKeys(m map[string]string) []string {
 	return ks
 }
 
-// toolWhere names tools[i], with its id when it has one.
-func toolWhere(i int, id string) string {
-	if id == "" {
-		return fmt.Sprintf("tools[%d]", i)
-	}
-	return fmt.Sprintf("tools[%d] (id %q)", i, id)
-}
-
 // joinProblems orders the problems by line (those without one last, in the
 // order found) and joins them; nil when there are none.
 func joinProblems(ps []*ConfigError) error {
-	if len(ps) == 0 {
-		return nil
-	}
-	sort.SliceStable(ps, func(i, j int) bool {
-		li, lj := ps[i].Line, ps[j].Line
-		if li == 0 || lj == 0 {
-			return li != 0 && lj == 0
-		}
-		return li < lj
-	})
-	errs := make([]error, len(ps))
-	for i, p := range ps {
-		errs[i] = p
-	}
-	return errors.Join(errs...)
+	return located.Join(ps, func(p *ConfigError) int { return p.Line })
 }
 
 // indexLines records the line of every mapping key and sequence item under
@@ -686,7 +650,7 @@ func decodeProblems(err error, lines map[string]int, cfg *Config) []*ConfigError
 			if cfg != nil && i < len(cfg.Tools) {
 				id = cfg.Tools[i].ID
 			}
-			where = toolWhere(i, id)
+			where = located.ToolWhere(i, id)
 		}
 		out = append(out, &ConfigError{Line: line, Where: where, Msg: text})
 	}
