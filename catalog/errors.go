@@ -252,8 +252,6 @@ func split(path string, cfg *Config) (where, field string) {
 }
 
 var (
-	reYAMLLine  = regexp.MustCompile(`^(?:yaml: )?line (\d+): (?:column (\d+): )?(.*)$`)
-	reUnknown   = regexp.MustCompile(`^field (\S+) not found in type \S+$`)
 	reDupKey    = regexp.MustCompile(`^mapping key "(.*)" already defined at line (\d+)$`)
 	reUnmarshal = regexp.MustCompile("^cannot unmarshal (!!\\w+)(?: `(.*)`)? into (\\S+)$")
 )
@@ -261,28 +259,20 @@ var (
 // yamlProblems turns the decoder's errors into problems that name the place
 // in the catalog, in the words of the file rather than of the Go types.
 func yamlProblems(err error, x *index, cfg *Config) []*ProblemError {
-	var msgs []string
-	var te *yaml.TypeError
-	if errors.As(err, &te) {
-		msgs = te.Errors
-	} else {
-		msgs = []string{err.Error()}
-	}
+	msgs, typed := located.Messages(err)
 	out := make([]*ProblemError, 0, len(msgs))
 	for _, msg := range msgs {
-		m := reYAMLLine.FindStringSubmatch(msg)
-		if m == nil {
-			out = append(out, &ProblemError{Msg: strings.TrimPrefix(msg, "yaml: ")})
+		if msg.Line == 0 {
+			out = append(out, &ProblemError{Msg: msg.Text})
 			continue
 		}
-		line, _ := strconv.Atoi(m[1])
-		col, _ := strconv.Atoi(m[2])
-		text := m[3]
-		q := query{line: line, col: col}
+		line, text := msg.Line, msg.Text
+		q := query{line: line, col: msg.Col}
 		tag := ""
+		unknown, isUnknown := located.UnknownKey(text)
 		switch {
-		case reUnknown.MatchString(text):
-			q.key = reUnknown.FindStringSubmatch(text)[1]
+		case isUnknown:
+			q.key = unknown
 			text = fmt.Sprintf("unknown key %q", q.key)
 		case reDupKey.MatchString(text):
 			d := reDupKey.FindStringSubmatch(text)
@@ -295,7 +285,7 @@ func yamlProblems(err error, x *index, cfg *Config) []*ProblemError {
 			text = fmt.Sprintf("want %s, got %s", goTypeWords(u[3]), yamlTagWords(tag, q.value))
 		}
 		p := &ProblemError{Line: line, Msg: text}
-		if te == nil {
+		if !typed {
 			// A syntax error: the document could not be read at all.
 			out = append(out, p)
 			continue

@@ -617,32 +617,19 @@ func lineOf(lines map[string]int, field string) int {
 	return 0
 }
 
-var (
-	reYAMLLine = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
-	reUnknown  = regexp.MustCompile(`^field (\S+) not found in type \S+$`)
-)
-
 // decodeProblems turns the YAML decoder's errors into problems, naming the
 // tool a line belongs to when the line index is known.
 func decodeProblems(err error, lines map[string]int, cfg *Config) []*ConfigError {
-	var msgs []string
-	var te *yaml.TypeError
-	if errors.As(err, &te) {
-		msgs = te.Errors
-	} else {
-		msgs = []string{err.Error()}
-	}
+	msgs, _ := located.Messages(err)
 	out := make([]*ConfigError, 0, len(msgs))
 	for _, msg := range msgs {
-		m := reYAMLLine.FindStringSubmatch(msg)
-		if m == nil {
-			out = append(out, &ConfigError{Msg: strings.TrimPrefix(msg, "yaml: ")})
+		if msg.Line == 0 {
+			out = append(out, &ConfigError{Msg: msg.Text})
 			continue
 		}
-		line, _ := strconv.Atoi(m[1])
-		text := m[2]
-		if u := reUnknown.FindStringSubmatch(text); u != nil {
-			text = fmt.Sprintf("unknown key %q", u[1])
+		line, text := msg.Line, msg.Text
+		if key, ok := located.UnknownKey(text); ok {
+			text = fmt.Sprintf("unknown key %q", key)
 		}
 		where := ""
 		if i := toolAtLine(lines, line); i >= 0 {

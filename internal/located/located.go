@@ -6,8 +6,12 @@ package located
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // Format returns "path:line: where: msg", leaving out what is not known
@@ -56,4 +60,48 @@ func ToolWhere(i int, id string) string {
 		return fmt.Sprintf("tools[%d]", i)
 	}
 	return fmt.Sprintf("tools[%d] (id %q)", i, id)
+}
+
+// Message is one complaint of the YAML decoder: its line and column (0:
+// not known) and what it says, with an unknown key said in the file's
+// words ("unknown key \"x\"", not the Go type's field).
+type Message struct {
+	Line, Col int
+	Text      string
+}
+
+var (
+	reYAMLLine = regexp.MustCompile(`^(?:yaml: )?line (\d+): (?:column (\d+): )?(.*)$`)
+	reUnknown  = regexp.MustCompile(`^field (\S+) not found in type \S+$`)
+)
+
+// Messages splits a decode error of go.yaml.in/yaml/v3 into its
+// complaints; typed is true for a *yaml.TypeError (the document was read,
+// some values did not fit), false for a syntax error. A complaint without
+// a line has Line 0 and its text without the "yaml: " prefix.
+func Messages(err error) (msgs []Message, typed bool) {
+	texts := []string{err.Error()}
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		texts, typed = te.Errors, true
+	}
+	for _, t := range texts {
+		m := reYAMLLine.FindStringSubmatch(t)
+		if m == nil {
+			msgs = append(msgs, Message{Text: strings.TrimPrefix(t, "yaml: ")})
+			continue
+		}
+		line, _ := strconv.Atoi(m[1])
+		col, _ := strconv.Atoi(m[2])
+		msgs = append(msgs, Message{Line: line, Col: col, Text: m[3]})
+	}
+	return msgs, typed
+}
+
+// UnknownKey returns the key a complaint about an unknown field names.
+func UnknownKey(text string) (key string, ok bool) {
+	if u := reUnknown.FindStringSubmatch(text); u != nil {
+		return u[1], true
+	}
+	return "", false
 }

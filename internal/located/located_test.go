@@ -2,7 +2,10 @@ package located
 
 import (
 	"errors"
+	"strings"
 	"testing"
+
+	"go.yaml.in/yaml/v3"
 )
 
 type problem struct {
@@ -47,5 +50,35 @@ func TestJoinOrdersByLine(t *testing.T) {
 	var p *problem
 	if !errors.As(err, &p) || p.msg != "d" {
 		t.Fatalf("errors.As finds %+v", p)
+	}
+}
+
+type doc struct {
+	A int `yaml:"a"`
+}
+
+// TestMessages: the decoder's complaints with their lines, columns when it
+// gives them, and whether the document was read at all.
+func TestMessages(t *testing.T) {
+	var v doc
+	dec := yaml.NewDecoder(strings.NewReader("a: x\nb: 1\n"))
+	dec.KnownFields(true)
+	msgs, typed := Messages(dec.Decode(&v))
+	if !typed || len(msgs) != 2 || msgs[0].Line != 1 || msgs[1].Line != 2 {
+		t.Fatalf("typed %v, messages %+v", typed, msgs)
+	}
+	if key, ok := UnknownKey(msgs[1].Text); !ok || key != "b" {
+		t.Fatalf("unknown key of %q: %q %v", msgs[1].Text, key, ok)
+	}
+	if _, ok := UnknownKey(msgs[0].Text); ok {
+		t.Fatalf("%q read as an unknown key", msgs[0].Text)
+	}
+	msgs, typed = Messages(yaml.Unmarshal([]byte("a: [1\n"), &v))
+	if typed || len(msgs) != 1 || msgs[0].Line == 0 || strings.HasPrefix(msgs[0].Text, "yaml: ") {
+		t.Fatalf("syntax error: typed %v, messages %+v", typed, msgs)
+	}
+	msgs, _ = Messages(errors.New("yaml: no line here"))
+	if len(msgs) != 1 || msgs[0].Line != 0 || msgs[0].Text != "no line here" {
+		t.Fatalf("a complaint without a line: %+v", msgs)
 	}
 }
