@@ -185,8 +185,7 @@ func (l *liveCapabilities) brainTool(ctx context.Context, toolID string) events.
 		}
 		c = events.Capability(entry.Value())
 	}
-	switch c {
-	case events.CapReplaySafe, events.CapIdempotent, events.CapDurableRequest:
+	if knownCapability(c) {
 		return c
 	}
 	return events.CapNonRecoverable
