@@ -280,23 +280,13 @@ func strings129() string {
 // waitRejected reads the run's out messages until the rejection of batchID.
 func waitRejected(t *testing.T, ctx context.Context, c *client.Client, runID, batchID string) events.Code {
 	t.Helper()
-	w, err := c.Watch(ctx, runID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
-	for {
-		m, err := w.Next(ctx)
-		if err != nil {
-			t.Fatalf("waiting for the rejection of %s: %v", batchID, err)
-		}
-		if m.Rejected != nil && m.Rejected.BatchID == batchID {
-			return m.Rejected.Code
-		}
+	m := watchRun(t, ctx, c, runID).until("waiting for the rejection of "+batchID, func(m client.Message) bool {
 		if m.Results != nil && m.Results.BatchID == batchID {
 			t.Fatalf("%s was accepted", batchID)
 		}
-	}
+		return m.Rejected != nil && m.Rejected.BatchID == batchID
+	})
+	return m.Rejected.Code
 }
 
 func isRefusal(err error, code events.Code) bool {
@@ -306,20 +296,7 @@ func isRefusal(err error, code events.Code) bool {
 
 func waitEnded(t *testing.T, ctx context.Context, c *client.Client, runID string) {
 	t.Helper()
-	w, err := c.Watch(ctx, runID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
-	for {
-		m, err := w.Next(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if m.Ended != nil {
-			return
-		}
-	}
+	watchRun(t, ctx, c, runID).until("waiting for the end of "+runID, func(m client.Message) bool { return m.Ended != nil })
 }
 
 // TestConfirmationThroughTheClient parks a batch on a confirmation and
@@ -870,20 +847,10 @@ tools:
 
 func waitTicket(t *testing.T, ctx context.Context, c *client.Client, runID, batchID string) events.AwaitingOut {
 	t.Helper()
-	w, err := c.Watch(ctx, runID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
-	for {
-		m, err := w.Next(ctx)
-		if err != nil {
-			t.Fatalf("waiting for a ticket of %s: %v", batchID, err)
-		}
-		if m.Awaiting != nil && m.Awaiting.BatchID == batchID {
-			return *m.Awaiting
-		}
-	}
+	m := watchRun(t, ctx, c, runID).until("waiting for a ticket of "+batchID, func(m client.Message) bool {
+		return m.Awaiting != nil && m.Awaiting.BatchID == batchID
+	})
+	return *m.Awaiting
 }
 
 // TestClientWaitDeadline: a client tool's ticket expires after the

@@ -47,6 +47,16 @@ func (rw *runWatch) next(what string) client.Message {
 	return m
 }
 
+// until reads messages until found holds for one, and returns that one.
+func (rw *runWatch) until(what string, found func(client.Message) bool) client.Message {
+	rw.t.Helper()
+	for {
+		if m := rw.next(what); found(m) {
+			return m
+		}
+	}
+}
+
 func dispositionText(d *events.DispositionOut) string {
 	return fmt.Sprintf("%s:%s:%s", d.CallID, d.Disposition, d.Phase)
 }
