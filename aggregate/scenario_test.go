@@ -407,6 +407,10 @@ func (h *harness) commit(evs []events.Event, err error) (string, error) {
 			}
 		}
 	}
+	// What the commit asks of the outside world once it is durable.
+	for _, c := range aggregate.ChildrenToCancel(h.run, decoded) {
+		lines = append(lines, fmt.Sprintf("-> cancel child %s attempt %d (%s)", c.OperationID, c.Attempt, c.ToolID))
+	}
 	return strings.Join(lines, "\n"), nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/events"
 )
@@ -105,28 +106,31 @@ func (b *brainExecutor) request(ctx context.Context, subject string, req Delegat
 	return reply, nil
 }
 
-// cancelChildren delivers cancellation to the children of delegation calls
-// a run end made terminal, after the run-end commit, retrying until each is
-// acknowledged or the engine stops.
-func (e *Engine) cancelChildren(ctx context.Context, runID string, reqs []DelegateRequest) {
-	for _, req := range reqs {
-		e.wg.Add(1)
-		go func() {
-			defer e.wg.Done()
-			backoff := 100 * time.Millisecond
-			for {
-				reply, err := e.brain.request(ctx, e.names.Delegate(req.ToolID), req)
-				if err == nil && reply.Status != DelegationError {
-					return
-				}
-				select {
-				case <-ctx.Done():
-					e.log.Warn().Str(fieldRunID, runID).Str(fieldCallID, req.CallID).Msg("child not cancelled before shutdown")
-					return
-				case <-time.After(backoff):
-				}
-				backoff = min(2*backoff, 10*time.Second)
-			}
-		}()
-	}
+// cancelChild sends a delegated child's service the cancel a fire asks
+// for, in the background, and acknowledges the fire once the service has
+// answered with anything but an error. Otherwise (no reply, an error, this
+// engine stopping) the fire is given back, to this engine or another, after
+// a delay that doubles with every delivery from 100 ms to 10 s.
+func (e *Engine) cancelChild(ctx context.Context, m jetstream.Msg, req DelegateRequest) {
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		// Answered well within the fire's ack wait, or given back.
+		rctx, cancel := context.WithTimeout(ctx, max(e.cfg.AckWait/2, time.Second))
+		reply, err := e.brain.request(rctx, e.names.Delegate(req.ToolID), req)
+		cancel()
+		log := e.log.With().Str(fieldRunID, req.RunID).Str(fieldCallID, req.CallID).Logger()
+		if err == nil && reply.Status != DelegationError {
+			log.Info().Str("status", reply.Status).Msg("child cancelled")
+			_ = m.Ack()
+			return
+		}
+		n := uint64(1)
+		if meta, merr := m.Metadata(); merr == nil {
+			n = max(meta.NumDelivered, 1)
+		}
+		delay := min(100*time.Millisecond<<min(n-1, 7), 10*time.Second)
+		log.Warn().Err(err).Str("status", reply.Status).Str("message", reply.Message).Dur("retry_in", delay).Msg("child not cancelled yet")
+		_ = m.NakWithDelay(delay)
+	}()
 }

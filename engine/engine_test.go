@@ -845,6 +845,86 @@ tools:
 	})
 }
 
+// TestChildCancelSurvivesRestart: the cancel of a delegated child a run
+// end stopped is a stored message, not a retry loop in one engine's memory.
+// The child's service refuses it while the engine that ended the run is
+// up; that engine stops; another engine delivers it.
+func TestChildCancelSurvivesRestart(t *testing.T) {
+	cat, err := catalog.Parse([]byte(`
+tools:
+  - {id: interview, kind: delegation}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, t.TempDir())
+	url := srv.ClientURL()
+	first := startEngine(t, url, engine.Config{Catalog: cat})
+	nc := connect(t, url)
+	c := newClient(t, url)
+	ctx := ctxT(t, 60*time.Second)
+
+	var mu sync.Mutex
+	accept := false
+	refused := 0
+	var cancelled []string
+	if _, err := nc.Subscribe("toolbatch.delegate.interview", func(m *nats.Msg) {
+		var req engine.DelegateRequest
+		if err := events.Unmarshal(m.Data, &req); err != nil {
+			t.Errorf("delegate request: %v", err)
+			return
+		}
+		r := engine.DelegateReply{Status: engine.DelegationAwaiting, Text: "which year?"}
+		if req.Op == engine.DelegateCancel {
+			mu.Lock()
+			if accept {
+				cancelled = append(cancelled, fmt.Sprintf("%s attempt %d of %s/%s", req.DelegationID, req.Attempt, req.RunID, req.CallID))
+				r = engine.DelegateReply{Status: engine.DelegationCanceled}
+			} else {
+				refused++
+				r = engine.DelegateReply{Status: engine.DelegationError, Message: "not now"}
+			}
+			mu.Unlock()
+		}
+		body, _ := events.Marshal(r)
+		_ = m.Respond(body)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := c.Submit(ctx, submitOf("dr", 1, "interview", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	waitTicket(t, ctx, c, "dr", "dr/1")
+	if err := c.Cancel(ctx, "dr", "stop"); err != nil {
+		t.Fatal(err)
+	}
+	waitEnded(t, ctx, c, "dr")
+	poll(t, ctx, "the first engine tries the cancel", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return refused > 0
+	})
+	first.shutdown(t)
+	mu.Lock()
+	accept = true
+	mu.Unlock()
+	startEngine(t, url, engine.Config{Catalog: cat})
+	poll(t, ctx, "the second engine delivers the cancel", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(cancelled) > 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if cancelled[0] != "dr/1/c1 attempt 1 of dr/c1" {
+		t.Fatalf("cancel: %s", cancelled[0])
+	}
+}
+
 func waitTicket(t *testing.T, ctx context.Context, c *client.Client, runID, batchID string) events.AwaitingOut {
 	t.Helper()
 	m := watchRun(t, ctx, c, runID).until("waiting for a ticket of "+batchID, func(m client.Message) bool {

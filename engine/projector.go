@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/projector"
 )
@@ -212,6 +213,9 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 		return err
 	}
 	if err := p.e.scheduleTimers(ctx, runID, evs); err != nil {
+		return fmt.Errorf("commit %d: %w", seq, err)
+	}
+	if err := p.e.publishCancels(ctx, runID, aggregate.ChildrenToCancel(model.Run, evs)); err != nil {
 		return fmt.Errorf("commit %d: %w", seq, err)
 	}
 	pm.model, pm.seq, pm.used = model, seq, int64(seq)

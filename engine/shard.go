@@ -402,7 +402,6 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 		}
 		rs.seq = seq
 		rs.pending = rs.pending[n:]
-		s.afterCommit(rs, evs)
 	}
 	rs.pending = nil
 	rs.durableHeld = len(rs.held)
@@ -419,49 +418,6 @@ func (s *shard) abandon(rs *runState) {
 		_ = m.NakWithDelay(100 * time.Millisecond)
 	}
 	rs.held = rs.held[:rs.durableHeld]
-}
-
-// afterCommit delivers what a commit asks of the outside world after it is
-// durable: cancellation of the delegated children a run end stopped.
-func (s *shard) afterCommit(rs *runState, evs []events.Event) {
-	// Children to cancel: every delegation call a run end stopped, and one
-	// whose input never came (its ticket expired).
-	ended := false
-	expired := map[string]bool{}
-	for _, e := range evs {
-		switch ev := e.(type) {
-		case *events.RunEnded:
-			ended = true
-		case *events.TicketResolved:
-			if ev.Resolution == events.ResolutionExpired {
-				expired[ev.CallID] = true
-			}
-		}
-	}
-	b := rs.run.Batch
-	if (!ended && len(expired) == 0) || b == nil {
-		return
-	}
-	var reqs []DelegateRequest
-	for _, e := range evs {
-		var callID string
-		switch ev := e.(type) {
-		case *events.CallIndeterminate:
-			callID = ev.CallID
-		case *events.CallCompleted:
-			callID = ev.CallID
-		default:
-			continue
-		}
-		c, _ := b.Call(callID)
-		if (ended || expired[callID]) && c != nil && c.Tool.Kind == events.KindDelegation && c.Attempt > 0 {
-			reqs = append(reqs, DelegateRequest{Op: DelegateCancel, DelegationID: b.OperationID(callID), RunID: rs.id,
-				CallID: callID, ToolID: c.ToolID, Attempt: c.Attempt})
-		}
-	}
-	if len(reqs) > 0 {
-		s.e.cancelChildren(s.runCtx, rs.id, reqs)
-	}
 }
 
 func (s *shard) handleOnce(runCtx context.Context, rs *runState, it item) error {
@@ -814,6 +770,13 @@ func (s *shard) onTimer(ctx, runCtx context.Context, rs *runState, it item) erro
 	if err := events.Unmarshal(it.msg.Data(), &f); err != nil {
 		s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("undecodable timer: terminated")
 		return it.msg.TermWithReason("undecodable timer: " + err.Error())
+	}
+	if f.Action == timerCancelChild {
+		// Nothing of the run changes: the child's service is told, and the
+		// fire is acknowledged once it has answered.
+		s.e.cancelChild(runCtx, it.msg, DelegateRequest{Op: DelegateCancel, DelegationID: f.OperationID, RunID: rs.id,
+			CallID: f.CallID, ToolID: f.ToolID, Attempt: f.Attempt})
+		return nil
 	}
 	now := s.e.cfg.Now()
 	var cmd aggregate.Command

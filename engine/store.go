@@ -83,7 +83,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n Names, sc Stre
 		// until it fires.
 		Name: n.TimersStream(), Subjects: []string{p + ".timer.>"}, Retention: jetstream.WorkQueuePolicy,
 		Storage: jetstream.FileStorage, Replicas: sc.Replicas, AllowMsgSchedules: true, AllowRollup: true,
-		Description: "toolbatch ticket timers: deadlines and due scheduled actions",
+		Description: "toolbatch ticket timers (deadlines and due scheduled actions) and cancels of delegated children",
 	})
 	for _, cfg := range cfgs {
 		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
 )
 
@@ -22,19 +23,29 @@ import (
 // the runs at start. A fire for a ticket already resolved is refused by the
 // aggregate (not_awaiting) and dropped; one that arrives early (clocks) is
 // scheduled again.
+//
+// The projector runner also publishes, with no schedule, one fire per
+// delegated child a commit stopped (aggregate.ChildrenToCancel): the
+// engine that consumes it sends the child's delegation service a cancel,
+// and acknowledges the fire only once the service has answered. So a
+// cancel is delivered even when the engine that ended the run dies right
+// after its commit.
 
 // Timer actions.
 const (
-	timerExpire  = "expire"
-	timerPerform = "perform"
+	timerExpire      = "expire"
+	timerPerform     = "perform"
+	timerCancelChild = "cancel_child"
 )
 
 // timerFire is the body of a schedule and of the message it fires.
 type timerFire struct {
 	Action        string `msgpack:"action"`
 	CorrelationID string `msgpack:"correlation_id"`
-	CallID        string `msgpack:"call_id,omitempty"` // dispatch deadlines
+	CallID        string `msgpack:"call_id,omitempty"` // dispatch deadlines, children to cancel
 	Attempt       int    `msgpack:"attempt,omitempty"`
+	ToolID        string `msgpack:"tool_id,omitempty"`      // children to cancel
+	OperationID   string `msgpack:"operation_id,omitempty"` // children to cancel: the delegation id
 }
 
 // scheduleTimers publishes the schedules of the tickets a commit created.
@@ -54,6 +65,25 @@ func (e *Engine) scheduleTimers(ctx context.Context, runID string, evs []events.
 			if err := e.schedule(ctx, runID, timerFire{Action: timerPerform, CorrelationID: t.CorrelationID}, *t.Due); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// publishCancels publishes a fire for each delegated child a commit of the
+// run stopped. The message id makes a repeat (the projector handling the
+// commit again after a crash) a duplicate the stream drops.
+func (e *Engine) publishCancels(ctx context.Context, runID string, children []aggregate.ChildCancel) error {
+	for _, c := range children {
+		body, err := events.Marshal(timerFire{Action: timerCancelChild, CallID: c.CallID, Attempt: c.Attempt, ToolID: c.ToolID, OperationID: c.OperationID})
+		if err != nil {
+			return err
+		}
+		msg := nats.NewMsg(e.names.TimerFire(runID))
+		msg.Data = body
+		id := fmt.Sprintf("cancel/%s/%d", c.OperationID, c.Attempt)
+		if _, err := e.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id)); err != nil {
+			return fmt.Errorf("cancel of child %s: %w", id, err)
 		}
 	}
 	return nil
