@@ -122,16 +122,16 @@ type W4Result struct {
 	BwrapP99ms    Num `json:"runner_bubblewrap_p99_ms"`
 	BwrapOverBare Num `json:"bubblewrap_over_bare"`
 	// Pre-started: the same Runner with prestart 2.
-	PrestartedP50ms      Num    `json:"prestarted_p50_ms"`
-	PrestartedP99ms      Num    `json:"prestarted_p99_ms"`
-	PrestartedOverBare   Num    `json:"prestarted_over_bare"`
-	PrestartedCalls      int64  `json:"prestarted_calls_in_prestarted_sandboxes"`
-	PrestartedFreshCalls int64  `json:"prestarted_calls_that_started_their_own"`
+	PrestartedP50ms      Num   `json:"prestarted_p50_ms"`
+	PrestartedP99ms      Num   `json:"prestarted_p99_ms"`
+	PrestartedOverBare   Num   `json:"prestarted_over_bare"`
+	PrestartedCalls      int64 `json:"prestarted_calls_in_prestarted_sandboxes"`
+	PrestartedFreshCalls int64 `json:"prestarted_calls_that_started_their_own"`
 	// Waiter: a waiting Go process that execs /bin/true once it has its
 	// environment, without a sandbox or a Runner (w4WaiterArg).
 	WaiterP50ms    Num    `json:"waiter_p50_ms"`
 	WaiterOverBare Num    `json:"waiter_over_bare"`
-	Skipped              string `json:"skipped,omitempty"`
+	Skipped        string `json:"skipped,omitempty"`
 }
 
 func w4Config(isolation string, prestart int) string {
