@@ -10,7 +10,8 @@
 // checks and how, and gives an example report. The work is done by the
 // files of this package: cli.go (flags and exit statuses), source.go
 // (reading NATS and files), history.go and print.go (the history),
-// export.go, auditcmd.go and whatif.go.
+// export.go, auditcmd.go and whatif.go; gc.go sets the garbage collector
+// for the history's read.
 package main
 
 import (
@@ -21,7 +22,7 @@ import (
 // gcPercent is the garbage collector's target when GOGC is not set: replay
 // keeps the whole history in memory, and the default (100) spends a fifth
 // of a long read marking it again and again; 300 costs about 40% more
-// memory.
+// memory. The history's read itself runs with the collector off (gc.go).
 const gcPercent = 300
 
 func main() {
