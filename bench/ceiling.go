@@ -446,6 +446,21 @@ type HandRolled struct {
 	// minimal worker and the client).
 	ServerCPUms Num `json:"server_process_cpu_ms_per_batch"`
 	BenchCPUms  Num `json:"worker_and_client_cpu_ms_per_batch"`
+	// W2's shape against the same minimal pipeline: as many runs at once,
+	// as many workers with the same concurrency (run here, not as
+	// processes of their own). The commit rate is what the engine's W2
+	// commit rate is compared with, at its best.
+	W2 *HandRolledW2 `json:"w2,omitempty"`
+}
+
+// HandRolledW2 is the hand-rolled minimum under W2's load.
+type HandRolledW2 struct {
+	Runs          int `json:"runs"`
+	Workers       int `json:"workers"`
+	Concurrency   int `json:"worker_concurrency"`
+	BatchesPerSec Num `json:"batches_per_s"`
+	CommitsPerSec Num `json:"commits_per_s"`
+	P50ms         Num `json:"p50_ms"`
 }
 
 const minPrefix = "benchmin"
@@ -565,18 +580,36 @@ func (e *minEngine) onInbox(ctx context.Context, m jetstream.Msg) error {
 	return fmt.Errorf("inbox subject %s", m.Subject())
 }
 
-// minWorker takes jobs one at a time.
-func minWorker(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, fail func(error)) (func(), error) {
+// minWorker takes jobs from the dispatch work queue and runs up to
+// concurrency of them at once (each: claim, result, ack).
+func minWorker(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, concurrency int, fail func(error)) (func(), error) {
 	cons, err := js.CreateOrUpdateConsumer(ctx, strings.ToUpper(minPrefix)+"_DISPATCH", jetstream.ConsumerConfig{
 		Durable: "pool-default-noop", FilterSubject: minPrefix + ".dispatch.default.noop",
 		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: -1})
 	if err != nil {
 		return nil, err
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(4))
+	it, err := cons.Messages(jetstream.PullMaxMessages(max(4, concurrency)))
 	if err != nil {
 		return nil, err
 	}
+	job := func(m jetstream.Msg) error {
+		op := string(m.Data())
+		if _, err := nc.Request(minPrefix+".api.claim", []byte(op), 5*time.Second); err != nil {
+			return fmt.Errorf("claim: %w", err)
+		}
+		runID, _, _ := strings.Cut(op, "/")
+		res := nats.NewMsg(minPrefix + ".result." + runID)
+		res.Data = []byte(op)
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := js.PublishMsg(rctx, res, jetstream.WithMsgID("result/"+op))
+		cancel()
+		if err != nil {
+			return fmt.Errorf("result: %w", err)
+		}
+		return m.Ack()
+	}
+	slots := make(chan struct{}, concurrency)
 	go func() {
 		for {
 			m, err := it.Next()
@@ -586,22 +619,13 @@ func minWorker(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, fail 
 				}
 				return
 			}
-			op := string(m.Data())
-			if _, err := nc.Request(minPrefix+".api.claim", []byte(op), 5*time.Second); err != nil {
-				fail(fmt.Errorf("claim: %w", err))
-				return
-			}
-			runID, _, _ := strings.Cut(op, "/")
-			res := nats.NewMsg(minPrefix + ".result." + runID)
-			res.Data = []byte(op)
-			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err = js.PublishMsg(rctx, res, jetstream.WithMsgID("result/"+op))
-			cancel()
-			if err != nil {
-				fail(fmt.Errorf("result: %w", err))
-				return
-			}
-			_ = m.Ack()
+			slots <- struct{}{}
+			go func() {
+				defer func() { <-slots }()
+				if err := job(m); err != nil {
+					fail(err)
+				}
+			}()
 		}
 	}()
 	return it.Stop, nil
@@ -737,7 +761,7 @@ func startMinimalEngine(ctx context.Context, to endpoint, payload int) (stop fun
 // second, then reps windows of dur): the minimal worker and the client run
 // here, the minimal engine and projector in the process of the server
 // (serverPID), which minimalFailed reports on.
-func runHandRolled(ctx context.Context, url string, serverPID int, minimalFailed func() error, reps int, dur time.Duration, stepsPerRun int) (HandRolled, error) {
+func runHandRolled(ctx context.Context, url string, serverPID int, minimalFailed func() error, reps int, dur time.Duration, stepsPerRun int, w2 HandRolledW2) (HandRolled, error) {
 	var res HandRolled
 	wnc, wjs, err := connect(url, "toolbatch-bench-min-worker")
 	if err != nil {
@@ -759,11 +783,11 @@ func runHandRolled(ctx context.Context, url string, serverPID int, minimalFailed
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	stopWorker, err := minWorker(runCtx, wnc, wjs, failWorker)
+	stopWorker, err := minWorker(runCtx, wnc, wjs, 1, failWorker)
 	if err != nil {
 		return res, err
 	}
-	defer stopWorker()
+	defer func() { stopWorker() }()
 	cl, err := client.New(cnc, client.WithPrefix(minPrefix))
 	if err != nil {
 		return res, err
@@ -830,5 +854,91 @@ func runHandRolled(ctx context.Context, url string, serverPID int, minimalFailed
 	res.P50ms = medianOf(res.Reps, func(r LatencyRep) Num { return r.P50ms })
 	res.P99ms = medianOf(res.Reps, func(r LatencyRep) Num { return r.P99ms })
 	res.BatchesPerSec = medianOf(res.Reps, func(r LatencyRep) Num { return r.BatchesPerSec })
+	if w2.Runs == 0 {
+		return res, nil
+	}
+	// W2's shape: the serial worker gives way to w2.Workers workers of
+	// w2.Concurrency.
+	stopWorker()
+	stopWorker = func() {}
+	var stops []func()
+	defer func() {
+		for _, f := range stops {
+			f()
+		}
+	}()
+	for i := 0; i < w2.Workers; i++ {
+		nc, js, err := connect(url, fmt.Sprintf("toolbatch-bench-min-worker-%d", i))
+		if err != nil {
+			return res, err
+		}
+		stops = append(stops, nc.Close)
+		stop, err := minWorker(runCtx, nc, js, w2.Concurrency, failWorker)
+		if err != nil {
+			return res, err
+		}
+		stops = append(stops, stop)
+	}
+	var rates, commits, p50s []float64
+	for r := 0; r < reps; r++ {
+		var mu sync.Mutex
+		var samples []sample
+		stopLoops := make(chan struct{})
+		lctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		var loopErr atomic.Pointer[error]
+		for i := 0; i < w2.Runs; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				lc := loopConfig{client: cl, js: cjs, prefix: minPrefix, runPrefix: fmt.Sprintf("min-w2-r%d-%d", r, i), tool: "noop", calls: minCalls, stepsPerRun: stepsPerRun}
+				if err := clientLoop(lctx, lc, stopLoops, func(s sample) {
+					mu.Lock()
+					samples = append(samples, s)
+					mu.Unlock()
+				}); err != nil {
+					loopErr.CompareAndSwap(nil, &err)
+				}
+			}()
+		}
+		finish := func() error {
+			close(stopLoops)
+			cancel()
+			wg.Wait()
+			if p := loopErr.Load(); p != nil && !errors.Is(*p, context.Canceled) {
+				return *p
+			}
+			return failed()
+		}
+		// The first second is a warm-up; the window is dur.
+		time.Sleep(time.Second)
+		from, err := lastSeq(ctx, cjs, strings.ToUpper(minPrefix)+"_EVENTS")
+		if err != nil {
+			finish()
+			return res, err
+		}
+		start := time.Now()
+		time.Sleep(dur)
+		to, err := lastSeq(ctx, cjs, strings.ToUpper(minPrefix)+"_EVENTS")
+		secs := time.Since(start).Seconds()
+		if err != nil {
+			finish()
+			return res, err
+		}
+		if err := finish(); err != nil {
+			return res, fmt.Errorf("hand-rolled W2: %w", err)
+		}
+		var win []sample
+		for _, s := range samples {
+			if !s.end.Before(start) && s.end.Before(start.Add(time.Duration(secs*float64(time.Second)))) {
+				win = append(win, s)
+			}
+		}
+		rep := latencyRep(win, secs)
+		rates, p50s = append(rates, float64(rep.BatchesPerSec)), append(p50s, float64(rep.P50ms))
+		commits = append(commits, float64(to-from)/secs)
+	}
+	res.W2 = &HandRolledW2{Runs: w2.Runs, Workers: w2.Workers, Concurrency: w2.Concurrency,
+		BatchesPerSec: Num(median(rates)), CommitsPerSec: Num(median(commits)), P50ms: Num(median(p50s))}
 	return res, nil
 }
