@@ -142,7 +142,7 @@ func EncodeCommit(evs []Event) ([]byte, []string, error) {
 // the two agree on everything the first accepts, and every refusal comes
 // from the second.
 func DecodeCommit(body []byte, headerTypes []string) ([]Event, error) {
-	if evs, ok := decodeCommitFast(body, headerTypes); ok {
+	if evs, ok := decodeCommitFast(body, headerTypes, nil); ok {
 		return evs, nil
 	}
 	return decodeCommitReflect(body, headerTypes)

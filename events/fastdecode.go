@@ -35,17 +35,19 @@ type mp struct {
 	i   int
 	bad bool
 	// recent holds strings decoded lately, so that the ids repeated in
-	// one commit (a batch id, a call id) share one allocation.
+	// one commit (a batch id, a call id) share one allocation; shared, when
+	// a Decoder decodes, does the same across its commits instead.
 	recent [8]string
 	next   int
+	shared *Decoder
 	// scratch is where JSON text is written before it is copied out.
 	scratch []byte
 }
 
 // decodeCommitFast decodes a commit body with the hand-written decoders.
 // It reports false when it cannot: the reflective decoder then decides.
-func decodeCommitFast(body []byte, headerTypes []string) ([]Event, bool) {
-	d := mp{b: body}
+func decodeCommitFast(body []byte, headerTypes []string, shared *Decoder) ([]Event, bool) {
+	d := mp{b: body, shared: shared}
 	n := d.arrayLen()
 	if d.bad || n < 1 || headerTypes != nil && len(headerTypes) != n {
 		return nil, false
@@ -271,6 +273,9 @@ func (d *mp) str() string {
 	if len(b) == 0 {
 		return ""
 	}
+	if d.shared != nil {
+		return d.shared.intern(b)
+	}
 	for _, s := range d.recent {
 		if len(s) == len(b) && s == string(b) {
 			return s
@@ -279,6 +284,43 @@ func (d *mp) str() string {
 	s := string(b)
 	d.recent[d.next] = s
 	d.next = (d.next + 1) % len(d.recent)
+	return s
+}
+
+// A Decoder decodes commits as DecodeCommit does, and shares the strings
+// that repeat from one commit to the next (the ids of runs, batches,
+// calls, tools and workers): a string is allocated once while it stays in
+// the decoder's table, and the events of every commit it decodes hold that
+// one. The events are the same as DecodeCommit's otherwise. The zero
+// value is ready; a Decoder is not safe for concurrent use.
+type Decoder struct {
+	strs [decoderStrings]string
+}
+
+// decoderStrings is the size of a Decoder's table (a power of two): a
+// string takes the slot its hash names, in place of what was there.
+const decoderStrings = 1024
+
+// DecodeCommit decodes a commit body as the package's DecodeCommit does.
+func (dec *Decoder) DecodeCommit(body []byte, headerTypes []string) ([]Event, error) {
+	if evs, ok := decodeCommitFast(body, headerTypes, dec); ok {
+		return evs, nil
+	}
+	return decodeCommitReflect(body, headerTypes)
+}
+
+// intern returns b as a string, the table's when it holds an equal one.
+func (dec *Decoder) intern(b []byte) string {
+	h := uint32(2166136261) // FNV-1a
+	for _, c := range b {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	slot := &dec.strs[h&(decoderStrings-1)]
+	if *slot == string(b) {
+		return *slot
+	}
+	s := string(b)
+	*slot = s
 	return s
 }
 

@@ -2,9 +2,12 @@ package events_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"reflect"
+	"strconv"
 	"testing"
+	"unsafe"
 
 	"github.com/toolbatch/toolbatch/events"
 )
@@ -33,7 +36,56 @@ func checkFastAgrees(t *testing.T, b []byte, headers []string) bool {
 	if !reflect.DeepEqual(fast, ref) {
 		t.Fatalf("the decoders differ on % x\n      fast: %s\nreflective: %s", b, show(fast), show(ref))
 	}
+	checkDecoderAgrees(t, sharedDecoder, b, headers)
 	return true
+}
+
+// sharedDecoder decodes every commit the tests check, so that its table
+// holds the strings of the commits before.
+var sharedDecoder = new(events.Decoder)
+
+// checkDecoderAgrees fails t when a Decoder decodes b otherwise than
+// DecodeCommit does.
+func checkDecoderAgrees(t *testing.T, dec *events.Decoder, b []byte, headers []string) {
+	t.Helper()
+	got, gerr := dec.DecodeCommit(b, headers)
+	want, werr := events.DecodeCommit(b, headers)
+	if (gerr == nil) != (werr == nil) || gerr != nil && gerr.Error() != werr.Error() {
+		t.Fatalf("on % x the Decoder's error is %v, DecodeCommit's %v", b, gerr, werr)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("the Decoder and DecodeCommit differ on % x\n  Decoder: %s\nDecodeCommit: %s", b, show(got), show(want))
+	}
+}
+
+// TestDecoderShares: a Decoder decodes a long stream of commits whose ids
+// repeat, and more of them than its table holds, as DecodeCommit does;
+// the repeated ids share one string.
+func TestDecoderShares(t *testing.T) {
+	dec := new(events.Decoder)
+	var first *events.CallClaimed
+	for i := range 5000 {
+		run := fmt.Sprintf("run-%d", i%37)
+		e := &events.CallClaimed{BatchID: run + "/" + strconv.Itoa(i%3000), CallID: "c" + strconv.Itoa(i%4),
+			Attempt: 1, WorkerID: "worker-" + strconv.Itoa(i%2), ClaimToken: "tok-" + strconv.Itoa(i), LeaseMS: 100, At: goldenAt}
+		b, types, err := events.EncodeCommit([]events.Event{e})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkDecoderAgrees(t, dec, b, types)
+		if i == 0 || i == 4 {
+			evs, err := dec.DecodeCommit(b, types)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := evs[0].(*events.CallClaimed)
+			if i == 0 {
+				first = c
+			} else if unsafe.StringData(c.WorkerID) != unsafe.StringData(first.WorkerID) {
+				t.Errorf("worker id %q decoded twice is two strings", c.WorkerID)
+			}
+		}
+	}
 }
 
 // fastSeeds returns commit bodies the fast decoder must read by itself:

@@ -29,6 +29,17 @@ func (m *message) commit() ([]events.Event, error) {
 	return m.events, m.err
 }
 
+// decodeWith decodes the message's commit with dec, which shares the
+// strings that repeat between commits (see events.Decoder).
+func (m *message) decodeWith(dec *events.Decoder) {
+	m.events, m.err = dec.DecodeCommit(m.Data, m.header(headerEvent))
+	m.decoded = true
+}
+
+// decoders are the commit decoders of a read's workers: one per batch of
+// messages at a time, and as many as run at once.
+var decoders = sync.Pool{New: func() any { return new(events.Decoder) }}
+
 // header returns the values of a header.
 func (m *message) header(name string) []string {
 	if m.Headers != nil {

@@ -249,14 +249,23 @@ func headerValue(name string, b []byte) string {
 // recordOf is the record an export line holds, after the checks every
 // line gets.
 func recordOf(w wireRecord) (audit.Record, error) {
-	switch {
-	case w.Seq == 0:
-		return audit.Record{}, errNoSeq
-	case w.Subject == "":
-		return audit.Record{}, errNoSubject
+	if err := checkRecord(w); err != nil {
+		return audit.Record{}, err
 	}
 	if w.Headers == nil {
 		w.Headers = map[string][]string{}
 	}
 	return audit.Record{Seq: w.Seq, Subject: w.Subject, Time: w.Time, Headers: w.Headers, Data: w.Data}, nil
+}
+
+// checkRecord is the check every line gets: a record has a seq and a
+// subject.
+func checkRecord(w wireRecord) error {
+	switch {
+	case w.Seq == 0:
+		return errNoSeq
+	case w.Subject == "":
+		return errNoSubject
+	}
+	return nil
 }

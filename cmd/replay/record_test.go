@@ -51,6 +51,29 @@ func checkRecordAgrees(t *testing.T, line []byte) bool {
 	return true
 }
 
+// checkDecodeListed fails t when decodeRecord reads line otherwise with
+// the headers as a list (as reads that decode do) than with a map.
+func checkDecodeListed(t *testing.T, line []byte) {
+	t.Helper()
+	var arena []byte
+	var hb headerBuf
+	withMap, _, merr := decodeRecord(line, &arena, nil)
+	listed, hdrs, lerr := decodeRecord(line, &arena, &hb)
+	if (merr == nil) != (lerr == nil) || merr != nil && merr.Error() != lerr.Error() {
+		t.Fatalf("decodeRecord on %q: with a map %v, with a list %v", line, merr, lerr)
+	}
+	if hdrs != nil {
+		if listed.Headers != nil {
+			t.Fatalf("with a list, the record of %q has a map too", line)
+		}
+		m := message{Record: listed, hdrs: hdrs}
+		listed = m.withHeaders()
+	}
+	if !reflect.DeepEqual(withMap, listed) {
+		t.Fatalf("decodeRecord differs on %q\n with a map: %+v\nwith a list: %+v", line, withMap, listed)
+	}
+}
+
 // recordSeeds returns export lines: every line of the recorded streams and
 // lines written by encodeRecord for odd records.
 func recordSeeds(t testing.TB) [][]byte {
@@ -89,6 +112,7 @@ func recordSeeds(t testing.TB) [][]byte {
 func TestParseRecordFast(t *testing.T) {
 	read := 0
 	for _, l := range recordSeeds(t) {
+		checkDecodeListed(t, l)
 		if checkRecordAgrees(t, l) {
 			read++
 		} else if !bytes.Contains(l, []byte(`\`)) {
@@ -127,6 +151,7 @@ func TestParseRecordFast(t *testing.T) {
 	for _, l := range odd {
 		checkRecordAgrees(t, []byte(l))
 		checkRecordAgrees(t, []byte(l+"\n"))
+		checkDecodeListed(t, []byte(l))
 	}
 }
 
@@ -139,6 +164,7 @@ func FuzzParseRecord(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, line []byte) {
 		checkRecordAgrees(t, line)
+		checkDecodeListed(t, line)
 	})
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/audit"
+	"github.com/toolbatch/toolbatch/events"
 )
 
 // Headers of the engine's messages (engine/store.go, engine/projector.go).
@@ -269,8 +270,13 @@ func readRecords(ctx context.Context, name string, r io.Reader, accept func(audi
 		if need := len(c.buf)/4*3 + 4; !decode || cap(arena) < need {
 			arena = make([]byte, 0, need)
 		}
+		var dec *events.Decoder
 		if decode {
-			defer func() { c.arena = arena[:0] }()
+			dec = decoders.Get().(*events.Decoder)
+			defer func() {
+				c.arena = arena[:0]
+				decoders.Put(dec)
+			}()
 		}
 		start := 0
 		for i, end := range c.ends {
@@ -291,7 +297,7 @@ func readRecords(ctx context.Context, name string, r io.Reader, accept func(audi
 			}
 			m := message{Record: rec, hdrs: hdrs}
 			if keep && decode {
-				m.commit()
+				m.decodeWith(dec)
 			}
 			c.msgs, c.keep = append(c.msgs, m), append(c.keep, keep)
 		}
@@ -357,9 +363,10 @@ func decodeRecord(line []byte, arena *[]byte, hb *headerBuf) (audit.Record, []he
 		}
 	}
 	if hdrs != nil {
-		r, err := recordOf(w)
-		r.Headers = nil
-		return r, hdrs, err
+		if err := checkRecord(w); err != nil {
+			return audit.Record{}, nil, err
+		}
+		return audit.Record{Seq: w.Seq, Subject: w.Subject, Time: w.Time, Data: w.Data}, hdrs, nil
 	}
 	r, err := recordOf(w)
 	return r, nil, err
@@ -511,9 +518,11 @@ func (n *natsSource) read(ctx context.Context, which stream, sel selection, deco
 	}
 	work := func(msgs []message) {
 		if decode {
+			dec := decoders.Get().(*events.Decoder)
 			for i := range msgs {
-				msgs[i].commit()
+				msgs[i].decodeWith(dec)
 			}
+			decoders.Put(dec)
 		}
 	}
 	consume := func(msgs []message) error {
