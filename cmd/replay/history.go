@@ -102,12 +102,23 @@ type callState struct {
 }
 
 // item is one event (or a note) of a batch or a run, with the commit it
-// came in.
+// came in. There is one per event read: it holds an event's time in the
+// event, and the rest of a note apart, to stay small.
 type item struct {
 	seq  uint64
-	time time.Time // the message's stream time
-	ev   events.Event
-	note string
+	ev   events.Event // nil for a note
+	note *note
+}
+
+// note is what replay says about a commit, at the commit's stream time.
+type note struct {
+	time time.Time
+	text string
+}
+
+// noteItem is a note about the commit seq stored at t.
+func noteItem(seq uint64, t time.Time, text string) item {
+	return item{seq: seq, note: &note{time: t, text: text}}
 }
 
 func newHistory(prefix string, startsLate bool) *history {
@@ -119,7 +130,7 @@ func (h *history) add(m *message) {
 	r := m.Record
 	runID, ok := strings.CutPrefix(r.Subject, h.prefix+".events.")
 	if !ok || runID == "" {
-		h.strays = append(h.strays, item{seq: r.Seq, time: r.Time, note: fmt.Sprintf("subject %q is not a run's events subject", r.Subject)})
+		h.strays = append(h.strays, noteItem(r.Seq, r.Time, fmt.Sprintf("subject %q is not a run's events subject", r.Subject)))
 		return
 	}
 	rh := h.runs[runID]
@@ -156,24 +167,24 @@ func (h *history) add(m *message) {
 			rh.stopFold("folding stopped at seq " + strconv.FormatUint(r.Seq, 10) + ": undecodable commit")
 		}
 		for _, n := range notes {
-			rh.items = append(rh.items, item{seq: r.Seq, time: r.Time, note: n})
+			rh.items = append(rh.items, noteItem(r.Seq, r.Time, n))
 		}
 		return
 	}
 	// Notes about the commit go where its first event goes.
 	target := rh.place(evs[0], r.Seq)
 	for _, n := range notes {
-		*target = append(*target, item{seq: r.Seq, time: r.Time, note: n})
+		*target = append(*target, noteItem(r.Seq, r.Time, n))
 	}
 	for _, e := range evs {
 		if rh.run != nil {
 			if err := rh.run.Apply(e); err != nil {
 				rh.stopFold(fmt.Sprintf("folding stopped at seq %d: not a legal transition: %v", r.Seq, err))
-				*target = append(*target, item{seq: r.Seq, time: r.Time, note: rh.foldStop})
+				*target = append(*target, noteItem(r.Seq, r.Time, rh.foldStop))
 			}
 		}
 		list := rh.place(e, r.Seq)
-		*list = append(*list, item{seq: r.Seq, time: r.Time, ev: e})
+		*list = append(*list, item{seq: r.Seq, ev: e})
 		rh.after(e, r.Seq)
 	}
 }

@@ -206,7 +206,7 @@ func printItems(w io.Writer, items []item) {
 	fmt.Fprintln(tw, "    SEQ\tAT\tCALL\tWHAT\tDETAIL")
 	for _, it := range items {
 		if it.ev == nil {
-			fmt.Fprintf(tw, "    %d\t%s\t-\t!\t%s\n", it.seq, it.time.UTC().Format(timeLayout), cell(it.note))
+			fmt.Fprintf(tw, "    %d\t%s\t-\t!\t%s\n", it.seq, it.note.time.UTC().Format(timeLayout), cell(it.note.text))
 			continue
 		}
 		at := eventTime(it.ev).UTC().Format(timeLayout)
@@ -312,7 +312,7 @@ func (h *history) printJSON(w io.Writer) error {
 	items := func(run, batch string, its []item) {
 		for _, it := range its {
 			if it.ev == nil {
-				put(noteLine{Type: "note", Run: run, Batch: batch, Seq: it.seq, Time: it.time.UTC(), Text: it.note})
+				put(noteLine{Type: "note", Run: run, Batch: batch, Seq: it.seq, Time: it.note.time.UTC(), Text: it.note.text})
 				continue
 			}
 			rs := rows(it.ev)
