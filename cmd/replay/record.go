@@ -200,7 +200,11 @@ func (p *recordParser) str() ([]byte, bool) {
 	start := p.i + 1
 	ascii := true
 	for j := start; j < len(p.b); j++ {
-		switch c := p.b[j]; {
+		c := p.b[j]
+		if !strSpecial[c] {
+			continue
+		}
+		switch {
 		case c == '"':
 			s := p.b[start:j]
 			if !ascii && !utf8.Valid(s) {
@@ -210,37 +214,54 @@ func (p *recordParser) str() ([]byte, bool) {
 			return s, true
 		case c < 0x20 || c == '\\':
 			return nil, false
-		case c >= utf8.RuneSelf:
+		default: // c >= utf8.RuneSelf
 			ascii = false
 		}
 	}
 	return nil, false
 }
 
-// Known header names and values, shared by every record that has them.
-var (
-	knownHeaders = map[string]string{headerEvent: headerEvent, headerPrev: headerPrev, headerSource: headerSource,
-		"Nats-Msg-Id": "Nats-Msg-Id"}
-	eventTypeNames = func() map[string]string {
-		m := map[string]string{}
-		for _, t := range events.Types() {
-			m[string(t)] = string(t)
-		}
-		return m
-	}()
-)
+// strSpecial marks the bytes str looks at: the closing quote, what needs
+// unescaping, and the start of a byte sequence to check as UTF-8.
+var strSpecial = func() (t [256]bool) {
+	for c := range t {
+		t[c] = c < 0x20 || c == '"' || c == '\\' || c >= utf8.RuneSelf
+	}
+	return t
+}()
 
+// eventTypeNames are the values of the Toolbatch-Event header, shared by
+// every record that has them.
+var eventTypeNames = func() []string {
+	var names []string
+	for _, t := range events.Types() {
+		names = append(names, string(t))
+	}
+	return names
+}()
+
+// headerName returns a header's name, shared by every record when it is
+// one the engine writes (a switch is cheaper than a map here).
 func headerName(b []byte) string {
-	if s, ok := knownHeaders[string(b)]; ok {
-		return s
+	switch string(b) {
+	case headerEvent:
+		return headerEvent
+	case headerPrev:
+		return headerPrev
+	case headerSource:
+		return headerSource
+	case "Nats-Msg-Id":
+		return "Nats-Msg-Id"
 	}
 	return string(b)
 }
 
 func headerValue(name string, b []byte) string {
 	if name == headerEvent {
-		if s, ok := eventTypeNames[string(b)]; ok {
-			return s
+		for _, t := range eventTypeNames {
+			if t == string(b) {
+				return t
+			}
 		}
 	}
 	return string(b)
