@@ -21,13 +21,13 @@ func cmdHistory(ctx context.Context, o *options, stdout, stderr io.Writer) error
 	defer src.close()
 	h := newHistory(o.prefix, o.sel.startsLate())
 	prog := newProgress(stderr)
-	restoreGC := holdGC() // gc.go: the history keeps what it reads
+	releaseGC := holdGC() // gc.go: the history keeps what it reads
 	err = src.read(ctx, eventsStream, o.sel, true, func(m *message) error {
 		prog.add(m)
 		h.add(m)
 		return nil
 	})
-	restoreGC()
+	releaseGC()
 	if err != nil {
 		return err
 	}
