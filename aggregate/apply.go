@@ -1,6 +1,7 @@
 package aggregate
 
 import (
+	"bytes"
 	"fmt"
 	"reflect"
 
@@ -226,8 +227,7 @@ func (r *Run) apply(e events.Event) error {
 			return fail(e, "", fmt.Errorf("%w: not every call is terminal", ErrOutOfOrder))
 		}
 		want := Finalization(b)
-		if !reflect.DeepEqual(normBlocks(want.Results), normBlocks(ev.Results)) ||
-			!reflect.DeepEqual(normCmds(want.State), normCmds(ev.State)) || want.Conflict != ev.Conflict {
+		if !resultsEqual(want.Results, ev.Results) || !commandsEqual(want.State, ev.State) || want.Conflict != ev.Conflict {
 			return fail(e, "", ErrResultsDiffer)
 		}
 		b.Finalized = true
@@ -331,19 +331,60 @@ func (r *Run) applyExecuting(ev *events.CallExecuting) error {
 	return nil
 }
 
-// normBlocks and normCmds treat nil and empty slices alike.
-func normBlocks(b []events.ContentBlock) []events.ContentBlock {
-	if len(b) == 0 {
-		return nil
+// resultsEqual and commandsEqual compare a finalization's lists as
+// reflect.DeepEqual does, except that a nil list and an empty one are
+// alike (at the top only), without reflection: this check runs for every
+// batch folded. equal_test.go holds them to reflect.DeepEqual, and fails
+// when a field is added to the types they compare.
+func resultsEqual(a, b []events.ContentBlock) bool {
+	if len(a) == 0 && len(b) == 0 {
+		return true
 	}
-	return b
+	return blocksEqual(a, b)
 }
 
-func normCmds(c []events.Command) []events.Command {
-	if len(c) == 0 {
-		return nil
+func commandsEqual(a, b []events.Command) bool {
+	if len(a) == 0 && len(b) == 0 {
+		return true
 	}
-	return c
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := &a[i], &b[i]
+		if x.Scope != y.Scope || x.Key != y.Key || x.Merge != y.Merge || x.Action != y.Action || !rawEqual(x.Value, y.Value) {
+			return false
+		}
+	}
+	return true
+}
+
+// blocksEqual is reflect.DeepEqual on block lists: nil differs from empty.
+func blocksEqual(a, b []events.ContentBlock) bool {
+	if (a == nil) != (b == nil) || len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := &a[i], &b[i]
+		if x.Type != y.Type || x.Text != y.Text || x.ID != y.ID || x.Name != y.Name || x.ToolUseID != y.ToolUseID ||
+			x.IsError != y.IsError || !rawEqual(x.Input, y.Input) || !rawEqual(x.Value, y.Value) ||
+			!sourceEqual(x.Source, y.Source) || !blocksEqual(x.Content, y.Content) {
+			return false
+		}
+	}
+	return true
+}
+
+func sourceEqual(a, b *events.ImageSource) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+// rawEqual is reflect.DeepEqual on JSON texts: nil differs from empty.
+func rawEqual(a, b events.RawJSON) bool {
+	return (a == nil) == (b == nil) && bytes.Equal(a, b)
 }
 
 // undoEntry takes back the entry counted when a brain or delegation attempt
