@@ -696,7 +696,7 @@ func printTable(w io.Writer, r *Results) {
 		fmt.Fprintf(w, "== W4 sandbox cost (p50 of %d calls): bare fork+exec /bin/true %s ms; sandbox.Runner isolation none %s ms; bubblewrap %s ms (p99 %s) = %s a bare exec; pre-started bubblewrap %s ms (p99 %s) = %s a bare exec (%d calls in pre-started sandboxes, %d started their own)\n",
 			x.Calls, fmtNum(x.BareP50ms, ""), fmtNum(x.NoneP50ms, ""), fmtNum(x.BwrapP50ms, ""), fmtNum(x.BwrapP99ms, ""), fmtNum(x.BwrapOverBare, "x"),
 			fmtNum(x.PrestartedP50ms, ""), fmtNum(x.PrestartedP99ms, ""), fmtNum(x.PrestartedOverBare, "x"), x.PrestartedCalls, x.PrestartedFreshCalls)
-		fmt.Fprintf(w, "    the pre-started design's floor, without a sandbox: a waiting Go process that execs /bin/true once it has its environment %s ms = %s a bare exec\n",
+		fmt.Fprintf(w, "    the pre-started design without bubblewrap: a waiting Go process that execs /bin/true once it has its environment %s ms = %s a bare exec\n",
 			fmtNum(x.WaiterP50ms, ""), fmtNum(x.WaiterOverBare, "x"))
 		if x.Skipped != "" {
 			fmt.Fprintf(w, "    %s\n", x.Skipped)

@@ -36,9 +36,9 @@ func init() {
 // pre-started sandbox's stage does, without the sandbox. It says it is
 // ready with one byte on stdout, reads the environment from stdin
 // (NUL-separated, to its end) and execs the rest of its arguments with it.
-// Timing it from the write of the environment to its exit gives the floor
-// of the pre-started design in this process model (a Go program that waits
-// and then execs the tool): whatever bubblewrap adds comes on top.
+// Timed from the write of the environment to its exit, it is the
+// pre-started design (a Go program that waits, then execs the tool)
+// without bubblewrap.
 const w4WaiterArg = "toolbatch-bench-w4-waiter"
 
 func w4Waiter(argv []string) int {
