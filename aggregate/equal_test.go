@@ -186,3 +186,116 @@ func TestResultsEqualOracle(t *testing.T) {
 		t.Fatalf("the generator made %d equal and %d unequal pairs: too few of one kind", same, differ)
 	}
 }
+
+// oracleFinal is the finalization check as it was: Finalization's lists
+// compared with reflect.DeepEqual (a nil list and an empty one alike at
+// the top), and its conflict.
+func oracleFinal(b *Batch, ev *events.BatchFinalized) bool {
+	f := Finalization(b)
+	return oracleResults(f.Results, ev.Results) && oracleCommands(f.State, ev.State) && f.Conflict == ev.Conflict
+}
+
+// state makes staged commands that set the same keys often, some of them
+// exclusively, so that conflicts come up.
+func (g equalGen) state() []events.Command {
+	if g.r.Intn(3) == 0 {
+		return nil
+	}
+	out := make([]events.Command, g.r.Intn(3))
+	for i := range out {
+		out[i] = events.Command{Scope: []events.Scope{events.ScopeRun, events.ScopeThread}[g.r.Intn(2)],
+			Key:    []string{"k", "j"}[g.r.Intn(2)],
+			Merge:  []events.Merge{events.MergeDisjoint, events.MergeExclusive}[g.r.Intn(2)],
+			Action: []events.Action{events.ActionSet, events.ActionRemove}[g.r.Intn(2)], Value: g.raw()}
+	}
+	return out
+}
+
+// batch makes a batch whose calls are all terminal.
+func (g equalGen) batch() *Batch {
+	b := &Batch{ID: "r/1", Step: 1}
+	for i := range g.r.Intn(4) {
+		c := Call{Call: events.Call{CallID: "c" + string(rune('1'+i))}, Phase: events.PhaseCompleted}
+		switch g.r.Intn(5) {
+		case 0: // indeterminate, with an output or not: published as indeterminate
+			c.Phase, c.Reason = events.PhaseIndeterminate, g.str()
+			if g.r.Intn(2) == 0 {
+				c.Output = &events.Output{CallID: c.CallID, Content: g.blocks(1), State: g.state()}
+			}
+		case 1: // completed without an output: published as indeterminate
+		default:
+			c.Output = &events.Output{CallID: c.CallID, Content: g.blocks(1), IsError: g.r.Intn(2) == 0, State: g.state()}
+		}
+		b.Calls = append(b.Calls, c)
+	}
+	return b
+}
+
+// finalized returns the batch's BatchFinalized as the engine writes it, or
+// with one thing changed.
+func (g equalGen) finalized(b *Batch) *events.BatchFinalized {
+	f := Finalization(b)
+	ev := &events.BatchFinalized{BatchID: b.ID, Step: b.Step, Results: f.Results, State: f.State, Conflict: f.Conflict}
+	switch g.r.Intn(10) {
+	case 0, 1, 2, 3: // as written
+	case 4:
+		ev.Results = g.near(ev.Results, 0)
+	case 5:
+		if len(ev.Results) > 0 && g.r.Intn(2) == 0 {
+			ev.Results = ev.Results[:len(ev.Results)-1]
+		} else {
+			ev.Results = append(ev.Results, g.blocks(1)...)
+		}
+	case 6:
+		if len(ev.State) > 0 && g.r.Intn(2) == 0 {
+			ev.State = ev.State[:len(ev.State)-1]
+		} else {
+			ev.State = append(ev.State, g.state()...)
+		}
+	case 7:
+		if len(ev.State) > 0 {
+			ev.State = append([]events.Command{}, ev.State...)
+			ev.State[g.r.Intn(len(ev.State))].Key += "x"
+		} else if ev.State == nil {
+			ev.State = []events.Command{}
+		}
+	case 8:
+		if ev.Conflict == "" {
+			ev.Conflict = "exclusive state key run:k set by calls c1, c2"
+		} else {
+			ev.Conflict = ""
+		}
+	case 9:
+		if len(ev.Results) == 0 {
+			if ev.Results == nil {
+				ev.Results = []events.ContentBlock{}
+			} else {
+				ev.Results = nil
+			}
+		}
+	}
+	return ev
+}
+
+func TestFinalizationMatchesOracle(t *testing.T) {
+	const seed, n = 2, 20000
+	g := equalGen{rand.New(rand.NewSource(seed))}
+	match, conflicts := 0, 0
+	for i := range n {
+		b := g.batch()
+		ev := g.finalized(b)
+		want := oracleFinal(b, ev)
+		if got := finalizationMatches(b, ev); got != want {
+			t.Fatalf("seed %d, batch %d: finalizationMatches = %v, the old check says %v\nbatch: %#v\nevent: %#v", seed, i, got, want, b, ev)
+		}
+		if want {
+			match++
+		}
+		if ev.Conflict != "" {
+			conflicts++
+		}
+	}
+	if match < n/10 || n-match < n/10 || conflicts < n/100 {
+		t.Fatalf("the generator made %d matching and %d other finalizations, %d with a conflict: too few of a kind", match, n-match, conflicts)
+	}
+}
