@@ -13,11 +13,11 @@ import (
 // The garbage collector while the history is read. The history keeps every
 // event it reads, so nearly all of the heap is live while the stream is
 // folded, and each collection marks all of it again to find little to
-// free: a third of the CPU of a long read at GOGC=300. So the read runs
-// with the collector off and a memory limit as the safety net: nothing is
-// collected until the heap reaches the limit, and then only as much as
-// keeping under it takes. Printing then runs with the collector's default
-// target (printGCPercent).
+// free: about a quarter of the CPU of a long read at GOGC=300. So the read
+// runs with the collector off and a memory limit as the safety net:
+// nothing is collected until the heap reaches the limit, and then only as
+// much as keeping under it takes. Printing then runs with the collector's
+// default target (printGCPercent).
 //
 // The cost is memory: the read's garbage (the records and headers of the
 // messages, the aggregate's copies) is not given back until the read ends,
