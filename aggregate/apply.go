@@ -226,7 +226,8 @@ func (r *Run) apply(e events.Event) error {
 		if !b.AllTerminal() {
 			return fail(e, "", fmt.Errorf("%w: not every call is terminal", ErrOutOfOrder))
 		}
-		if !finalizationMatches(b, ev) {
+		want := Finalization(b)
+		if !resultsEqual(want.Results, ev.Results) || !commandsEqual(want.State, ev.State) || want.Conflict != ev.Conflict {
 			return fail(e, "", ErrResultsDiffer)
 		}
 		b.Finalized = true
@@ -330,50 +331,11 @@ func (r *Run) applyExecuting(ev *events.CallExecuting) error {
 	return nil
 }
 
-// finalizationMatches reports whether a BatchFinalized publishes what
-// Finalization derives for the batch, without building it (this check runs
-// for every batch folded): the same results and staged state, as
-// resultsEqual and commandsEqual compare them, and the same conflict.
-func finalizationMatches(b *Batch, ev *events.BatchFinalized) bool {
-	conflict := exclusiveConflict(b)
-	if conflict != ev.Conflict || len(ev.Results) != len(b.Calls) {
-		return false
-	}
-	for i := range b.Calls {
-		c := &b.Calls[i]
-		var want events.ContentBlock
-		if c.Phase == events.PhaseCompleted && c.Output != nil {
-			want = c.Output.ToolResultBlock()
-		} else {
-			want = events.ErrorOutput(c.CallID, IndeterminatePrefix+c.Reason).ToolResultBlock()
-		}
-		if !blockEqual(&want, &ev.Results[i]) {
-			return false
-		}
-	}
-	// The state: the completed calls' staged commands in order, none on a
-	// conflict.
-	n := 0
-	for i := range b.Calls {
-		c := &b.Calls[i]
-		if conflict != "" || c.Phase != events.PhaseCompleted || c.Output == nil {
-			continue
-		}
-		for j := range c.Output.State {
-			if n == len(ev.State) || !commandEqual(&c.Output.State[j], &ev.State[n]) {
-				return false
-			}
-			n++
-		}
-	}
-	return n == len(ev.State)
-}
-
 // resultsEqual and commandsEqual compare a finalization's lists as
 // reflect.DeepEqual does, except that a nil list and an empty one are
-// alike (at the top only), without reflection. equal_test.go holds them
-// to reflect.DeepEqual, and fails when a field is added to the types they
-// compare.
+// alike (at the top only), without reflection: this check runs for every
+// batch folded. equal_test.go holds them to reflect.DeepEqual, and fails
+// when a field is added to the types they compare.
 func resultsEqual(a, b []events.ContentBlock) bool {
 	if len(a) == 0 && len(b) == 0 {
 		return true
@@ -382,19 +344,19 @@ func resultsEqual(a, b []events.ContentBlock) bool {
 }
 
 func commandsEqual(a, b []events.Command) bool {
+	if len(a) == 0 && len(b) == 0 {
+		return true
+	}
 	if len(a) != len(b) {
 		return false
 	}
 	for i := range a {
-		if !commandEqual(&a[i], &b[i]) {
+		x, y := &a[i], &b[i]
+		if x.Scope != y.Scope || x.Key != y.Key || x.Merge != y.Merge || x.Action != y.Action || !rawEqual(x.Value, y.Value) {
 			return false
 		}
 	}
 	return true
-}
-
-func commandEqual(x, y *events.Command) bool {
-	return x.Scope == y.Scope && x.Key == y.Key && x.Merge == y.Merge && x.Action == y.Action && rawEqual(x.Value, y.Value)
 }
 
 // blocksEqual is reflect.DeepEqual on block lists: nil differs from empty.
@@ -403,17 +365,14 @@ func blocksEqual(a, b []events.ContentBlock) bool {
 		return false
 	}
 	for i := range a {
-		if !blockEqual(&a[i], &b[i]) {
+		x, y := &a[i], &b[i]
+		if x.Type != y.Type || x.Text != y.Text || x.ID != y.ID || x.Name != y.Name || x.ToolUseID != y.ToolUseID ||
+			x.IsError != y.IsError || !rawEqual(x.Input, y.Input) || !rawEqual(x.Value, y.Value) ||
+			!sourceEqual(x.Source, y.Source) || !blocksEqual(x.Content, y.Content) {
 			return false
 		}
 	}
 	return true
-}
-
-func blockEqual(x, y *events.ContentBlock) bool {
-	return x.Type == y.Type && x.Text == y.Text && x.ID == y.ID && x.Name == y.Name && x.ToolUseID == y.ToolUseID &&
-		x.IsError == y.IsError && rawEqual(x.Input, y.Input) && rawEqual(x.Value, y.Value) &&
-		sourceEqual(x.Source, y.Source) && blocksEqual(x.Content, y.Content)
 }
 
 func sourceEqual(a, b *events.ImageSource) bool {
