@@ -27,7 +27,11 @@ func interpret(t ToolConfig, call Call, o outcome) Result {
 	case o.cancelled != nil:
 		return failure(events.ErrorExecution, "interrupted: %v", o.cancelled)
 	}
-	if code := exitCode(o.state); code != 0 {
+	code := exitCode(o.state)
+	if o.exit != nil {
+		code = waitCode(*o.exit)
+	}
+	if code != 0 {
 		return failure(events.ErrorExecution, "%s", exitMessage(t, code, o.stderr, o.stderrCut))
 	}
 	if t.Output == OutputJSON {
@@ -50,10 +54,18 @@ func exitCode(st *os.ProcessState) int {
 	if st == nil {
 		return -1
 	}
-	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return 128 + int(ws.Signal())
+	if ws, ok := st.Sys().(syscall.WaitStatus); ok {
+		return waitCode(ws)
 	}
 	return st.ExitCode()
+}
+
+// waitCode is exitCode for a wait status.
+func waitCode(ws syscall.WaitStatus) int {
+	if ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ws.ExitStatus()
 }
 
 // exitMessage says how a tool failed, with the tail of its stderr.

@@ -1,13 +1,16 @@
 package sandbox
 
 import (
+	"bufio"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -53,6 +56,9 @@ type Stats struct {
 	// StageLimits is how many pre-started calls had their rlimits set by
 	// the stage itself, without prlimit's exec.
 	StageLimits int64
+	// StageChild is how many of those the stage ran as its child and
+	// reported the exit of (the others it exec'd in place).
+	StageChild int64
 }
 
 // warm is a pre-started sandbox.
@@ -62,6 +68,10 @@ type warm struct {
 	prog    string   // the program its command line runs
 	control *os.File // the worker's end of the control pipe
 	status  *os.File // the worker's end of the status pipe
+	// stdout and stderr are the worker's ends of the call's output pipes,
+	// which only the tool holds in the sandbox (the stage's stdout and
+	// stderr are bubblewrap's, in p).
+	stdout, stderr *os.File
 }
 
 // teardown kills the sandbox, waits until it has exited, and removes its
@@ -69,8 +79,15 @@ type warm struct {
 func (w *warm) teardown() {
 	_ = w.control.Close()
 	w.p.stop()
-	_ = w.status.Close()
+	w.release()
 	removeWorkdir(w.workdir)
+}
+
+// release closes the worker's ends of the sandbox's own pipes.
+func (w *warm) release() {
+	for _, f := range []*os.File{w.status, w.stdout, w.stderr} {
+		_ = f.Close()
+	}
 }
 
 // pool keeps up to want pre-started sandboxes of one tool. Calls take a
@@ -248,11 +265,14 @@ func (p *pool) discard(w *warm) {
 // sandbox for the call.
 //
 // The call does not wait for the stage's answer before it goes on: it
-// sends the environment and the arguments and waits for the sandbox to
-// end, as for a sandbox started for it. Only then does it read whether the
-// stage said it execs the tool. If it did not, nothing of the tool ran,
-// and the call takes another sandbox (or starts its own) unless ctx
-// ended.
+// sends the environment and the arguments and waits for the call's end.
+// The stage normally starts the tool as its child and reports its exit
+// (stageParent, stageExited): the call ends once that report and the end
+// of the tool's output have come, and the sandbox is then killed and
+// cleaned up in the background. Otherwise it ends when the sandbox does,
+// as for a sandbox started for the call. If the stage said neither that it
+// starts the tool nor that it execs it, nothing of the tool ran, and the
+// call takes another sandbox (or starts its own) unless ctx ended.
 func (p *pool) run(ctx context.Context, t ToolConfig, call Call, prog string, stdin []byte) (res Result, ok bool) {
 	for {
 		w := p.take(ctx)
@@ -269,32 +289,75 @@ func (p *pool) run(ctx context.Context, t ToolConfig, call Call, prog string, st
 			_, _ = w.control.Write(msg)
 			_ = w.control.Close()
 		}()
-		o := p.r.finish(ctx, t, w.p, stdin)
+		st := w.watchStatus()
+		o := p.r.finish(ctx, t, w.p, stdin, callIO{stdout: w.stdout, stderr: w.stderr, exited: st.exited})
 		p.mu.Lock()
 		p.fill() // the replacement take may have left for now
 		p.mu.Unlock()
-		took, direct := w.tookCall()
-		if direct {
-			p.r.stats.stageLimits.Add(1)
+		// A reported exit says how the tool ran; otherwise the sandbox has
+		// ended, and so has what the stage wrote.
+		mode := stageParent
+		if o.exit == nil {
+			<-st.done
+			mode = st.mode
 		}
-		_ = w.status.Close()
-		removeWorkdir(w.workdir)
-		if took || o.cancelled != nil {
+		switch mode {
+		case stageGoDirect:
+			p.r.stats.stageLimits.Add(1)
+		case stageParent:
+			p.r.stats.stageLimits.Add(1)
+			p.r.stats.stageChild.Add(1)
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			w.p.stop() // at once when the call ended with the sandbox
+			w.release()
+			removeWorkdir(w.workdir)
+		}()
+		if mode != 0 || o.cancelled != nil {
 			return interpret(t, call, o), true
 		}
 		p.r.stats.diedBeforeUse.Add(1)
 	}
 }
 
-// tookCall reports whether the stage said it execs the tool, and whether
-// it set the tool's rlimits itself. The sandbox has ended, so the status
-// pipe holds all it will ever hold.
-func (w *warm) tookCall() (took, direct bool) {
-	_ = w.status.SetReadDeadline(time.Now().Add(pipeGrace))
-	b := make([]byte, 1)
-	n, _ := io.ReadFull(w.status, b)
-	took = n == 1 && (b[0] == stageGo || b[0] == stageGoDirect)
-	return took, took && b[0] == stageGoDirect
+// stageReport is what a sandbox's stage says about a call, as read by
+// watchStatus: exited delivers the tool's wait status when the stage ran it
+// as its child; done is closed once the status pipe has ended (the stage
+// has exited or exec'd), and mode is then the last of stageGo,
+// stageGoDirect and stageParent it wrote (0: none, the tool did not run).
+type stageReport struct {
+	mode   byte
+	exited chan syscall.WaitStatus
+	done   chan struct{}
+}
+
+// watchStatus reads the stage's status pipe until it ends, in the
+// background.
+func (w *warm) watchStatus() *stageReport {
+	st := &stageReport{exited: make(chan syscall.WaitStatus, 1), done: make(chan struct{})}
+	go func() {
+		defer close(st.done)
+		r := bufio.NewReader(w.status)
+		for {
+			b, err := r.ReadByte()
+			if err != nil {
+				return
+			}
+			switch b {
+			case stageGo, stageGoDirect, stageParent:
+				st.mode = b
+			case stageExited:
+				var ws [4]byte
+				if _, err := io.ReadFull(r, ws[:]); err != nil || st.mode != stageParent {
+					return
+				}
+				st.exited <- syscall.WaitStatus(binary.LittleEndian.Uint32(ws[:]))
+			}
+		}
+	}()
+	return st
 }
 
 // prestart starts one sandbox of the tool and waits until its stage waits
@@ -308,29 +371,45 @@ func (r *Runner) prestart(t ToolConfig) (*warm, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot create the working directory: %w", err)
 	}
-	ctlR, ctlW, err := os.Pipe()
-	if err != nil {
-		removeWorkdir(workdir)
-		return nil, err
+	// The control and status pipes, and the call's stdout and stderr: the
+	// sandbox's ends are its fds 4, 5, 7 and 8 (6 is the stage program).
+	var ours, theirs []*os.File
+	for i := 0; i < 4; i++ {
+		r, w, err := os.Pipe()
+		if err != nil {
+			for _, f := range append(ours, theirs...) {
+				_ = f.Close()
+			}
+			removeWorkdir(workdir)
+			return nil, err
+		}
+		if i == 0 {
+			ours, theirs = append(ours, w), append(theirs, r)
+		} else {
+			ours, theirs = append(ours, r), append(theirs, w)
+		}
 	}
-	stR, stW, err := os.Pipe()
-	if err != nil {
-		_, _ = ctlR.Close(), ctlW.Close()
-		removeWorkdir(workdir)
-		return nil, err
+	arg := stageArg
+	if r.stageInPlace {
+		arg = stageArgInPlace
 	}
-	argv := append(r.bwrapArgs(t, workdir), "/proc/self/fd/"+strconv.Itoa(stageExeFD), stageArg)
+	argv := append(r.bwrapArgs(t, workdir), "/proc/self/fd/"+strconv.Itoa(stageExeFD), arg)
 	argv = append(argv, r.limitArgs(t, prog)...)
 	// bubblewrap gets no environment: the stage's own does not reach the
 	// tool, which gets the one the call sends.
-	pr, err := r.start(argv, []string{}, workdir, []*os.File{ctlR, stW, r.stageExe})
-	_, _ = ctlR.Close(), stW.Close()
+	pr, err := r.start(argv, []string{}, workdir, []*os.File{theirs[0], theirs[1], r.stageExe, theirs[2], theirs[3]})
+	for _, f := range theirs {
+		_ = f.Close()
+	}
 	if err != nil {
-		_, _ = ctlW.Close(), stR.Close()
+		for _, f := range ours {
+			_ = f.Close()
+		}
 		removeWorkdir(workdir)
 		return nil, fmt.Errorf("cannot start bubblewrap: %w", err)
 	}
-	w := &warm{p: pr, workdir: workdir, prog: prog, control: ctlW, status: stR}
+	w := &warm{p: pr, workdir: workdir, prog: prog, control: ours[0], status: ours[1], stdout: ours[2], stderr: ours[3]}
+	stR := w.status
 	said := make(chan byte, 1)
 	go func() {
 		b := make([]byte, 1)

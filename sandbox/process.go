@@ -41,7 +41,8 @@ var (
 // outcome is what one subprocess run left behind.
 type outcome struct {
 	startErr   error
-	state      *os.ProcessState
+	state      *os.ProcessState    // the process's exit, when the call ended with it
+	exit       *syscall.WaitStatus // the tool's exit as its parent in the sandbox reported it
 	stdout     []byte
 	stdoutOver bool
 	stderr     []byte // the tail
@@ -84,7 +85,7 @@ func (r *Runner) runProcess(ctx context.Context, t ToolConfig, call Call) Result
 	if err != nil {
 		return interpret(t, call, outcome{startErr: err})
 	}
-	return interpret(t, call, r.finish(ctx, t, p, stdin))
+	return interpret(t, call, r.finish(ctx, t, p, stdin, ioOf(p)))
 }
 
 // toolEnv returns the tool's whole environment: nothing of the worker's.
@@ -326,10 +327,25 @@ func (p *proc) stop() {
 	p.release()
 }
 
-// finish writes stdin to a started process, waits for it to end (or kills
-// it on the timeout, ctx's end or too much stdout), collects what it wrote
-// and releases its pipes. The timeout counts from here.
-func (r *Runner) finish(ctx context.Context, t ToolConfig, p *proc, stdin []byte) (o outcome) {
+// callIO is where a call's output comes from, and how its end is known
+// besides the sandbox's (or process group's) exit.
+type callIO struct {
+	stdout, stderr *os.File
+	// exited, when not nil, delivers the tool's wait status as its parent
+	// in the sandbox reported it (a pre-started sandbox's stage).
+	exited <-chan syscall.WaitStatus
+}
+
+// ioOf is the output of a started process: its own stdout and stderr.
+func ioOf(p *proc) callIO { return callIO{stdout: p.stdout, stderr: p.stderr} }
+
+// finish writes stdin to a started process, waits for the call to end (or
+// kills it on the timeout, ctx's end or too much stdout), collects what
+// the tool wrote and releases the process's pipes. The call ends when the
+// process exits, or when the tool's parent in the sandbox reports its exit
+// (cio.exited): then the sandbox is killed at once, and its exit is not
+// waited for. The timeout counts from here.
+func (r *Runner) finish(ctx context.Context, t ToolConfig, p *proc, stdin []byte, cio callIO) (o outcome) {
 	defer p.release()
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -346,7 +362,7 @@ func (r *Runner) finish(ctx context.Context, t ToolConfig, p *proc, stdin []byte
 	}
 	stdoutc := make(chan captured, 1)
 	go func() {
-		data, over := readCapped(p.stdout, t.Limits.OutputKB<<10)
+		data, over := readCapped(cio.stdout, t.Limits.OutputKB<<10)
 		if over {
 			cancel(errOutputExceeded)
 		}
@@ -354,12 +370,19 @@ func (r *Runner) finish(ctx context.Context, t ToolConfig, p *proc, stdin []byte
 	}()
 	stderrc := make(chan captured, 1)
 	go func() {
-		data, cut := readTail(p.stderr, StderrTailBytes)
+		data, cut := readTail(cio.stderr, StderrTailBytes)
 		stderrc <- captured{data, cut}
 	}()
 
 	select {
 	case <-p.done:
+		o.state = p.cmd.ProcessState
+	case ws := <-cio.exited:
+		o.exit = &ws
+		// Whatever the tool left running dies with the sandbox now.
+		if pid := p.inner.Load(); pid > 0 {
+			_ = syscall.Kill(int(pid), syscall.SIGKILL)
+		}
 	case <-runCtx.Done():
 		switch cause := context.Cause(runCtx); {
 		case errors.Is(cause, errTimedOut):
@@ -369,8 +392,8 @@ func (r *Runner) finish(ctx context.Context, t ToolConfig, p *proc, stdin []byte
 			o.cancelled = cause
 		}
 		kill(p.pgid, &p.inner, p.done)
+		o.state = p.cmd.ProcessState
 	}
-	o.state = p.cmd.ProcessState
 	// Anything left in the process group (only possible without
 	// bubblewrap): the group outlives its reaped leader only while it has
 	// members, so its id cannot have been reused.
@@ -388,8 +411,8 @@ func (r *Runner) finish(ctx context.Context, t ToolConfig, p *proc, stdin []byte
 			got++
 		case <-grace.C:
 			// A process that escaped the kill holds a pipe: stop reading.
-			_ = p.stdout.Close()
-			_ = p.stderr.Close()
+			_ = cio.stdout.Close()
+			_ = cio.stderr.Close()
 		}
 	}
 	o.stdout, o.stdoutOver = out.data, out.cut

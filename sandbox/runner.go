@@ -111,10 +111,11 @@ type Runner struct {
 	pools             map[string]*pool
 	stagePath         string // the stage program; default os.Executable()
 	stageExe          *os.File
+	stageInPlace      bool // the stage always execs the tool in place (tests)
 	onPrestartFailure func(toolID string, err error)
 	closeOnce         sync.Once
 	stats             struct {
-		prestarted, fresh, diedBeforeUse, prestartFailures, stageLimits atomic.Int64
+		prestarted, fresh, diedBeforeUse, prestartFailures, stageLimits, stageChild atomic.Int64
 	}
 }
 
@@ -292,6 +293,7 @@ func (r *Runner) Stats() Stats {
 		DiedBeforeUse:    r.stats.diedBeforeUse.Load(),
 		PrestartFailures: r.stats.prestartFailures.Load(),
 		StageLimits:      r.stats.stageLimits.Load(),
+		StageChild:       r.stats.stageChild.Load(),
 	}
 }
 

@@ -91,14 +91,18 @@ const (
 	// fresh: a sandbox started for each call (prestart: 0).
 	fresh mode = "fresh"
 	// prestarted: pre-started sandboxes (the config's default with
-	// bubblewrap); every subprocess call must take one.
+	// bubblewrap); every subprocess call must take one, and its stage must
+	// start the tool as its child.
 	prestarted mode = "prestarted"
+	// inPlace: pre-started sandboxes whose stage execs the tool in place,
+	// as it does where it cannot start the tool as its child.
+	inPlace mode = "prestarted-in-place"
 )
 
 // inModes runs f as a subtest in each mode.
 func inModes(t *testing.T, f func(t *testing.T, m mode)) {
 	t.Helper()
-	for _, m := range []mode{fresh, prestarted} {
+	for _, m := range []mode{fresh, prestarted, inPlace} {
 		t.Run(string(m), func(t *testing.T) { f(t, m) })
 	}
 }
@@ -124,6 +128,9 @@ func newRunner(t *testing.T, m mode, yaml string, opts ...Option) (*Runner, stri
 			cfg.Tools[i].Prestart = new(int)
 		}
 	}
+	if m == inPlace {
+		opts = append(opts, func(r *Runner) { r.stageInPlace = true })
+	}
 	r, err := NewRunner(cfg, append([]Option{WithWorkRoot(workRoot)}, opts...)...)
 	if err != nil {
 		t.Fatalf("NewRunner: %v", err)
@@ -131,14 +138,19 @@ func newRunner(t *testing.T, m mode, yaml string, opts ...Option) (*Runner, stri
 	t.Cleanup(func() { _ = r.Close() })
 	t.Cleanup(func() {
 		st := r.Stats()
+		bwrap := cfg.Isolation == IsolationBubblewrap
 		switch {
 		case m == fresh && st.Prestarted > 0:
 			t.Errorf("mode fresh: %d calls took a pre-started sandbox", st.Prestarted)
-		case m == prestarted && cfg.Isolation == IsolationBubblewrap && st.Fresh > 0:
-			t.Errorf("mode prestarted: %d calls started their own sandbox (stats %+v)", st.Fresh, st)
+		case m != fresh && bwrap && st.Fresh > 0:
+			t.Errorf("mode %s: %d calls started their own sandbox (stats %+v)", m, st.Fresh, st)
+		case m == prestarted && bwrap && st.StageChild != st.StageLimits:
+			t.Errorf("mode prestarted: the stage ran %d of %d tools as its child (stats %+v)", st.StageChild, st.StageLimits, st)
+		case m == inPlace && st.StageChild > 0:
+			t.Errorf("mode %s: the stage ran %d tools as its child (stats %+v)", m, st.StageChild, st)
 		}
 	})
-	if m == prestarted {
+	if m != fresh {
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 		defer cancel()
 		if err := r.WaitPrestarted(ctx); err != nil {
@@ -665,7 +677,11 @@ func helperWorker(cfgPath, workRoot string, m mode) int {
 			cfg.Tools[i].Prestart = new(int)
 		}
 	}
-	r, err := NewRunner(cfg, WithWorkRoot(workRoot), WithSandboxUser(countUID, countUID))
+	opts := []Option{WithWorkRoot(workRoot), WithSandboxUser(countUID, countUID)}
+	if m == inPlace {
+		opts = append(opts, func(r *Runner) { r.stageInPlace = true })
+	}
+	r, err := NewRunner(cfg, opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -714,11 +730,15 @@ tools:
 			_, err := os.Stat(filepath.Join(shared, "started"))
 			return err == nil
 		})
-		// bwrap, its init, the shell and two sleeps; in mode prestarted also
-		// the pre-started sandboxes (bwrap, init and the stage each).
+		// bwrap, its init, the shell and two sleeps; with pre-started
+		// sandboxes also those (bwrap, init and the stage each), and the
+		// call's stage when it is the tool's parent.
 		want := before + 5
-		if m == prestarted {
+		if m != fresh {
 			want += 3 * DefaultPrestart
+		}
+		if m == prestarted {
+			want++
 		}
 		got := 0
 		eventually(t, 20*time.Second, fmt.Sprintf("%d sandbox processes while the tool runs", want-before), func() bool {
@@ -856,16 +876,17 @@ func TestNewRunnerChecksMountsAndConfig(t *testing.T) {
 }
 
 // TestPrestartedToolIsTheSame: the tool's process in a pre-started sandbox
-// is the one a sandbox started for the call runs: the same pid and parent
-// in its PID namespace, credentials, capabilities, signal mask and
-// ignored signals, rlimits, open files, environment, working directory,
-// stdin and hostname.
+// is the one a sandbox started for the call runs: the same credentials,
+// capabilities, signal mask and ignored signals, rlimits, open files,
+// environment, working directory, stdin and hostname. Only its place in
+// the PID namespace differs: the stage stays its parent (pid 2), so the
+// tool is a later pid and there is one more process.
 func TestPrestartedToolIsTheSame(t *testing.T) {
 	t.Parallel()
 	const probe = `
 tools:
   - id: probe
-    command: [/bin/sh, -c, 'echo "pid $$ ppid $PPID"; while read -r k v; do case $k in Uid:|Gid:|Groups:|NoNewPrivs:|Seccomp:|Cap???:|SigBlk:|SigIgn:) echo "$k $v";; esac; done < /proc/$$/status; cat /proc/$$/limits; ls /proc/$$/fd; ls /proc | grep -cE "^[0-9]+$"; env | sort; pwd; ls -A; umask; hostname; cat']
+    command: [/bin/sh, -c, 'echo "pid $$ ppid $PPID"; while read -r k v; do case $k in Uid:|Gid:|Groups:|NoNewPrivs:|Seccomp:|Cap???:|SigBlk:|SigIgn:) echo "$k $v";; esac; done < /proc/$$/status; cat /proc/$$/limits; ls /proc/$$/fd; echo "processes $(ls /proc | grep -cE "^[0-9]+$")"; env | sort; pwd; ls -A; umask; hostname; cat']
     env: {SECRET_TOKEN: s3cret}
     limits: {memory_mb: 128, cpu_seconds: 7, output_kb: 64, max_procs: 40}
 `
@@ -885,6 +906,17 @@ tools:
 		return
 	}
 	f, p := outputs[fresh], outputs[prestarted]
+	// The stage's place: the tool's parent, and one more process.
+	if m := regexp.MustCompile(`^pid ([0-9]+) ppid 2\n`).FindStringSubmatch(p); m == nil || m[1] == "2" {
+		t.Fatalf("in a pre-started sandbox the tool is not the stage's child:\n%s", p)
+	}
+	p = regexp.MustCompile(`^pid [0-9]+ ppid 2\n`).ReplaceAllString(p, "pid 2 ppid 1\n")
+	fm := regexp.MustCompile(`processes ([0-9]+)\n`).FindStringSubmatch(f)
+	if fm == nil {
+		t.Fatalf("no process count in:\n%s", f)
+	}
+	n, _ := strconv.Atoi(fm[1])
+	p = strings.Replace(p, fmt.Sprintf("processes %d\n", n+1), fmt.Sprintf("processes %d\n", n), 1)
 	for _, want := range []string{"pid 2 ppid 1\n", "TOOLBATCH_ATTEMPT=4\n", "TOOLBATCH_CALL_ID=c9\n", "TOOLBATCH_OPERATION_ID=run-3/2/c9\n",
 		"SECRET_TOKEN=s3cret\n", "HOME=WORKDIR\n", "Max cpu time              7                    8", `{"q":"stdin"}`} {
 		if !strings.Contains(f, want) {

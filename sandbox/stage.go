@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -29,16 +30,38 @@ const (
 	stageStatusFD = 5
 	// stageExeFD is the stage program itself, opened by the worker.
 	stageExeFD = 6
+	// stageStdoutFD and stageStderrFD are the write ends of the call's
+	// stdout and stderr pipes: the tool's fds 1 and 2. Only the tool (and
+	// what it starts) holds them, so that their end of file comes when it
+	// exits, not when bubblewrap's init (which holds the stage's own stdio)
+	// does.
+	stageStdoutFD = 7
+	stageStderrFD = 8
 )
 
-// stageArg, as argv[1], marks a process as a stage.
-const stageArg = "toolbatch-sandbox-stage"
+// stageArg, as argv[1], marks a process as a stage; stageArgInPlace as
+// one that always execs the tool in place (what a stage does where it
+// cannot start the tool as its child; tests use it to run that path).
+const (
+	stageArg        = "toolbatch-sandbox-stage"
+	stageArgInPlace = "toolbatch-sandbox-stage-in-place"
+)
 
-// Status bytes of the stage.
+// isStage reports whether args are a stage's.
+func isStage(args []string) bool {
+	return len(args) >= 3 && (args[1] == stageArg || args[1] == stageArgInPlace)
+}
+
+// Status bytes of the stage. After stageParent come a stageGoDirect or a
+// stageGo (the stage could not start the tool as its child and execs it
+// in place, nothing of it having run), or, once the tool has exited,
+// stageExited and its wait status (4 bytes, little endian).
 const (
 	stageWaiting  byte = 'R'
 	stageGo       byte = 'G' // execs the command line as given (prlimit)
 	stageGoDirect byte = 'D' // sets the rlimits itself and execs the tool
+	stageParent   byte = 'P' // starts the tool as its child, sets its rlimits while it is stopped at its exec, and reports its exit
+	stageExited   byte = 'X'
 )
 
 // stageExitNoCall is the stage's exit status when the worker closed the
@@ -58,7 +81,7 @@ const (
 var stageSigmask uint64
 
 func init() {
-	if len(os.Args) >= 3 && os.Args[1] == stageArg {
+	if isStage(os.Args) {
 		_, _, _ = syscall.RawSyscall6(syscall.SYS_RT_SIGPROCMASK, 0 /* SIG_BLOCK */, 0, uintptr(unsafe.Pointer(&stageSigmask)), 8, 0, 0)
 	}
 }
@@ -71,16 +94,17 @@ func init() {
 // re-executed. NewRunner checks it with a trial sandbox and returns
 // ErrPrestartBroken when the program does not.
 func StageMain() {
-	if len(os.Args) < 3 || os.Args[1] != stageArg {
+	if !isStage(os.Args) {
 		return
 	}
-	os.Exit(runStage(os.Args[2:]))
+	os.Exit(runStage(os.Args[2:], os.Args[1] == stageArg))
 }
 
-// runStage waits for the call's environment and execs argv with it; it
-// returns only when that fails.
-func runStage(argv []string) int {
-	for _, fd := range []int{stageControlFD, stageStatusFD, stageExeFD} {
+// runStage waits for the call's environment, then runs argv with it: as
+// its child when child is set and it can (runChild), else by exec'ing it
+// in place. It returns the stage's exit status.
+func runStage(argv []string, child bool) int {
+	for _, fd := range []int{stageControlFD, stageStatusFD, stageExeFD, stageStdoutFD, stageStderrFD} {
 		syscall.CloseOnExec(fd)
 	}
 	if err := writeStatus(stageWaiting); err != nil {
@@ -96,6 +120,18 @@ func runStage(argv []string) int {
 	env := decodeEnv(msg)
 	// Setting prlimit's rlimits here saves its exec on the call's path.
 	d, direct := planDirectExec(argv, env)
+	if direct && child {
+		if code, ran := runChild(d, env); ran {
+			return code
+		}
+	}
+	// In place: the tool's stdout and stderr are the call's pipes.
+	for to, from := range map[int]int{1: stageStdoutFD, 2: stageStderrFD} {
+		if err := syscall.Dup3(from, to, 0); err != nil {
+			fmt.Fprintf(os.Stderr, "toolbatch sandbox stage: cannot hand the tool the call's output: %v\n", err)
+			return stageExitBroken
+		}
+	}
 	status := stageGo
 	if direct {
 		status = stageGoDirect
@@ -118,6 +154,83 @@ func runStage(argv []string) int {
 	err = syscall.Exec(argv[0], argv, env)
 	fmt.Fprintf(os.Stderr, "toolbatch sandbox stage: cannot exec %s: %v\n", argv[0], err)
 	return stageExitExec
+}
+
+// runChild starts the tool as the stage's child, with the call's stdout
+// and stderr, stopped at its exec (ptrace) until its rlimits are set, and
+// writes its wait status on the status pipe once it has exited: the worker
+// then has the call's end without waiting for the stage, bubblewrap's init
+// and bubblewrap to exit in turn, and the exec is a vfork's, without
+// ending the stage's threads and dropping its address space. ran is false
+// when the tool could not be started so (no ptrace here, say): nothing of
+// it ran, and the stage execs it in place.
+func runChild(d directExec, env []string) (code int, ran bool) {
+	if err := writeStatus(stageParent); err != nil {
+		return stageExitBroken, true
+	}
+	// The tracer is this thread: fork, wait and detach on it.
+	runtime.LockOSThread()
+	pid, err := syscall.ForkExec(d.argv[0], d.argv, &syscall.ProcAttr{Env: env,
+		Files: []uintptr{0, stageStdoutFD, stageStderrFD}, Sys: &syscall.SysProcAttr{Ptrace: true}})
+	if err != nil {
+		return 0, false
+	}
+	if err := d.limitChild(pid); err != nil {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		_, _ = wait(pid)
+		return 0, false
+	}
+	// The tool holds the call's output now; end of file comes with it.
+	_ = syscall.Close(stageStdoutFD)
+	_ = syscall.Close(stageStderrFD)
+	ws, err := wait(pid)
+	if err != nil {
+		return stageExitBroken, true
+	}
+	b := []byte{stageExited, 0, 0, 0, 0}
+	binary.LittleEndian.PutUint32(b[1:], uint32(ws))
+	if _, err := syscall.Write(stageStatusFD, b); err != nil {
+		return stageExitBroken, true
+	}
+	return 0, true
+}
+
+// limitChild sets the rlimits on the child stopped at its exec (the new
+// program loaded, not one instruction of it run), then lets it go.
+func (d *directExec) limitChild(pid int) error {
+	ws, err := wait(pid)
+	switch {
+	case err != nil:
+		return err
+	case !ws.Stopped() || ws.StopSignal() != syscall.SIGTRAP:
+		return fmt.Errorf("the tool did not stop at its exec (status %#x)", uint32(ws))
+	}
+	set := func(res int, l *syscall.Rlimit) error {
+		if _, _, e := syscall.RawSyscall6(syscall.SYS_PRLIMIT64, uintptr(pid), uintptr(res), uintptr(unsafe.Pointer(l)), 0, 0, 0); e != 0 {
+			return e
+		}
+		return nil
+	}
+	if err := set(syscall.RLIMIT_NOFILE, &d.nofile); err != nil {
+		return err
+	}
+	for i := range d.limits {
+		if err := set(d.limits[i].resource, &d.limits[i].value); err != nil {
+			return err
+		}
+	}
+	return syscall.PtraceDetach(pid)
+}
+
+// wait waits for a change of the child's state.
+func wait(pid int) (syscall.WaitStatus, error) {
+	var ws syscall.WaitStatus
+	for {
+		_, err := syscall.Wait4(pid, &ws, 0, nil)
+		if !errors.Is(err, syscall.EINTR) {
+			return ws, err
+		}
+	}
 }
 
 // directExec is the stage's own rendering of the prlimit command line the

@@ -71,8 +71,8 @@ tools:
 			t.Fatalf("call %d: output %q, want the address-space, CPU and core limits", i, got)
 		}
 	}
-	if st := r.Stats(); st.StageLimits-before != calls {
-		t.Fatalf("%d of %d calls had their limits set by the stage (stats %+v)", st.StageLimits-before, calls, st)
+	if st := r.Stats(); st.StageLimits-before != calls || st.StageChild-before != calls {
+		t.Fatalf("%d of %d calls had their limits set by the stage, %d as its child (stats %+v)", st.StageLimits-before, calls, st.StageChild-before, st)
 	}
 }
 
