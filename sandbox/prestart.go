@@ -290,7 +290,7 @@ func (p *pool) run(ctx context.Context, t ToolConfig, call Call, prog string, st
 			_ = w.control.Close()
 		}()
 		st := w.watchStatus()
-		o := p.r.finish(ctx, t, w.p, stdin, callIO{stdout: w.stdout, stderr: w.stderr, exited: st.exited})
+		o := p.r.finish(ctx, t, w.p, stdin, callIO{stdout: w.stdout, stderr: w.stderr, exited: st.exited, reported: st.done})
 		p.mu.Lock()
 		p.fill() // the replacement take may have left for now
 		p.mu.Unlock()

@@ -332,8 +332,11 @@ func (p *proc) stop() {
 type callIO struct {
 	stdout, stderr *os.File
 	// exited, when not nil, delivers the tool's wait status as its parent
-	// in the sandbox reported it (a pre-started sandbox's stage).
-	exited <-chan syscall.WaitStatus
+	// in the sandbox reported it (a pre-started sandbox's stage), and
+	// reported is closed once nothing more can come (the report's pipe
+	// has ended).
+	exited   <-chan syscall.WaitStatus
+	reported <-chan struct{}
 }
 
 // ioOf is the output of a started process: its own stdout and stderr.
@@ -377,6 +380,16 @@ func (r *Runner) finish(ctx context.Context, t ToolConfig, p *proc, stdin []byte
 	select {
 	case <-p.done:
 		o.state = p.cmd.ProcessState
+		if cio.exited != nil {
+			// The sandbox's exit status is its stage's: the tool's is the
+			// one the stage reported, if it did (before it exited).
+			<-cio.reported
+			select {
+			case ws := <-cio.exited:
+				o.exit = &ws
+			default:
+			}
+		}
 	case ws := <-cio.exited:
 		o.exit = &ws
 		// Whatever the tool left running dies with the sandbox now.

@@ -127,3 +127,32 @@ tools:
 	}
 	eventually(t, 20*time.Second, "the replacement is ready", func() bool { ready, _ := state(); return ready == 2 })
 }
+
+// TestFinishTakesTheReportedExit: when the stage reports the tool's exit,
+// the call's exit status is the tool's, even when the sandbox's own exit
+// (the stage's status) is seen first.
+func TestFinishTakesTheReportedExit(t *testing.T) {
+	t.Parallel()
+	r, _ := newRunner(t, fresh, `
+isolation: none
+tools:
+  - id: stage
+    command: [/bin/sh, -c, 'exit 0']
+`)
+	tool := r.cfg.Tools[0].withDefaults()
+	for i := 0; i < 20; i++ {
+		p, err := r.start([]string{"/bin/sh", "-c", "exit 0"}, nil, t.TempDir(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-p.done // the sandbox has exited, with status 0
+		exited := make(chan syscall.WaitStatus, 1)
+		exited <- syscall.WaitStatus(3 << 8) // the tool exited with status 3
+		reported := make(chan struct{})
+		close(reported)
+		o := r.finish(context.Background(), tool, p, nil, callIO{stdout: p.stdout, stderr: p.stderr, exited: exited, reported: reported})
+		if o.exit == nil || waitCode(*o.exit) != 3 {
+			t.Fatalf("try %d: the call's exit is %v (process state %v), want the reported status 3", i, o.exit, o.state)
+		}
+	}
+}
