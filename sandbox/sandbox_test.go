@@ -886,7 +886,7 @@ func TestPrestartedToolIsTheSame(t *testing.T) {
 	const probe = `
 tools:
   - id: probe
-    command: [/bin/sh, -c, 'echo "pid $$ ppid $PPID"; while read -r k v; do case $k in Uid:|Gid:|Groups:|NoNewPrivs:|Seccomp:|Cap???:|SigBlk:|SigIgn:) echo "$k $v";; esac; done < /proc/$$/status; cat /proc/$$/limits; ls /proc/$$/fd; echo "processes $(ls /proc | grep -cE "^[0-9]+$")"; env | sort; pwd; ls -A; umask; hostname; cat']
+    command: [/bin/sh, -c, 'echo "pid $$ ppid $PPID"; while read -r k v; do case $k in Uid:|Gid:|Groups:|NoNewPrivs:|Seccomp:|Cap???:|SigBlk:|SigIgn:) echo "$k $v";; esac; done < /proc/$$/status; cat /proc/$$/limits; ls /proc/$$/fd; set -- /proc/[0-9]*; echo "processes $#"; env | sort; pwd; ls -A; umask; hostname; cat']
     env: {SECRET_TOKEN: s3cret}
     limits: {memory_mb: 128, cpu_seconds: 7, output_kb: 64, max_procs: 40}
 `
