@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
-	"syscall"
 	"time"
 
 	"github.com/toolbatch/toolbatch/sandbox"
@@ -23,95 +20,8 @@ import (
 // none (prlimit, no bubblewrap) shows what bubblewrap itself costs.
 
 // The benchmark program is the stage of its pre-started sandboxes: it is
-// re-executed inside each one (sandbox.StageMain). It is also W4's waiter
-// (w4Waiter).
-func init() {
-	sandbox.StageMain()
-	if len(os.Args) >= 3 && os.Args[1] == w4WaiterArg {
-		os.Exit(w4Waiter(os.Args[2:]))
-	}
-}
-
-// w4WaiterArg, as argv[1], makes the benchmark program W4's waiter: what a
-// pre-started sandbox's stage does, without the sandbox. It says it is
-// ready with one byte on stdout, reads the environment from stdin
-// (NUL-separated, to its end) and execs the rest of its arguments with it.
-// Timed from the write of the environment to its exit, it is the
-// pre-started design (a Go program that waits, then execs the tool)
-// without bubblewrap.
-const w4WaiterArg = "toolbatch-bench-w4-waiter"
-
-func w4Waiter(argv []string) int {
-	if _, err := os.Stdout.Write([]byte{'R'}); err != nil {
-		return 125
-	}
-	msg, err := io.ReadAll(os.Stdin)
-	if err != nil {
-		return 125
-	}
-	var env []string
-	for _, e := range bytes.Split(msg, []byte{0}) {
-		if len(e) > 0 {
-			env = append(env, string(e))
-		}
-	}
-	err = syscall.Exec(argv[0], argv, env)
-	fmt.Fprintf(os.Stderr, "w4 waiter: exec %s: %v\n", argv[0], err)
-	return 127
-}
-
-// waiter is a started W4 waiter, ready.
-type waiter struct {
-	cmd   *exec.Cmd
-	stdin *os.File
-}
-
-// startWaiter starts a waiter for /bin/true and waits until it is ready.
-func startWaiter() (*waiter, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	inR, inW, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		_, _ = inR.Close(), inW.Close()
-		return nil, err
-	}
-	cmd := exec.Command(self, w4WaiterArg, "/bin/true")
-	cmd.Stdin, cmd.Stdout = inR, outW
-	err = cmd.Start()
-	_, _ = inR.Close(), outW.Close()
-	defer outR.Close()
-	if err != nil {
-		_ = inW.Close()
-		return nil, err
-	}
-	b := make([]byte, 1)
-	if _, err := io.ReadFull(outR, b); err != nil || b[0] != 'R' {
-		_ = inW.Close()
-		_ = cmd.Wait()
-		return nil, fmt.Errorf("the waiter did not get ready (%v)", err)
-	}
-	return &waiter{cmd: cmd, stdin: inW}, nil
-}
-
-// run hands the waiter its environment and waits for /bin/true to exit.
-func (w *waiter) run(env []string) error {
-	var msg []byte
-	for _, e := range env {
-		msg = append(append(msg, e...), 0)
-	}
-	_, err := w.stdin.Write(msg)
-	_ = w.stdin.Close()
-	if werr := w.cmd.Wait(); werr != nil {
-		err = werr
-	}
-	return err
-}
+// re-executed inside each one (sandbox.StageMain).
+func init() { sandbox.StageMain() }
 
 // W4Result is the sandbox cost.
 type W4Result struct {
@@ -122,16 +32,12 @@ type W4Result struct {
 	BwrapP99ms    Num `json:"runner_bubblewrap_p99_ms"`
 	BwrapOverBare Num `json:"bubblewrap_over_bare"`
 	// Pre-started: the same Runner with prestart 2.
-	PrestartedP50ms      Num   `json:"prestarted_p50_ms"`
-	PrestartedP99ms      Num   `json:"prestarted_p99_ms"`
-	PrestartedOverBare   Num   `json:"prestarted_over_bare"`
-	PrestartedCalls      int64 `json:"prestarted_calls_in_prestarted_sandboxes"`
-	PrestartedFreshCalls int64 `json:"prestarted_calls_that_started_their_own"`
-	// Waiter: a waiting Go process that execs /bin/true once it has its
-	// environment, without a sandbox or a Runner (w4WaiterArg).
-	WaiterP50ms    Num    `json:"waiter_p50_ms"`
-	WaiterOverBare Num    `json:"waiter_over_bare"`
-	Skipped        string `json:"skipped,omitempty"`
+	PrestartedP50ms      Num    `json:"prestarted_p50_ms"`
+	PrestartedP99ms      Num    `json:"prestarted_p99_ms"`
+	PrestartedOverBare   Num    `json:"prestarted_over_bare"`
+	PrestartedCalls      int64  `json:"prestarted_calls_in_prestarted_sandboxes"`
+	PrestartedFreshCalls int64  `json:"prestarted_calls_that_started_their_own"`
+	Skipped              string `json:"skipped,omitempty"`
 }
 
 func w4Config(isolation string, prestart int) string {
@@ -198,19 +104,6 @@ func runW4(ctx context.Context, reps, calls int) (W4Result, error) {
 		return nil
 	}
 	bare := func() error { return exec.Command("/bin/true").Run() }
-	// The next waiter is started, and ready, before its call is timed.
-	next, err := startWaiter()
-	if err != nil {
-		return res, fmt.Errorf("waiter: %w", err)
-	}
-	defer func() {
-		if next != nil {
-			_ = next.stdin.Close()
-			_ = next.cmd.Wait()
-		}
-	}()
-	waiterEnv := []string{"PATH=" + sandbox.ToolPATH, "HOME=" + root, "LANG=C.UTF-8",
-		"TOOLBATCH_OPERATION_ID=w4/1/c1", "TOOLBATCH_ATTEMPT=1", "TOOLBATCH_CALL_ID=c1"}
 	// timed runs f and appends its duration after the warm-up.
 	timed := func(f func() error, i int, to *[]time.Duration) error {
 		t := time.Now()
@@ -222,9 +115,9 @@ func runW4(ctx context.Context, reps, calls int) (W4Result, error) {
 		}
 		return nil
 	}
-	var bareP, noneP, bwP, bwP99, preP, preP99, waitP []float64
+	var bareP, noneP, bwP, bwP99, preP, preP99 []float64
 	for rep := 0; rep < reps; rep++ {
-		var b, n, w, p, wt []time.Duration
+		var b, n, w, p []time.Duration
 		// Interleave them so that they see the same machine.
 		for i := -3; i < calls; i++ {
 			if err := timed(bare, i, &b); err != nil {
@@ -232,14 +125,6 @@ func runW4(ctx context.Context, reps, calls int) (W4Result, error) {
 			}
 			if err := timed(func() error { return call(runners["none"], i) }, i, &n); err != nil {
 				return res, err
-			}
-			ready := next
-			next = nil
-			if err := timed(func() error { return ready.run(waiterEnv) }, i, &wt); err != nil {
-				return res, fmt.Errorf("waiter: %w", err)
-			}
-			if next, err = startWaiter(); err != nil {
-				return res, fmt.Errorf("waiter: %w", err)
 			}
 			if r := runners["bubblewrap"]; r != nil {
 				if err := timed(func() error { return call(r, i) }, i, &w); err != nil {
@@ -255,10 +140,7 @@ func runW4(ctx context.Context, reps, calls int) (W4Result, error) {
 		bareP, noneP = append(bareP, percentile(b, 50)), append(noneP, percentile(n, 50))
 		bwP, bwP99 = append(bwP, percentile(w, 50)), append(bwP99, percentile(w, 99))
 		preP, preP99 = append(preP, percentile(p, 50)), append(preP99, percentile(p, 99))
-		waitP = append(waitP, percentile(wt, 50))
 	}
-	res.WaiterP50ms = Num(median(waitP))
-	res.WaiterOverBare = Num(ratio(float64(res.WaiterP50ms), median(bareP)))
 	res.BareP50ms, res.NoneP50ms = Num(median(bareP)), Num(median(noneP))
 	res.BwrapP50ms, res.BwrapP99ms = Num(median(bwP)), Num(median(bwP99))
 	res.BwrapOverBare = Num(ratio(float64(res.BwrapP50ms), float64(res.BareP50ms)))
