@@ -32,12 +32,18 @@ type W4Result struct {
 	BwrapP99ms    Num `json:"runner_bubblewrap_p99_ms"`
 	BwrapOverBare Num `json:"bubblewrap_over_bare"`
 	// Pre-started: the same Runner with prestart 2.
-	PrestartedP50ms      Num    `json:"prestarted_p50_ms"`
-	PrestartedP99ms      Num    `json:"prestarted_p99_ms"`
-	PrestartedOverBare   Num    `json:"prestarted_over_bare"`
-	PrestartedCalls      int64  `json:"prestarted_calls_in_prestarted_sandboxes"`
-	PrestartedFreshCalls int64  `json:"prestarted_calls_that_started_their_own"`
-	Skipped              string `json:"skipped,omitempty"`
+	PrestartedP50ms      Num   `json:"prestarted_p50_ms"`
+	PrestartedP99ms      Num   `json:"prestarted_p99_ms"`
+	PrestartedOverBare   Num   `json:"prestarted_over_bare"`
+	PrestartedCalls      int64 `json:"prestarted_calls_in_prestarted_sandboxes"`
+	PrestartedFreshCalls int64 `json:"prestarted_calls_that_started_their_own"`
+	// Back to back: the same calls with no pause between them, so that
+	// each competes with what the previous one left running (its
+	// sandbox's teardown, its replacement's start) for the cores.
+	BackToBackBareP50ms          Num    `json:"back_to_back_bare_exec_p50_ms"`
+	BackToBackPrestartedP50ms    Num    `json:"back_to_back_prestarted_p50_ms"`
+	BackToBackPrestartedOverBare Num    `json:"back_to_back_prestarted_over_bare"`
+	Skipped                      string `json:"skipped,omitempty"`
 }
 
 func w4Config(isolation string, prestart int) string {
@@ -51,8 +57,14 @@ tools:
 `, isolation, prestart)
 }
 
+// w4Gap is the pause before a paced call, after settle's condition: the
+// teardown of the previous call's sandbox runs in the background, and
+// nothing says when it is done.
+const w4Gap = 10 * time.Millisecond
+
 func runW4(ctx context.Context, reps, calls int) (W4Result, error) {
-	res := W4Result{Calls: calls, PrestartedP50ms: Num(nan()), PrestartedP99ms: Num(nan()), PrestartedOverBare: Num(nan())}
+	res := W4Result{Calls: calls, PrestartedP50ms: Num(nan()), PrestartedP99ms: Num(nan()), PrestartedOverBare: Num(nan()),
+		BackToBackPrestartedP50ms: Num(nan()), BackToBackPrestartedOverBare: Num(nan())}
 	// The sandbox user (nobody, when we are root) must reach the work
 	// root, so it is a directory of its own under the system temp dir
 	// (the benchmark's temporary directory is private).
@@ -115,38 +127,78 @@ func runW4(ctx context.Context, reps, calls int) (W4Result, error) {
 		}
 		return nil
 	}
-	var bareP, noneP, bwP, bwP99, preP, preP99 []float64
-	for rep := 0; rep < reps; rep++ {
-		var b, n, w, p []time.Duration
-		// Interleave them so that they see the same machine.
-		for i := -3; i < calls; i++ {
-			if err := timed(bare, i, &b); err != nil {
-				return res, err
+	// settle lets what the previous call left running in the background
+	// finish (a sandbox's teardown, a replacement's start), so that a
+	// paced call is timed on an idle machine, as the bare exec is.
+	settle := func() error {
+		if r := runners["prestarted"]; r != nil {
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := r.WaitPrestarted(wctx)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("pre-started sandboxes: %w", err)
 			}
-			if err := timed(func() error { return call(runners["none"], i) }, i, &n); err != nil {
-				return res, err
+		}
+		time.Sleep(w4Gap)
+		return nil
+	}
+	// loop times every variant, interleaved so that they see the same
+	// machine; paced, each call comes after settle.
+	type p50s struct{ bare, none, bw, bw99, pre, pre99 float64 }
+	loop := func(paced bool) (p50s, error) {
+		var b, n, w, p []time.Duration
+		one := func(f func() error, i int, to *[]time.Duration) error {
+			if paced {
+				if err := settle(); err != nil {
+					return err
+				}
+			}
+			return timed(f, i, to)
+		}
+		for i := -3; i < calls; i++ {
+			if err := one(bare, i, &b); err != nil {
+				return p50s{}, err
+			}
+			if err := one(func() error { return call(runners["none"], i) }, i, &n); err != nil {
+				return p50s{}, err
 			}
 			if r := runners["bubblewrap"]; r != nil {
-				if err := timed(func() error { return call(r, i) }, i, &w); err != nil {
-					return res, err
+				if err := one(func() error { return call(r, i) }, i, &w); err != nil {
+					return p50s{}, err
 				}
 			}
 			if r := runners["prestarted"]; r != nil {
-				if err := timed(func() error { return call(r, i) }, i, &p); err != nil {
-					return res, err
+				if err := one(func() error { return call(r, i) }, i, &p); err != nil {
+					return p50s{}, err
 				}
 			}
 		}
-		bareP, noneP = append(bareP, percentile(b, 50)), append(noneP, percentile(n, 50))
-		bwP, bwP99 = append(bwP, percentile(w, 50)), append(bwP99, percentile(w, 99))
-		preP, preP99 = append(preP, percentile(p, 50)), append(preP99, percentile(p, 99))
+		return p50s{percentile(b, 50), percentile(n, 50), percentile(w, 50), percentile(w, 99), percentile(p, 50), percentile(p, 99)}, nil
+	}
+	var bareP, noneP, bwP, bwP99, preP, preP99, b2bBare, b2bPre []float64
+	for rep := 0; rep < reps; rep++ {
+		x, err := loop(true)
+		if err != nil {
+			return res, err
+		}
+		bareP, noneP = append(bareP, x.bare), append(noneP, x.none)
+		bwP, bwP99 = append(bwP, x.bw), append(bwP99, x.bw99)
+		preP, preP99 = append(preP, x.pre), append(preP99, x.pre99)
+		y, err := loop(false)
+		if err != nil {
+			return res, err
+		}
+		b2bBare, b2bPre = append(b2bBare, y.bare), append(b2bPre, y.pre)
 	}
 	res.BareP50ms, res.NoneP50ms = Num(median(bareP)), Num(median(noneP))
 	res.BwrapP50ms, res.BwrapP99ms = Num(median(bwP)), Num(median(bwP99))
 	res.BwrapOverBare = Num(ratio(float64(res.BwrapP50ms), float64(res.BareP50ms)))
+	res.BackToBackBareP50ms = Num(median(b2bBare))
 	if r := runners["prestarted"]; r != nil {
 		res.PrestartedP50ms, res.PrestartedP99ms = Num(median(preP)), Num(median(preP99))
 		res.PrestartedOverBare = Num(ratio(float64(res.PrestartedP50ms), float64(res.BareP50ms)))
+		res.BackToBackPrestartedP50ms = Num(median(b2bPre))
+		res.BackToBackPrestartedOverBare = Num(ratio(float64(res.BackToBackPrestartedP50ms), float64(res.BackToBackBareP50ms)))
 		st := r.Stats()
 		res.PrestartedCalls, res.PrestartedFreshCalls = st.Prestarted, st.Fresh
 	}
