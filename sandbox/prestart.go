@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/toolbatch/toolbatch/events"
 )
 
 // A pre-started sandbox is one call's sandbox, built before the call
@@ -255,9 +257,23 @@ func (p *pool) putBack(w *warm) {
 }
 
 // discard tears a sandbox down in the background.
-func (p *pool) discard(w *warm) {
+func (p *pool) discard(w *warm) { p.background(w.teardown) }
+
+// background runs f in the background, counted in wg, while the pool is
+// open; once it is closed, here (close may be waiting for wg already).
+func (p *pool) background(f func()) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		f()
+		return
+	}
 	p.wg.Add(1)
-	go func() { defer p.wg.Done(); w.teardown() }()
+	p.mu.Unlock()
+	go func() {
+		defer p.wg.Done()
+		f()
+	}()
 }
 
 // run runs the call in a pre-started sandbox. ok is false when there was
@@ -308,13 +324,14 @@ func (p *pool) run(ctx context.Context, t ToolConfig, call Call, prog string, st
 			p.r.stats.stageLimits.Add(1)
 			p.r.stats.stageChild.Add(1)
 		}
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			w.p.stop() // at once when the call ended with the sandbox
+		p.background(func() {
+			w.p.reap() // the sandbox has exited, or been killed
 			w.release()
 			removeWorkdir(w.workdir)
-		}()
+		})
+		if mode == stageParent && o.exit == nil && !o.timedOut && !o.stdoutOver && o.cancelled == nil {
+			return failure(events.ErrorExecution, "the sandbox's stage ended without reporting the tool's exit (exit status %d)", exitCode(o.state)), true
+		}
 		if mode != 0 || o.cancelled != nil {
 			return interpret(t, call, o), true
 		}
@@ -349,11 +366,12 @@ func (w *warm) watchStatus() *stageReport {
 			case stageGo, stageGoDirect, stageParent:
 				st.mode = b
 			case stageExited:
+				// The report ends what the stage says.
 				var ws [4]byte
-				if _, err := io.ReadFull(r, ws[:]); err != nil || st.mode != stageParent {
-					return
+				if _, err := io.ReadFull(r, ws[:]); err == nil && st.mode == stageParent {
+					st.exited <- syscall.WaitStatus(binary.LittleEndian.Uint32(ws[:]))
 				}
-				st.exited <- syscall.WaitStatus(binary.LittleEndian.Uint32(ws[:]))
+				return
 			}
 		}
 	}()

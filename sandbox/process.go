@@ -342,6 +342,23 @@ type callIO struct {
 // ioOf is the output of a started process: its own stdout and stderr.
 func ioOf(p *proc) callIO { return callIO{stdout: p.stdout, stderr: p.stderr} }
 
+// reap waits until a process that has ended or been killed has exited,
+// and releases its pipes. If it is still there after killGrace, its
+// process group is killed: it cannot have been reaped, so its id is still
+// its own. It signals nothing else: the sandbox's init may be gone, and
+// its pid reused.
+func (p *proc) reap() {
+	t := time.NewTimer(killGrace)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+		_ = syscall.Kill(-p.pgid, syscall.SIGKILL)
+		<-p.done
+	}
+	p.release()
+}
+
 // finish writes stdin to a started process, waits for the call to end (or
 // kills it on the timeout, ctx's end or too much stdout), collects what
 // the tool wrote and releases the process's pipes. The call ends when the
@@ -383,7 +400,12 @@ func (r *Runner) finish(ctx context.Context, t ToolConfig, p *proc, stdin []byte
 		if cio.exited != nil {
 			// The sandbox's exit status is its stage's: the tool's is the
 			// one the stage reported, if it did (before it exited).
-			<-cio.reported
+			grace := time.NewTimer(pipeGrace)
+			select {
+			case <-cio.reported:
+			case <-grace.C:
+			}
+			grace.Stop()
 			select {
 			case ws := <-cio.exited:
 				o.exit = &ws
@@ -392,10 +414,12 @@ func (r *Runner) finish(ctx context.Context, t ToolConfig, p *proc, stdin []byte
 		}
 	case ws := <-cio.exited:
 		o.exit = &ws
-		// Whatever the tool left running dies with the sandbox now.
-		if pid := p.inner.Load(); pid > 0 {
-			_ = syscall.Kill(int(pid), syscall.SIGKILL)
-		}
+		// Whatever the tool left running dies with the sandbox now:
+		// bubblewrap's death kills its init (--die-with-parent), and so the
+		// whole PID namespace. bubblewrap is signalled through os.Process,
+		// which cannot hit another process once it has been reaped; the
+		// init's pid could be reused as soon as it has.
+		_ = p.cmd.Process.Kill()
 	case <-runCtx.Done():
 		switch cause := context.Cause(runCtx); {
 		case errors.Is(cause, errTimedOut):

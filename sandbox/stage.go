@@ -104,6 +104,12 @@ func StageMain() {
 // its child when child is set and it can (runChild), else by exec'ing it
 // in place. It returns the stage's exit status.
 func runStage(argv []string, child bool) int {
+	// Not dumpable: the tool (same user) can neither read the stage's
+	// /proc files (its fds, among them the worker's program) nor ptrace
+	// it. The tool is dumpable again from its own exec.
+	if _, _, e := syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_DUMPABLE, 0, 0); e != 0 {
+		return stageExitBroken
+	}
 	for _, fd := range []int{stageControlFD, stageStatusFD, stageExeFD, stageStdoutFD, stageStderrFD} {
 		syscall.CloseOnExec(fd)
 	}
@@ -170,8 +176,11 @@ func runChild(d directExec, env []string) (code int, ran bool) {
 	}
 	// The tracer is this thread: fork, wait and detach on it.
 	runtime.LockOSThread()
+	// The tool leads a session of its own, as it does when it is
+	// bubblewrap's first process: a signal to its process group (kill 0)
+	// does not reach the stage.
 	pid, err := syscall.ForkExec(d.argv[0], d.argv, &syscall.ProcAttr{Env: env,
-		Files: []uintptr{0, stageStdoutFD, stageStderrFD}, Sys: &syscall.SysProcAttr{Ptrace: true}})
+		Files: []uintptr{0, stageStdoutFD, stageStderrFD}, Sys: &syscall.SysProcAttr{Setsid: true, Ptrace: true}})
 	if err != nil {
 		return 0, false
 	}
@@ -189,7 +198,7 @@ func runChild(d directExec, env []string) (code int, ran bool) {
 	}
 	b := []byte{stageExited, 0, 0, 0, 0}
 	binary.LittleEndian.PutUint32(b[1:], uint32(ws))
-	if _, err := syscall.Write(stageStatusFD, b); err != nil {
+	if err := writeStatus(b...); err != nil {
 		return stageExitBroken, true
 	}
 	return 0, true
@@ -333,16 +342,17 @@ func (d *directExec) exec() error {
 	return e
 }
 
-// writeStatus writes one status byte to the worker.
-func writeStatus(b byte) error {
+// writeStatus writes status bytes to the worker, at once (a pipe takes
+// a write of this size whole).
+func writeStatus(b ...byte) error {
 	for {
-		n, err := syscall.Write(stageStatusFD, []byte{b})
+		n, err := syscall.Write(stageStatusFD, b)
 		switch {
 		case errors.Is(err, syscall.EINTR):
 			continue
 		case err != nil:
 			return err
-		case n != 1:
+		case n != len(b):
 			return errors.New("short write")
 		}
 		return nil
