@@ -408,8 +408,8 @@ func (r *Runner) prestart(t ToolConfig) (*warm, error) {
 		}
 	}
 	arg := stageArg
-	if r.stageInPlace {
-		arg = stageArgInPlace
+	if r.stageVariant != "" {
+		arg = r.stageVariant
 	}
 	argv := append(r.bwrapArgs(t, workdir), "/proc/self/fd/"+strconv.Itoa(stageExeFD), arg)
 	argv = append(argv, r.limitArgs(t, prog)...)

@@ -111,7 +111,7 @@ type Runner struct {
 	pools             map[string]*pool
 	stagePath         string // the stage program; default os.Executable()
 	stageExe          *os.File
-	stageInPlace      bool // the stage always execs the tool in place (tests)
+	stageVariant      string // the stage's argv[1] when not stageArg (tests)
 	onPrestartFailure func(toolID string, err error)
 	closeOnce         sync.Once
 	stats             struct {

@@ -97,12 +97,28 @@ const (
 	// inPlace: pre-started sandboxes whose stage execs the tool in place,
 	// as it does where it cannot start the tool as its child.
 	inPlace mode = "prestarted-in-place"
+	// childFails: pre-started sandboxes whose stage starts the tool, fails
+	// to set its limits, kills it stopped at its exec and execs it in
+	// place.
+	childFails mode = "prestarted-child-fails"
 )
+
+// withStage makes the Runner's stages those of mode m.
+func withStage(m mode) Option {
+	return func(r *Runner) {
+		switch m {
+		case inPlace:
+			r.stageVariant = stageArgInPlace
+		case childFails:
+			r.stageVariant = stageArgChildFails
+		}
+	}
+}
 
 // inModes runs f as a subtest in each mode.
 func inModes(t *testing.T, f func(t *testing.T, m mode)) {
 	t.Helper()
-	for _, m := range []mode{fresh, prestarted, inPlace} {
+	for _, m := range []mode{fresh, prestarted, inPlace, childFails} {
 		t.Run(string(m), func(t *testing.T) { f(t, m) })
 	}
 }
@@ -128,9 +144,7 @@ func newRunner(t *testing.T, m mode, yaml string, opts ...Option) (*Runner, stri
 			cfg.Tools[i].Prestart = new(int)
 		}
 	}
-	if m == inPlace {
-		opts = append(opts, func(r *Runner) { r.stageInPlace = true })
-	}
+	opts = append(opts, withStage(m))
 	r, err := NewRunner(cfg, append([]Option{WithWorkRoot(workRoot)}, opts...)...)
 	if err != nil {
 		t.Fatalf("NewRunner: %v", err)
@@ -146,7 +160,7 @@ func newRunner(t *testing.T, m mode, yaml string, opts ...Option) (*Runner, stri
 			t.Errorf("mode %s: %d calls started their own sandbox (stats %+v)", m, st.Fresh, st)
 		case m == prestarted && bwrap && st.StageChild != st.StageLimits:
 			t.Errorf("mode prestarted: the stage ran %d of %d tools as its child (stats %+v)", st.StageChild, st.StageLimits, st)
-		case m == inPlace && st.StageChild > 0:
+		case (m == inPlace || m == childFails) && st.StageChild > 0:
 			t.Errorf("mode %s: the stage ran %d tools as its child (stats %+v)", m, st.StageChild, st)
 		}
 	})
@@ -718,11 +732,7 @@ func helperWorker(cfgPath, workRoot string, m mode) int {
 			cfg.Tools[i].Prestart = new(int)
 		}
 	}
-	opts := []Option{WithWorkRoot(workRoot), WithSandboxUser(countUID, countUID)}
-	if m == inPlace {
-		opts = append(opts, func(r *Runner) { r.stageInPlace = true })
-	}
-	r, err := NewRunner(cfg, opts...)
+	r, err := NewRunner(cfg, WithWorkRoot(workRoot), WithSandboxUser(countUID, countUID), withStage(m))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -966,6 +976,13 @@ tools:
 	}
 	if f != p {
 		t.Fatalf("the tool's process differs:\n--- fresh\n%s\n--- prestarted\n%s", f, p)
+	}
+	// Exec'd in place by the stage, the tool is exactly the one of a fresh
+	// sandbox, place included.
+	for _, m := range []mode{inPlace, childFails} {
+		if outputs[m] != f {
+			t.Fatalf("the tool's process differs:\n--- fresh\n%s\n--- %s\n%s", f, m, outputs[m])
+		}
 	}
 }
 

@@ -39,17 +39,20 @@ const (
 	stageStderrFD = 8
 )
 
-// stageArg, as argv[1], marks a process as a stage; stageArgInPlace as
-// one that always execs the tool in place (what a stage does where it
-// cannot start the tool as its child; tests use it to run that path).
+// stageArg, as argv[1], marks a process as a stage. Tests use two more,
+// to run the paths of a stage that cannot start the tool as its child:
+// stageArgInPlace always execs it in place; stageArgChildFails starts it,
+// then takes it for a child it could not set the limits of (it kills it,
+// stopped at its exec, and execs the tool in place).
 const (
-	stageArg        = "toolbatch-sandbox-stage"
-	stageArgInPlace = "toolbatch-sandbox-stage-in-place"
+	stageArg           = "toolbatch-sandbox-stage"
+	stageArgInPlace    = "toolbatch-sandbox-stage-in-place"
+	stageArgChildFails = "toolbatch-sandbox-stage-child-fails"
 )
 
 // isStage reports whether args are a stage's.
 func isStage(args []string) bool {
-	return len(args) >= 3 && (args[1] == stageArg || args[1] == stageArgInPlace)
+	return len(args) >= 3 && (args[1] == stageArg || args[1] == stageArgInPlace || args[1] == stageArgChildFails)
 }
 
 // Status bytes of the stage. After stageParent come a stageGoDirect or a
@@ -97,13 +100,13 @@ func StageMain() {
 	if !isStage(os.Args) {
 		return
 	}
-	os.Exit(runStage(os.Args[2:], os.Args[1] == stageArg))
+	os.Exit(runStage(os.Args[2:], os.Args[1]))
 }
 
 // runStage waits for the call's environment, then runs argv with it: as
-// its child when child is set and it can (runChild), else by exec'ing it
-// in place. It returns the stage's exit status.
-func runStage(argv []string, child bool) int {
+// its child when it can (runChild), else by exec'ing it in place. variant
+// is the stage's argv[1]. It returns the stage's exit status.
+func runStage(argv []string, variant string) int {
 	// Not dumpable: the tool (same user) can neither read the stage's
 	// /proc files (its fds, among them the worker's program) nor ptrace
 	// it. The tool is dumpable again from its own exec.
@@ -126,8 +129,8 @@ func runStage(argv []string, child bool) int {
 	env := decodeEnv(msg)
 	// Setting prlimit's rlimits here saves its exec on the call's path.
 	d, direct := planDirectExec(argv, env)
-	if direct && child {
-		if code, ran := runChild(d, env); ran {
+	if direct && variant != stageArgInPlace {
+		if code, ran := runChild(d, env, variant == stageArgChildFails); ran {
 			return code
 		}
 	}
@@ -170,7 +173,7 @@ func runStage(argv []string, child bool) int {
 // ending the stage's threads and dropping its address space. ran is false
 // when the tool could not be started so (no ptrace here, say): nothing of
 // it ran, and the stage execs it in place.
-func runChild(d directExec, env []string) (code int, ran bool) {
+func runChild(d directExec, env []string, failLimits bool) (code int, ran bool) {
 	if err := writeStatus(stageParent); err != nil {
 		return stageExitBroken, true
 	}
@@ -184,7 +187,7 @@ func runChild(d directExec, env []string) (code int, ran bool) {
 	if err != nil {
 		return 0, false
 	}
-	if err := d.limitChild(pid); err != nil {
+	if err := d.limitChild(pid, failLimits); err != nil {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 		_, _ = wait(pid)
 		return 0, false
@@ -205,14 +208,17 @@ func runChild(d directExec, env []string) (code int, ran bool) {
 }
 
 // limitChild sets the rlimits on the child stopped at its exec (the new
-// program loaded, not one instruction of it run), then lets it go.
-func (d *directExec) limitChild(pid int) error {
+// program loaded, not one instruction of it run), then lets it go. fail
+// makes it fail there instead (tests).
+func (d *directExec) limitChild(pid int, fail bool) error {
 	ws, err := wait(pid)
 	switch {
 	case err != nil:
 		return err
 	case !ws.Stopped() || ws.StopSignal() != syscall.SIGTRAP:
 		return fmt.Errorf("the tool did not stop at its exec (status %#x)", uint32(ws))
+	case fail:
+		return errors.New("failing as asked (tests)")
 	}
 	set := func(res int, l *syscall.Rlimit) error {
 		if _, _, e := syscall.RawSyscall6(syscall.SYS_PRLIMIT64, uintptr(pid), uintptr(res), uintptr(unsafe.Pointer(l)), 0, 0, 0); e != 0 {
