@@ -8,9 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/toolbatch/toolbatch/events"
@@ -123,9 +125,16 @@ type Runner struct {
 // refuses isolation bubblewrap when bwrap is not on PATH (ErrNoBubblewrap)
 // or cannot build a sandbox here (ErrBubblewrapBroken, after a trial run of
 // at most 10 s), and any config whose mounts do not exist.
+//
+// It marks every file descriptor of the process above 2 close-on-exec:
+// one the program inherited open across exec (from its parent) would
+// otherwise reach every sandbox and every tool.
 func NewRunner(cfg Config, opts ...Option) (*Runner, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if err := closeInheritedOnExec(); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	r := &Runner{cfg: cfg.WithDefaults(), uid: DefaultSandboxUID, gid: DefaultSandboxGID}
 	for _, o := range opts {
@@ -453,4 +462,19 @@ func (r *Runner) runBuiltin(ctx context.Context, t ToolConfig, call Call) Result
 	default:
 		return failure(events.ErrorExecution, "builtin %q does not exist", t.Builtin)
 	}
+}
+
+// closeInheritedOnExec marks every open file descriptor above 2
+// close-on-exec.
+func closeInheritedOnExec() error {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("cannot list this process's open files: %w", err)
+	}
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			syscall.CloseOnExec(fd)
+		}
+	}
+	return nil
 }

@@ -968,6 +968,11 @@ tools:
 	}
 	n, _ := strconv.Atoi(fm[1])
 	p = strings.Replace(p, fmt.Sprintf("processes %d\n", n+1), fmt.Sprintf("processes %d\n", n), 1)
+	// Its open files are stdin, stdout and stderr, nothing the test
+	// process inherited (go test leaves some open across exec).
+	if !strings.Contains(f, "\n0\n1\n2\nprocesses ") {
+		t.Fatalf("the tool has more open files than stdin, stdout and stderr:\n%s", f)
+	}
 	for _, want := range []string{"pid 2 ppid 1\n", "TOOLBATCH_ATTEMPT=4\n", "TOOLBATCH_CALL_ID=c9\n", "TOOLBATCH_OPERATION_ID=run-3/2/c9\n",
 		"SECRET_TOKEN=s3cret\n", "HOME=WORKDIR\n", "Max cpu time              7                    8", `{"q":"stdin"}`} {
 		if !strings.Contains(f, want) {
