@@ -220,19 +220,8 @@ func (d *directExec) limitChild(pid int, fail bool) error {
 	case fail:
 		return errors.New("failing as asked (tests)")
 	}
-	set := func(res int, l *syscall.Rlimit) error {
-		if _, _, e := syscall.RawSyscall6(syscall.SYS_PRLIMIT64, uintptr(pid), uintptr(res), uintptr(unsafe.Pointer(l)), 0, 0, 0); e != 0 {
-			return e
-		}
-		return nil
-	}
-	if err := set(syscall.RLIMIT_NOFILE, &d.nofile); err != nil {
+	if err := d.setLimits(pid); err != nil {
 		return err
-	}
-	for i := range d.limits {
-		if err := set(d.limits[i].resource, &d.limits[i].value); err != nil {
-			return err
-		}
 	}
 	return syscall.PtraceDetach(pid)
 }
@@ -327,10 +316,11 @@ func planDirectExec(argv, env []string) (d directExec, ok bool) {
 	return d, true
 }
 
-// exec sets the limits and execs the tool; it returns only on failure.
-func (d *directExec) exec() error {
+// setLimits sets the open-files limit and the command line's rlimits on
+// process pid (0: the stage itself), with raw system calls only.
+func (d *directExec) setLimits(pid int) error {
 	set := func(res int, l *syscall.Rlimit) error {
-		if _, _, e := syscall.RawSyscall6(syscall.SYS_PRLIMIT64, 0, uintptr(res), uintptr(unsafe.Pointer(l)), 0, 0, 0); e != 0 {
+		if _, _, e := syscall.RawSyscall6(syscall.SYS_PRLIMIT64, uintptr(pid), uintptr(res), uintptr(unsafe.Pointer(l)), 0, 0, 0); e != 0 {
 			return e
 		}
 		return nil
@@ -342,6 +332,15 @@ func (d *directExec) exec() error {
 		if err := set(d.limits[i].resource, &d.limits[i].value); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// exec sets the limits on the stage and execs the tool; it returns only on
+// failure.
+func (d *directExec) exec() error {
+	if err := d.setLimits(0); err != nil {
+		return err
 	}
 	_, _, e := syscall.RawSyscall(syscall.SYS_EXECVE, uintptr(unsafe.Pointer(d.argv0p)),
 		uintptr(unsafe.Pointer(&d.argvp[0])), uintptr(unsafe.Pointer(&d.envp[0])))
