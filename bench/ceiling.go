@@ -881,32 +881,12 @@ func runHandRolled(ctx context.Context, url string, serverPID int, minimalFailed
 	}
 	var rates, commits, p50s []float64
 	for r := 0; r < reps; r++ {
-		var mu sync.Mutex
-		var samples []sample
-		stopLoops := make(chan struct{})
-		lctx, cancel := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		var loopErr atomic.Pointer[error]
-		for i := 0; i < w2.Runs; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				lc := loopConfig{client: cl, js: cjs, prefix: minPrefix, runPrefix: fmt.Sprintf("min-w2-r%d-%d", r, i), tool: "noop", calls: minCalls, stepsPerRun: stepsPerRun}
-				if err := clientLoop(lctx, lc, stopLoops, func(s sample) {
-					mu.Lock()
-					samples = append(samples, s)
-					mu.Unlock()
-				}); err != nil {
-					loopErr.CompareAndSwap(nil, &err)
-				}
-			}()
-		}
+		l := startLoads(ctx, w2.Runs, func(i int) loopConfig {
+			return loopConfig{client: cl, js: cjs, prefix: minPrefix, runPrefix: fmt.Sprintf("min-w2-r%d-%d", r, i), tool: "noop", calls: minCalls, stepsPerRun: stepsPerRun}
+		})
 		finish := func() error {
-			close(stopLoops)
-			cancel()
-			wg.Wait()
-			if p := loopErr.Load(); p != nil && !errors.Is(*p, context.Canceled) {
-				return *p
+			if err := l.finish(); err != nil {
+				return err
 			}
 			return failed()
 		}
@@ -920,7 +900,7 @@ func runHandRolled(ctx context.Context, url string, serverPID int, minimalFailed
 		start := time.Now()
 		time.Sleep(dur)
 		to, err := lastSeq(ctx, cjs, strings.ToUpper(minPrefix)+"_EVENTS")
-		secs := time.Since(start).Seconds()
+		end := time.Now()
 		if err != nil {
 			finish()
 			return res, err
@@ -928,12 +908,8 @@ func runHandRolled(ctx context.Context, url string, serverPID int, minimalFailed
 		if err := finish(); err != nil {
 			return res, fmt.Errorf("hand-rolled W2: %w", err)
 		}
-		var win []sample
-		for _, s := range samples {
-			if !s.end.Before(start) && s.end.Before(start.Add(time.Duration(secs*float64(time.Second)))) {
-				win = append(win, s)
-			}
-		}
+		secs := end.Sub(start).Seconds()
+		win := l.window(start, end)
 		rep := latencyRep(win, secs)
 		rates, p50s = append(rates, float64(rep.BatchesPerSec)), append(p50s, float64(rep.P50ms))
 		commits = append(commits, float64(to-from)/secs)

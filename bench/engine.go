@@ -534,32 +534,76 @@ func (c *cluster) snap(ctx context.Context) (cpuSnap, error) {
 
 // runW2 runs `runs` client loops at once for a warm-up, then measures reps
 // consecutive windows of dur each.
-func runW2(ctx context.Context, c *cluster, runs, reps int, warm, dur time.Duration, stepsPerRun int) (W2Result, error) {
-	res := W2Result{Runs: runs, Workers: len(c.workers), Window: dur.String()}
-	var mu sync.Mutex
-	var samples []sample
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var failed atomic.Pointer[error]
-	for i := 0; i < runs; i++ {
-		wg.Add(1)
+// loads are client loops running at once (W2's load), each recording its
+// batches' samples until finish.
+type loads struct {
+	mu      sync.Mutex
+	samples []sample
+	wg      sync.WaitGroup
+	failed  atomic.Pointer[error]
+	stop    chan struct{}
+	cancel  context.CancelFunc
+}
+
+// startLoads starts n client loops, the i-th with config lc(i).
+func startLoads(ctx context.Context, n int, lc func(i int) loopConfig) *loads {
+	ctx, cancel := context.WithCancel(ctx)
+	l := &loads{stop: make(chan struct{}), cancel: cancel}
+	for i := 0; i < n; i++ {
+		l.wg.Add(1)
 		go func() {
-			defer wg.Done()
-			lc := loopConfig{client: c.clients[i%len(c.clients)], js: c.jss[i%len(c.jss)], prefix: "toolbatch", runPrefix: fmt.Sprintf("w2-%d", i), tool: "noop", calls: 4, stepsPerRun: stepsPerRun}
-			if err := clientLoop(ctx, lc, stop, func(s sample) {
-				mu.Lock()
-				samples = append(samples, s)
-				mu.Unlock()
-			}); err != nil {
-				failed.CompareAndSwap(nil, &err)
+			defer l.wg.Done()
+			err := clientLoop(ctx, lc(i), l.stop, func(s sample) {
+				l.mu.Lock()
+				l.samples = append(l.samples, s)
+				l.mu.Unlock()
+			})
+			if err != nil && ctx.Err() == nil { // not finish's doing
+				l.failed.CompareAndSwap(nil, &err)
 			}
 		}()
 	}
+	return l
+}
+
+// err returns the first error of a loop, if one failed.
+func (l *loads) err() error {
+	if p := l.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// window returns the samples of the batches that ended in [from, to).
+func (l *loads) window(from, to time.Time) []sample {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var win []sample
+	for _, s := range l.samples {
+		if !s.end.Before(from) && s.end.Before(to) {
+			win = append(win, s)
+		}
+	}
+	return win
+}
+
+// finish stops the loops (a batch under way is given up), waits for them
+// and returns the first error of one.
+func (l *loads) finish() error {
+	close(l.stop)
+	l.cancel()
+	l.wg.Wait()
+	return l.err()
+}
+
+func runW2(ctx context.Context, c *cluster, runs, reps int, warm, dur time.Duration, stepsPerRun int) (W2Result, error) {
+	res := W2Result{Runs: runs, Workers: len(c.workers), Window: dur.String()}
+	l := startLoads(ctx, runs, func(i int) loopConfig {
+		return loopConfig{client: c.clients[i%len(c.clients)], js: c.jss[i%len(c.jss)], prefix: "toolbatch", runPrefix: fmt.Sprintf("w2-%d", i), tool: "noop", calls: 4, stepsPerRun: stepsPerRun}
+	})
 	finish := func() error {
-		close(stop)
-		wg.Wait()
-		if p := failed.Load(); p != nil {
-			return *p
+		if err := l.finish(); err != nil {
+			return err
 		}
 		return c.checkAlive()
 	}
@@ -571,9 +615,9 @@ func runW2(ctx context.Context, c *cluster, runs, reps int, warm, dur time.Durat
 	}
 	for r := 0; r < reps; r++ {
 		time.Sleep(dur)
-		if p := failed.Load(); p != nil {
+		if err := l.err(); err != nil {
 			finish()
-			return res, *p
+			return res, err
 		}
 		cur, err := c.snap(ctx)
 		if err != nil {
@@ -582,14 +626,7 @@ func runW2(ctx context.Context, c *cluster, runs, reps int, warm, dur time.Durat
 		}
 		rss, _, _ := memStatus(c.engine.pid())
 		secs := cur.at.Sub(prev.at).Seconds()
-		mu.Lock()
-		var win []sample
-		for _, s := range samples {
-			if !s.end.Before(prev.at) && s.end.Before(cur.at) {
-				win = append(win, s)
-			}
-		}
-		mu.Unlock()
+		win := l.window(prev.at, cur.at)
 		rep := W2Rep{LatencyRep: latencyRep(win, secs)}
 		rep.CallsPerSec = Num(4 * float64(rep.BatchesPerSec))
 		rep.CommitsPerSec = Num(float64(cur.events-prev.events) / secs)
