@@ -99,8 +99,10 @@ func TestAvailableMemory(t *testing.T) {
 func TestHoldGC(t *testing.T) {
 	t.Setenv("GOGC", "")
 	t.Setenv("GOMEMLIMIT", "")
+	// Linux has had MemAvailable since 3.14: none here is availableMemory's
+	// fault, not the machine's.
 	if availableMemory("/") == 0 {
-		t.Skip("no MemAvailable on this system")
+		t.Fatal("availableMemory found no memory available in /proc/meminfo")
 	}
 	percent := debug.SetGCPercent(150)
 	defer debug.SetGCPercent(percent)
