@@ -20,6 +20,7 @@ import (
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/projector"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Record is one message of a stream.
@@ -67,11 +68,11 @@ const (
 	InvLog         = "log (every commit of a run, in order, decodable)"
 )
 
-// Headers the engine writes (engine/store.go, engine/projector.go).
+// Headers the engine writes.
 const (
-	headerEvent  = "Toolbatch-Event"
-	headerPrev   = "Toolbatch-Prev"
-	headerSource = "Toolbatch-Source"
+	headerEvent  = protocol.HeaderEvent
+	headerPrev   = protocol.HeaderPrev
+	headerSource = protocol.HeaderSource
 )
 
 // Auditor folds a stream and collects violations.
@@ -97,7 +98,7 @@ type runAudit struct {
 // New returns an auditor for the streams of a subject prefix.
 func New(prefix string) *Auditor {
 	if prefix == "" {
-		prefix = "toolbatch"
+		prefix = protocol.DefaultPrefix
 	}
 	return &Auditor{prefix: prefix, runs: map[string]*runAudit{}, reported: map[string]bool{}}
 }
@@ -137,7 +138,7 @@ func (a *Auditor) Event(r Record) {
 // and Toolbatch-Event header. A reader can so decode commits on every core
 // while the audit folds them in stream order.
 func (a *Auditor) EventDecoded(r Record, evs []events.Event, decodeErr error) {
-	runID, ok := strings.CutPrefix(r.Subject, a.prefix+".events.")
+	runID, ok := protocol.Names{Prefix: a.prefix}.RunOf(protocol.Events, r.Subject)
 	if !ok || !events.ValidRunID(runID) {
 		a.add(Violation{Seq: r.Seq, Invariant: InvLog, Detail: fmt.Sprintf("subject %q is not a run's events subject", r.Subject)})
 		return
@@ -294,12 +295,11 @@ func (a *Auditor) Finish() []Violation {
 func (a *Auditor) compareOut() {
 	published := map[string]bool{}
 	for _, r := range a.out {
-		rest, ok := strings.CutPrefix(r.Subject, a.prefix+".out.")
+		runID, kind, ok := protocol.Names{Prefix: a.prefix}.OutKind(r.Subject)
 		if !ok {
 			continue
 		}
-		runID, kind, _ := strings.Cut(rest, ".")
-		if kind == "refused" {
+		if kind == protocol.OutRefused {
 			continue // refusals of resumes and controls change nothing and are not in the log
 		}
 		src := first(r.Headers[headerSource])

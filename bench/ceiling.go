@@ -19,6 +19,7 @@ import (
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // The ceiling: what this machine's JetStream does with the primitives the
@@ -118,8 +119,8 @@ func connectTo(to endpoint, name string) (*nats.Conn, jetstream.JetStream, error
 func commitMsg(subject string, body []byte, prev uint64) *nats.Msg {
 	m := nats.NewMsg(subject)
 	m.Data = body
-	m.Header.Add(engine.HeaderEvent, "CallCompleted")
-	m.Header.Set(engine.HeaderPrev, strconv.FormatUint(prev, 10))
+	m.Header.Add(protocol.HeaderEvent, "CallCompleted")
+	m.Header.Set(protocol.HeaderPrev, strconv.FormatUint(prev, 10))
 	return m
 }
 
@@ -465,6 +466,9 @@ type HandRolledW2 struct {
 
 const minPrefix = "benchmin"
 
+// minNames are the minimum's stream and subject names.
+var minNames = protocol.Names{Prefix: minPrefix}
+
 type minRun struct {
 	seq    uint64
 	batch  string // <run>/<step>
@@ -487,12 +491,12 @@ const minCalls = 4
 func (e *minEngine) fail(err error) { e.err.CompareAndSwap(nil, &err) }
 
 func (e *minEngine) commit(ctx context.Context, runID string, r *minRun, types []string, final bool) error {
-	m := nats.NewMsg(minPrefix + ".events." + runID)
+	m := nats.NewMsg(minNames.Events(runID))
 	m.Data = e.body
 	for _, t := range types {
-		m.Header.Add(engine.HeaderEvent, t)
+		m.Header.Add(protocol.HeaderEvent, t)
 	}
-	m.Header.Set(engine.HeaderPrev, strconv.FormatUint(r.seq, 10))
+	m.Header.Set(protocol.HeaderPrev, strconv.FormatUint(r.seq, 10))
 	if final {
 		m.Header.Set("Bench-Final", r.batch)
 	}
@@ -514,7 +518,7 @@ func (e *minEngine) gateAndDispatch(ctx context.Context, runID string, r *minRun
 		return err
 	}
 	op := fmt.Sprintf("%s/c%d", r.batch, r.next)
-	d := nats.NewMsg(minPrefix + ".dispatch.default.noop")
+	d := nats.NewMsg(minNames.Dispatch("default", "noop"))
 	d.Data = []byte(op)
 	_, err := e.js.PublishMsg(ctx, d, jetstream.WithMsgID(op+"/1"))
 	return err
@@ -548,14 +552,14 @@ func (e *minEngine) loop(ctx context.Context) {
 }
 
 func (e *minEngine) onInbox(ctx context.Context, m jetstream.Msg) error {
-	kind, runID, _ := strings.Cut(strings.TrimPrefix(m.Subject(), minPrefix+"."), ".")
+	kind, runID, _, _ := minNames.InboxKind(m.Subject())
 	r := e.runs[runID]
 	if r == nil {
 		r = &minRun{}
 		e.runs[runID] = r
 	}
 	switch kind {
-	case "submit":
+	case protocol.KindSubmit:
 		// The client's message id is <run_id>/<step>/<digest>.
 		id := m.Headers().Get(jetstream.MsgIDHeader)
 		parts := strings.Split(id, "/")
@@ -564,7 +568,7 @@ func (e *minEngine) onInbox(ctx context.Context, m jetstream.Msg) error {
 		}
 		r.batch, r.next, r.submit = parts[0]+"/"+parts[1], 0, m
 		return e.gateAndDispatch(ctx, runID, r, "BatchSubmitted")
-	case "result":
+	case protocol.KindResult:
 		if r.next < minCalls {
 			if err := e.gateAndDispatch(ctx, runID, r, "CallCompleted"); err != nil {
 				return err
@@ -583,8 +587,8 @@ func (e *minEngine) onInbox(ctx context.Context, m jetstream.Msg) error {
 // minWorker takes jobs from the dispatch work queue and runs up to
 // concurrency of them at once (each: claim, result, ack).
 func minWorker(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, concurrency int, fail func(error)) (func(), error) {
-	cons, err := js.CreateOrUpdateConsumer(ctx, strings.ToUpper(minPrefix)+"_DISPATCH", jetstream.ConsumerConfig{
-		Durable: "pool-default-noop", FilterSubject: minPrefix + ".dispatch.default.noop",
+	cons, err := js.CreateOrUpdateConsumer(ctx, minNames.DispatchStream(), jetstream.ConsumerConfig{
+		Durable: protocol.PoolConsumer("default", "noop"), FilterSubject: minNames.Dispatch("default", "noop"),
 		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: -1})
 	if err != nil {
 		return nil, err
@@ -595,11 +599,11 @@ func minWorker(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, concu
 	}
 	job := func(m jetstream.Msg) error {
 		op := string(m.Data())
-		if _, err := nc.Request(minPrefix+".api.claim", []byte(op), 5*time.Second); err != nil {
+		if _, err := nc.Request(minNames.Claim(), []byte(op), 5*time.Second); err != nil {
 			return fmt.Errorf("claim: %w", err)
 		}
 		runID, _, _ := strings.Cut(op, "/")
-		res := nats.NewMsg(minPrefix + ".result." + runID)
+		res := nats.NewMsg(minNames.Result(runID))
 		res.Data = []byte(op)
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		_, err := js.PublishMsg(rctx, res, jetstream.WithMsgID("result/"+op))
@@ -633,7 +637,7 @@ func minWorker(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, concu
 
 // minProjector publishes the dispositions and results of final commits.
 func minProjector(ctx context.Context, js jetstream.JetStream, fail func(error)) (func(), error) {
-	cons, err := js.CreateOrUpdateConsumer(ctx, strings.ToUpper(minPrefix)+"_EVENTS", jetstream.ConsumerConfig{
+	cons, err := js.CreateOrUpdateConsumer(ctx, minNames.EventsStream(), jetstream.ConsumerConfig{
 		Durable: "projector", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second,
 		MaxAckPending: 1024, MaxDeliver: -1, DeliverPolicy: jetstream.DeliverAllPolicy})
 	if err != nil {
@@ -693,10 +697,10 @@ func minProjector(ctx context.Context, js jetstream.JetStream, fail func(error))
 }
 
 func publishOut(js jetstream.JetStream, runID, kind string, body []byte, batch string, i int) (jetstream.PubAckFuture, error) {
-	m := nats.NewMsg(minPrefix + ".out." + runID + "." + kind)
+	m := nats.NewMsg(minNames.Out(runID, kind))
 	m.Data = body
 	id := fmt.Sprintf("%s/%d", batch, i)
-	m.Header.Set(engine.HeaderSource, id)
+	m.Header.Set(protocol.HeaderSource, id)
 	return js.PublishMsgAsync(m, jetstream.WithMsgID("out/"+id))
 }
 
@@ -720,14 +724,14 @@ func startMinimalEngine(ctx context.Context, to endpoint, payload int) (stop fun
 			stop()
 		}
 	}()
-	if err = engine.EnsureStreams(ctx, ejs, engine.Names{Prefix: minPrefix}, engine.StreamConfig{}); err != nil {
+	if err = engine.EnsureStreams(ctx, ejs, minNames, engine.StreamConfig{}); err != nil {
 		return nil, nil, err
 	}
 	e := &minEngine{nc: enc, js: ejs, body: bytes.Repeat([]byte{'x'}, payload), runs: map[string]*minRun{},
 		inbox: make(chan jetstream.Msg, 256), claim: make(chan *nats.Msg, 256)}
 	runCtx, cancel := context.WithCancel(context.Background())
 	stops = append(stops, cancel)
-	intake, err := ejs.CreateOrUpdateConsumer(ctx, strings.ToUpper(minPrefix)+"_INBOX", jetstream.ConsumerConfig{
+	intake, err := ejs.CreateOrUpdateConsumer(ctx, minNames.InboxStream(), jetstream.ConsumerConfig{
 		Durable: "engine", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxAckPending: 10000, MaxDeliver: -1})
 	if err != nil {
 		return nil, nil, err
@@ -737,7 +741,7 @@ func startMinimalEngine(ctx context.Context, to endpoint, payload int) (stop fun
 		return nil, nil, err
 	}
 	stops = append(stops, cc.Stop)
-	sub, err := enc.Subscribe(minPrefix+".api.claim", func(m *nats.Msg) { e.claim <- m })
+	sub, err := enc.Subscribe(minNames.Claim(), func(m *nats.Msg) { e.claim <- m })
 	if err != nil {
 		return nil, nil, err
 	}
@@ -821,7 +825,7 @@ func runHandRolled(ctx context.Context, url string, serverPID int, minimalFailed
 	if _, _, err := loop("min-warm", time.Second); err != nil {
 		return res, fmt.Errorf("hand-rolled: %w", err)
 	}
-	before, err := lastSeq(ctx, cjs, strings.ToUpper(minPrefix)+"_EVENTS")
+	before, err := lastSeq(ctx, cjs, minNames.EventsStream())
 	if err != nil {
 		return res, err
 	}
@@ -846,7 +850,7 @@ func runHandRolled(ctx context.Context, url string, serverPID int, minimalFailed
 	}
 	res.ServerCPUms = Num(ratio((srv1-srv0)*1000, float64(total)))
 	res.BenchCPUms = Num(ratio((self1-self0)*1000, float64(total)))
-	after, err := lastSeq(ctx, cjs, strings.ToUpper(minPrefix)+"_EVENTS")
+	after, err := lastSeq(ctx, cjs, minNames.EventsStream())
 	if err != nil {
 		return res, err
 	}
@@ -892,14 +896,14 @@ func runHandRolled(ctx context.Context, url string, serverPID int, minimalFailed
 		}
 		// The first second is a warm-up; the window is dur.
 		time.Sleep(time.Second)
-		from, err := lastSeq(ctx, cjs, strings.ToUpper(minPrefix)+"_EVENTS")
+		from, err := lastSeq(ctx, cjs, minNames.EventsStream())
 		if err != nil {
 			finish()
 			return res, err
 		}
 		start := time.Now()
 		time.Sleep(dur)
-		to, err := lastSeq(ctx, cjs, strings.ToUpper(minPrefix)+"_EVENTS")
+		to, err := lastSeq(ctx, cjs, minNames.EventsStream())
 		end := time.Now()
 		if err != nil {
 			finish()

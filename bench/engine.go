@@ -16,6 +16,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // The engine's catalog for W1, W2 and the parked runs: noop runs on the
@@ -299,8 +300,8 @@ type runWatch struct {
 }
 
 func watchRun(ctx context.Context, js jetstream.JetStream, prefix, runID string) (*runWatch, error) {
-	cons, err := js.OrderedConsumer(ctx, strings.ToUpper(prefix)+"_OUT", jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{prefix + ".out." + runID + ".>"}, DeliverPolicy: jetstream.DeliverAllPolicy,
+	cons, err := js.OrderedConsumer(ctx, protocol.Names{Prefix: prefix}.OutStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{protocol.Names{Prefix: prefix}.RunOut(runID)}, DeliverPolicy: jetstream.DeliverAllPolicy,
 		InactiveThreshold: 5 * time.Second,
 	})
 	if err != nil {
@@ -310,7 +311,7 @@ func watchRun(ctx context.Context, js jetstream.JetStream, prefix, runID string)
 	if err != nil {
 		return nil, fmt.Errorf("watch run %s: %w", runID, err)
 	}
-	return &runWatch{base: prefix + ".out." + runID + ".", iter: iter}, nil
+	return &runWatch{base: protocol.Names{Prefix: prefix}.Out(runID, ""), iter: iter}, nil
 }
 
 func (w *runWatch) stop() { w.iter.Stop() }
@@ -414,7 +415,7 @@ func runW1(ctx context.Context, c *cluster, tool string, reps int, dur time.Dura
 		timer := time.AfterFunc(d, func() { close(stop) })
 		defer timer.Stop()
 		start := time.Now()
-		err := clientLoop(ctx, loopConfig{client: c.clients[0], js: c.jss[0], prefix: "toolbatch", runPrefix: prefix, tool: tool, calls: 4, stepsPerRun: stepsPerRun},
+		err := clientLoop(ctx, loopConfig{client: c.clients[0], js: c.jss[0], prefix: protocol.DefaultPrefix, runPrefix: prefix, tool: tool, calls: 4, stepsPerRun: stepsPerRun},
 			stop, func(s sample) { samples = append(samples, s) })
 		return samples, time.Since(start).Seconds(), err
 	}
@@ -688,7 +689,7 @@ func runParked(ctx context.Context, c *cluster, n int) (ParkedResult, error) {
 	// Count the awaiting messages with a consumer that never pulls: its
 	// pending count is how many there are.
 	cons, err := c.js.CreateOrUpdateConsumer(ctx, "TOOLBATCH_OUT", jetstream.ConsumerConfig{
-		FilterSubject: "toolbatch.out.*.awaiting", AckPolicy: jetstream.AckNonePolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
+		FilterSubject: protocol.Names{Prefix: protocol.DefaultPrefix}.Out("*", protocol.OutAwaiting), AckPolicy: jetstream.AckNonePolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
 		InactiveThreshold: 10 * time.Minute,
 	})
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // W3: a synthetic recorded stream, legal by construction: every commit is
@@ -147,8 +148,8 @@ func generate(target, stepsPerRun int, emit func(genCommit) error) (nEvents, nCo
 			c := genCommit{seq: seq, subject: "toolbatch.events." + r.id, time: at, body: body, events: len(evs),
 				headers: map[string][]string{
 					jetstream.MsgIDHeader: {fmt.Sprintf("%s/%d/%s", r.id, r.last, hex.EncodeToString(sum[:8]))},
-					engine.HeaderEvent:    types,
-					engine.HeaderPrev:     {strconv.FormatUint(r.last, 10)},
+					protocol.HeaderEvent:  types,
+					protocol.HeaderPrev:   {strconv.FormatUint(r.last, 10)},
 				}}
 			r.last = seq
 			if err := emit(c); err != nil {
@@ -292,7 +293,7 @@ func runW3(ctx context.Context, replayBin, dir string, target, stepsPerRun, reps
 		return res, err
 	}
 	defer nc.Close()
-	if err := engine.EnsureStreams(ctx, js, engine.Names{Prefix: "toolbatch"}, engine.StreamConfig{}); err != nil {
+	if err := engine.EnsureStreams(ctx, js, protocol.Names{Prefix: protocol.DefaultPrefix}, engine.StreamConfig{}); err != nil {
 		return res, err
 	}
 	errFull := errors.New("time is up")

@@ -16,14 +16,15 @@ import (
 
 	"github.com/toolbatch/toolbatch/audit"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
-// Streams read after a schedule (the engine's names for the default prefix).
-const (
-	prefix       = "toolbatch"
-	eventsStream = "TOOLBATCH_EVENTS"
-	outStream    = "TOOLBATCH_OUT"
-	headerEvent  = "Toolbatch-Event"
+// The engine's names for the default prefix.
+var (
+	names        = protocol.Names{Prefix: protocol.DefaultPrefix}
+	prefix       = names.Prefix
+	eventsStream = names.EventsStream()
+	outStream    = names.OutStream()
 )
 
 // recorded is what the streams hold at the end of a schedule.
@@ -58,58 +59,20 @@ func readStreams(ctx context.Context, url string) (*recorded, error) {
 // readStream reads every message of a stream, in order, up to its last
 // sequence when the read began.
 func readStream(ctx context.Context, js jetstream.JetStream, name string) ([]audit.Record, error) {
-	s, err := js.Stream(ctx, name)
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", name, err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", name, err)
-	}
-	last := info.State.LastSeq
-	if info.State.Msgs == 0 {
-		return nil, nil
-	}
-	cons, err := js.OrderedConsumer(ctx, name, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", name, err)
-	}
 	var out []audit.Record
-	for {
-		batch, err := cons.Fetch(512, jetstream.FetchMaxWait(2*time.Second))
+	err := protocol.ReadOrdered(ctx, js, name, nil, 0, func(m jetstream.Msg, seq uint64) error {
+		meta, err := m.Metadata()
 		if err != nil {
-			return nil, fmt.Errorf("stream %s: %w", name, err)
+			return err
 		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			meta, err := m.Metadata()
-			if err != nil {
-				return nil, fmt.Errorf("stream %s: %w", name, err)
-			}
-			out = append(out, audit.Record{Seq: meta.Sequence.Stream, Subject: m.Subject(), Time: meta.Timestamp,
-				Headers: map[string][]string(m.Headers()), Data: m.Data()})
-			if meta.Sequence.Stream >= last {
-				return out, nil
-			}
-		}
-		if err := batch.Error(); err != nil {
-			return nil, fmt.Errorf("stream %s: %w", name, err)
-		}
-		if n == 0 {
-			if err := ctx.Err(); err != nil {
-				return nil, err
-			}
-			return nil, fmt.Errorf("stream %s ended at sequence %d before %d", name, lastSeq(out), last)
-		}
+		out = append(out, audit.Record{Seq: seq, Subject: m.Subject(), Time: meta.Timestamp,
+			Headers: map[string][]string(m.Headers()), Data: m.Data()})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", name, err)
 	}
-}
-
-func lastSeq(rs []audit.Record) uint64 {
-	if len(rs) == 0 {
-		return 0
-	}
-	return rs[len(rs)-1].Seq
+	return out, nil
 }
 
 // runAudit feeds both streams to an auditor.
@@ -197,8 +160,8 @@ type fold struct {
 func foldEvents(r *recorded) *fold {
 	f := &fold{calls: map[string]*callInfo{}, batches: map[string]bool{}, completedOK: map[string]int{}}
 	for _, rec := range r.events {
-		runID := strings.TrimPrefix(rec.Subject, prefix+".events.")
-		evs, err := events.DecodeCommit(rec.Data, rec.Headers[headerEvent])
+		runID, _ := names.RunOf(protocol.Events, rec.Subject)
+		evs, err := events.DecodeCommit(rec.Data, rec.Headers[protocol.HeaderEvent])
 		if err != nil {
 			f.failures = append(f.failures, fmt.Sprintf("events seq %d: undecodable commit: %v", rec.Seq, err))
 			continue

@@ -7,6 +7,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/audit"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // These tests feed the checks fabricated streams and effects, to show that
@@ -20,7 +21,7 @@ func commit(t *testing.T, seq uint64, run string, evs ...events.Event) audit.Rec
 	if err != nil {
 		t.Fatal(err)
 	}
-	return audit.Record{Seq: seq, Subject: prefix + ".events." + run, Headers: map[string][]string{headerEvent: types}, Data: body}
+	return audit.Record{Seq: seq, Subject: prefix + ".events." + run, Headers: map[string][]string{protocol.HeaderEvent: types}, Data: body}
 }
 
 func resultsRecord(t *testing.T, seq uint64, run, batchID string, callIDs ...string) audit.Record {

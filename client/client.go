@@ -13,32 +13,33 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // DefaultPrefix is the subject prefix of every toolbatch subject unless
 // WithPrefix chooses another one (the engine's --prefix).
-const DefaultPrefix = "toolbatch"
+const DefaultPrefix = protocol.DefaultPrefix
 
 // Stream names for the default prefix. The engine creates the streams; the
 // client never does, and finds the out stream by its subjects (so that it
 // also works with the engine's stream names for another prefix).
-const (
+var (
 	// StreamInbox holds the commands to the engine: submit, resume, control
 	// (and the workers' results). A work queue.
-	StreamInbox = "TOOLBATCH_INBOX"
+	StreamInbox = protocol.Names{Prefix: DefaultPrefix}.InboxStream()
 	// StreamOut holds the projections the engine publishes for subscribers
 	// on <prefix>.out.<run_id>.<kind>.
-	StreamOut = "TOOLBATCH_OUT"
+	StreamOut = protocol.Names{Prefix: DefaultPrefix}.OutStream()
 )
 
 // Out message kinds: the last token of <prefix>.out.<run_id>.<kind>.
 const (
-	KindDisposition = "disposition" // events.DispositionOut
-	KindResults     = "results"     // events.ResultsOut
-	KindAwaiting    = "awaiting"    // events.AwaitingOut: a ticket
-	KindRejected    = "rejected"    // events.RejectedOut: a submission refused
-	KindRefused     = "refused"     // events.RefusedOut: a resume or control refused
-	KindEnded       = "ended"       // events.EndedOut
+	KindDisposition = protocol.OutDisposition // events.DispositionOut
+	KindResults     = protocol.OutResults     // events.ResultsOut
+	KindAwaiting    = protocol.OutAwaiting    // events.AwaitingOut: a ticket
+	KindRejected    = protocol.OutRejected    // events.RejectedOut: a submission refused
+	KindRefused     = protocol.OutRefused     // events.RefusedOut: a resume or control refused
+	KindEnded       = protocol.OutEnded       // events.EndedOut
 )
 
 // Errors of the client. Domain refusals found before publishing are
@@ -79,7 +80,7 @@ var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 // for concurrent use.
 type Client struct {
 	js     jetstream.JetStream
-	prefix string
+	names  protocol.Names
 	limits events.Limits
 
 	mu        sync.Mutex
@@ -127,11 +128,11 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	return &Client{js: js, prefix: o.prefix, limits: o.limits}, nil
+	return &Client{js: js, names: protocol.Names{Prefix: o.prefix}, limits: o.limits}, nil
 }
 
 // Prefix returns the subject prefix the client uses.
-func (c *Client) Prefix() string { return c.prefix }
+func (c *Client) Prefix() string { return c.names.Prefix }
 
 // Limits returns the limits the client checks before publishing.
 func (c *Client) Limits() events.Limits { return c.limits }
@@ -162,7 +163,7 @@ func (c *Client) Submit(ctx context.Context, s *events.Submit) error {
 		return err
 	}
 	msgID := fmt.Sprintf("%s/%d/%s", s.RunID, s.Step, s.Digest()[:16])
-	return c.publish(ctx, c.prefix+".submit."+s.RunID, msgID, body)
+	return c.publish(ctx, c.names.Submit(s.RunID), msgID, body)
 }
 
 // Approve answers a permission (or scheduled action) ticket with allow,
@@ -223,12 +224,12 @@ func (c *Client) Resume(ctx context.Context, r *events.Resume, principal string)
 	if !events.ValidRunID(r.RunID) {
 		return events.Refuse(events.CodeInvalidID, "resume: run_id %q must match [A-Za-z0-9_-]{1,64}", r.RunID)
 	}
-	subject := c.prefix + ".resume." + r.RunID
+	subject := c.names.Resume(r.RunID)
 	if principal != "" {
 		if !principalPattern.MatchString(principal) {
 			return events.Refuse(events.CodeInvalidID, "resume: principal %q must match [A-Za-z0-9_-]{1,64}", principal)
 		}
-		subject += "." + principal
+		subject = c.names.ResumeAs(r.RunID, principal)
 	}
 	body, err := events.Marshal(r)
 	if err != nil {
@@ -273,7 +274,7 @@ func (c *Client) control(ctx context.Context, runID string, ctl events.Control) 
 		return err
 	}
 	msgID := fmt.Sprintf("control/%s/%s/%s", runID, ctl.Action, ctl.CorrelationID)
-	return c.publish(ctx, c.prefix+".control."+runID, msgID, body)
+	return c.publish(ctx, c.names.Control(runID), msgID, body)
 }
 
 // publish stores body on subject through JetStream with a deduplication id

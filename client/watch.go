@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Message is one out message of a run, decoded. Exactly one payload is
@@ -93,9 +94,9 @@ func (c *Client) outStreamName(ctx context.Context) (string, error) {
 	if c.outStream != "" {
 		return c.outStream, nil
 	}
-	name, err := c.js.StreamNameBySubject(ctx, c.prefix+".out.>")
+	name, err := c.js.StreamNameBySubject(ctx, c.names.StreamSubjects(protocol.StreamOut)[0])
 	if err != nil {
-		return "", fmt.Errorf("find the stream of %s.out.>: %w", c.prefix, err)
+		return "", fmt.Errorf("find the stream of %s: %w", c.names.StreamSubjects(protocol.StreamOut)[0], err)
 	}
 	c.outStream = name
 	return name, nil
@@ -103,7 +104,7 @@ func (c *Client) outStreamName(ctx context.Context) (string, error) {
 
 // outSubject returns <prefix>.out.<run_id>.<kind>.
 func (c *Client) outSubject(runID, kind string) string {
-	return c.prefix + ".out." + runID + "." + kind
+	return c.names.Out(runID, kind)
 }
 
 func (c *Client) watch(ctx context.Context, runID string, filters ...string) (*Watch, error) {

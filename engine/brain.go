@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // invocation is one attempt handed to an executor.
@@ -96,7 +97,7 @@ const DefaultBrainTimeout = 60 * time.Second
 type brainExecutor struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
-	names Names
+	names protocol.Names
 }
 
 // invoke runs one attempt of a brain tool: a builtin in-process, or a host

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // openBuckets opens the buckets the engine uses while it serves, once: a
@@ -70,7 +71,7 @@ func (l *liveCapabilities) start(ctx context.Context) error {
 	for _, w := range []struct {
 		kv     jetstream.KeyValue
 		filter string
-	}{{l.workers, "sandbox.>"}, {l.registry, "brain.>"}} {
+	}{{l.workers, protocol.WorkerKeyPrefix + ">"}, {l.registry, protocol.RegistryKeyPrefix + ">"}} {
 		kw, err := w.kv.Watch(context.Background(), w.filter)
 		if err != nil {
 			l.stop()
@@ -106,7 +107,7 @@ func (l *liveCapabilities) apply(entry jetstream.KeyValueEntry) {
 	put := entry.Operation() == jetstream.KeyValuePut
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if tool, ok := strings.CutPrefix(key, "brain."); ok {
+	if tool, ok := strings.CutPrefix(key, protocol.RegistryKeyPrefix); ok {
 		if put {
 			l.brain[tool] = events.Capability(entry.Value())
 		} else {
@@ -115,10 +116,10 @@ func (l *liveCapabilities) apply(entry jetstream.KeyValueEntry) {
 		return
 	}
 	i := strings.LastIndexByte(key, '.')
-	if i < 0 || !strings.HasPrefix(key, "sandbox.") {
+	if i < 0 || !strings.HasPrefix(key, protocol.WorkerKeyPrefix) {
 		return
 	}
-	tool, worker := key[len("sandbox."):i], key[i+1:]
+	tool, worker := key[len(protocol.WorkerKeyPrefix):i], key[i+1:]
 	if !put {
 		delete(l.adverts[tool], worker)
 		return
@@ -155,7 +156,7 @@ func (l *liveCapabilities) sandbox(ctx context.Context, pool, toolID string) eve
 
 // sandboxFromBucket reads the workers bucket itself.
 func (l *liveCapabilities) sandboxFromBucket(ctx context.Context, pool, toolID string) events.Capability {
-	lister, err := l.workers.ListKeysFiltered(ctx, "sandbox."+pool+"."+toolID+".*")
+	lister, err := l.workers.ListKeysFiltered(ctx, protocol.WorkerFilter(pool, toolID))
 	if err != nil {
 		return events.CapNonRecoverable
 	}
@@ -179,7 +180,7 @@ func (l *liveCapabilities) brainTool(ctx context.Context, toolID string) events.
 	c, ok := l.brain[toolID]
 	l.mu.Unlock()
 	if !ok {
-		entry, err := l.registry.Get(ctx, "brain."+toolID)
+		entry, err := l.registry.Get(ctx, protocol.RegistryKey(toolID))
 		if err != nil { // not registered (ErrKeyNotFound), or unreadable
 			return events.CapNonRecoverable
 		}

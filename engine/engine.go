@@ -17,6 +17,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Defaults.
@@ -71,7 +72,7 @@ type Config struct {
 
 func (c *Config) defaults() {
 	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
+		c.Prefix = protocol.DefaultPrefix
 	}
 	if c.Replicas <= 0 {
 		c.Replicas = 1
@@ -144,7 +145,7 @@ type Engine struct {
 	cfg    Config
 	nc     *nats.Conn
 	js     jetstream.JetStream
-	names  Names
+	names  protocol.Names
 	log    zerolog.Logger
 	events *eventLog
 	brain  *brainExecutor
@@ -177,7 +178,7 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := Names{Prefix: cfg.Prefix}
+	n := protocol.Names{Prefix: cfg.Prefix}
 	e := &Engine{
 		cfg: cfg, nc: nc, js: js, names: n, log: cfg.Logger,
 		events:   &eventLog{js: js, names: n},
@@ -197,7 +198,7 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 }
 
 // Names returns the engine's stream and subject names.
-func (e *Engine) Names() Names { return e.names }
+func (e *Engine) Names() protocol.Names { return e.names }
 
 // Setup creates or updates the streams and stores the catalog under its
 // snapshot id, so that batches pinned to it keep their rules when the file
@@ -229,14 +230,14 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	defer e.live.stop()
 	intake, err := e.js.CreateOrUpdateConsumer(ctx, e.names.InboxStream(), jetstream.ConsumerConfig{
-		Durable: "engine", AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
+		Durable: protocol.ConsumerEngine, AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
 		MaxAckPending: e.cfg.MaxPending, MaxDeliver: -1, Description: "toolbatch engine intake",
 	})
 	if err != nil {
 		return fmt.Errorf("intake consumer: %w", err)
 	}
 	timers, err := e.js.CreateOrUpdateConsumer(ctx, e.names.TimersStream(), jetstream.ConsumerConfig{
-		Durable: "engine", AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
+		Durable: protocol.ConsumerEngine, AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
 		MaxAckPending: e.cfg.MaxPending, MaxDeliver: -1, FilterSubjects: []string{e.names.TimerFire("*")},
 		Description: "toolbatch engine: fired ticket timers",
 	})
@@ -298,7 +299,7 @@ func (e *Engine) Run(ctx context.Context) error {
 
 // route hands an inbox message to its run's shard.
 func (e *Engine) route(m jetstream.Msg) {
-	kind, runID, principal, ok := e.names.inboxKind(m.Subject())
+	kind, runID, principal, ok := e.names.InboxKind(m.Subject())
 	if !ok || !events.ValidRunID(runID) {
 		e.log.Warn().Str(fieldSubject, m.Subject()).Msg("inbox message cannot be attributed to a run: terminated")
 		_ = m.TermWithReason("cannot be attributed to a run: subject " + m.Subject())

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Forwarding: every engine pulls from the shared inbox and timers, so with
@@ -22,13 +23,6 @@ import (
 // message is never forwarded again: if its run changed hands meanwhile it
 // is given back to the stream. A forward that is lost (the owner died) is
 // redelivered after the ack wait, as any unacknowledged message is.
-
-// Headers of a forwarded message: its subject and its acknowledgement
-// subject.
-const (
-	headerForwardedSubject = "Toolbatch-Forwarded-Subject"
-	headerForwardedAck     = "Toolbatch-Forwarded-Ack"
-)
 
 // ownedElsewhere is ErrNotOwner with the owner's engine id.
 type ownedElsewhere struct{ owner string }
@@ -46,8 +40,8 @@ func (e *Engine) forward(m jetstream.Msg, owner string) bool {
 	for k, v := range m.Headers() {
 		h[k] = v
 	}
-	h.Set(headerForwardedSubject, m.Subject())
-	h.Set(headerForwardedAck, m.Reply())
+	h.Set(protocol.HeaderForwardedSubject, m.Subject())
+	h.Set(protocol.HeaderForwardedAck, m.Reply())
 	err := e.nc.PublishMsg(&nats.Msg{Subject: e.names.Forward(owner), Header: h, Data: m.Data()})
 	return err == nil
 }
@@ -55,15 +49,15 @@ func (e *Engine) forward(m jetstream.Msg, owner string) bool {
 // serveForwards takes the messages other engines forward to this one.
 func (e *Engine) serveForwards() (*nats.Subscription, error) {
 	return e.nc.Subscribe(e.names.Forward(e.id), func(m *nats.Msg) {
-		subject, ack := m.Header.Get(headerForwardedSubject), m.Header.Get(headerForwardedAck)
-		m.Header.Del(headerForwardedSubject)
-		m.Header.Del(headerForwardedAck)
+		subject, ack := m.Header.Get(protocol.HeaderForwardedSubject), m.Header.Get(protocol.HeaderForwardedAck)
+		m.Header.Del(protocol.HeaderForwardedSubject)
+		m.Header.Del(protocol.HeaderForwardedAck)
 		if subject == "" || !strings.HasPrefix(ack, "$JS.ACK.") {
 			return // not a forward: nothing to acknowledge
 		}
 		m.Reply = ack
 		fm := &forwardedMsg{msg: m, subject: subject, nc: e.nc}
-		kind, runID, principal, ok := e.names.inboxKind(subject)
+		kind, runID, principal, ok := e.names.InboxKind(subject)
 		if !ok {
 			_ = fm.TermWithReason("cannot be attributed to a run: subject " + subject)
 			return

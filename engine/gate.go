@@ -11,6 +11,7 @@ import (
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // GateRequest is sent to the optional external gate service on
@@ -38,7 +39,7 @@ type GateReply struct {
 
 type gateChain struct {
 	nc    *nats.Conn
-	names Names
+	names protocol.Names
 }
 
 // gateDecisions runs the gate chain of contract.md §3.3 for each call: the

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/aggregate"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Ownership: one engine at a time works on a run. Every engine shares the
@@ -37,7 +38,7 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 		return nil
 	}
 	kv := s.e.ownersKV
-	key := "run." + rs.id
+	key := protocol.OwnerKey(rs.id)
 	if rs.releasedRev != 0 {
 		rev, err := kv.Update(ctx, key, []byte(s.e.id), rs.releasedRev)
 		rs.releasedRev = 0
@@ -79,7 +80,7 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 // engine lost the run: it forgets its work on it (the new owner recovers
 // it).
 func (s *shard) renew(ctx context.Context, rs *runState) {
-	rev, err := s.e.ownersKV.Update(ctx, "run."+rs.id, []byte(s.e.id), rs.ownRev)
+	rev, err := s.e.ownersKV.Update(ctx, protocol.OwnerKey(rs.id), []byte(s.e.id), rs.ownRev)
 	if err != nil {
 		s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("lost the run to another engine")
 		s.forget(rs)
@@ -155,7 +156,7 @@ func (s *shard) release(ctx context.Context, rs *runState) {
 		return
 	}
 	rs.owned, rs.idleSince = false, time.Time{}
-	m := nats.NewMsg("$KV." + s.e.names.OwnersBucket() + ".run." + rs.id)
+	m := nats.NewMsg(s.e.names.KVSubject(protocol.BucketOwners, protocol.OwnerKey(rs.id)))
 	m.Header.Set(kvOperation, kvOperationDelete)
 	ack, err := s.e.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rs.ownRev))
 	if err != nil {

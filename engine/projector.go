@@ -14,11 +14,8 @@ import (
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/projector"
+	"github.com/toolbatch/toolbatch/protocol"
 )
-
-// HeaderSource names the commit an out message was derived from:
-// "<events stream sequence>/<index of the output in that commit>".
-const HeaderSource = "Toolbatch-Source"
 
 // projectorRunner folds every commit of the events stream, in stream order,
 // through the projector and publishes what it derives on the out stream. Its
@@ -55,7 +52,7 @@ func (a source) after(b source) bool { return a.seq > b.seq || (a.seq == b.seq &
 
 func newProjectorRunner(ctx context.Context, e *Engine) (*projectorRunner, error) {
 	cons, err := e.js.CreateOrUpdateConsumer(ctx, e.names.EventsStream(), jetstream.ConsumerConfig{
-		Durable: "projector", AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
+		Durable: protocol.ConsumerProjector, AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
 		MaxAckPending: 1024, MaxDeliver: -1, DeliverPolicy: jetstream.DeliverAllPolicy,
 		Description: "toolbatch projector: publishes out messages",
 	})
@@ -75,7 +72,7 @@ func newProjectorRunner(ctx context.Context, e *Engine) (*projectorRunner, error
 // commit that fails is retried in place until it succeeds: it is never
 // skipped, and nothing after it is projected before it.
 func (p *projectorRunner) run(ctx context.Context) error {
-	lead := &leader{e: p.e, key: "projector"}
+	lead := &leader{e: p.e, key: protocol.ProjectorLeaderKey}
 	defer lead.resign()
 	for ctx.Err() == nil {
 		if !lead.hold(ctx) {
@@ -174,9 +171,9 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 	// Fold again unless the cached model holds exactly the commits before
 	// this one (several engines share the projector consumer, so another
 	// may have projected the run's last commits).
-	prev, perr := strconv.ParseUint(m.Headers().Get(HeaderPrev), 10, 64)
+	prev, perr := strconv.ParseUint(m.Headers().Get(protocol.HeaderPrev), 10, 64)
 	if perr != nil {
-		return fmt.Errorf("commit %d: header %s: %w", seq, HeaderPrev, perr)
+		return fmt.Errorf("commit %d: header %s: %w", seq, protocol.HeaderPrev, perr)
 	}
 	if pm == nil || pm.seq != prev {
 		pm, err = p.loadUpTo(ctx, runID, prev)
@@ -185,7 +182,7 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 		}
 		p.models[runID] = pm
 	}
-	evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(HeaderEvent))
+	evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
 	if err != nil {
 		// A commit the projector cannot read is a corrupt log: never skip it.
 		return fmt.Errorf("commit %d: %w", seq, err)
@@ -228,8 +225,8 @@ func (p *projectorRunner) loadUpTo(ctx context.Context, runID string, seq uint64
 	if seq == 0 {
 		return pm, nil
 	}
-	err := readSubject(ctx, p.e.js, p.e.names.EventsStream(), p.e.names.Events(runID), seq, func(m jetstream.Msg, s uint64) error {
-		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(HeaderEvent))
+	err := protocol.ReadOrdered(ctx, p.e.js, p.e.names.EventsStream(), []string{p.e.names.Events(runID)}, seq, func(m jetstream.Msg, s uint64) error {
+		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
 		if err != nil {
 			return err
 		}
@@ -275,7 +272,7 @@ func (p *projectorRunner) publish(ctx context.Context, pm *projected, runID stri
 		msg := nats.NewMsg(subject)
 		msg.Data = body
 		id := fmt.Sprintf("%d/%d", seq, i)
-		msg.Header.Set(HeaderSource, id)
+		msg.Header.Set(protocol.HeaderSource, id)
 		f, err := p.e.js.PublishMsgAsync(msg, jetstream.WithMsgID("out/"+id))
 		if err != nil {
 			return err
@@ -307,11 +304,11 @@ func (p *projectorRunner) lastOn(ctx context.Context, subject string) (source, e
 	if err != nil {
 		return source{}, err
 	}
-	a, b, ok := strings.Cut(last.Header.Get(HeaderSource), "/")
+	a, b, ok := strings.Cut(last.Header.Get(protocol.HeaderSource), "/")
 	s, err1 := strconv.ParseUint(a, 10, 64)
 	i, err2 := strconv.Atoi(b)
 	if !ok || err1 != nil || err2 != nil {
-		return source{}, fmt.Errorf("out subject %s: last message has no valid %s header", subject, HeaderSource)
+		return source{}, fmt.Errorf("out subject %s: last message has no valid %s header", subject, protocol.HeaderSource)
 	}
 	return source{seq: s, idx: i}, nil
 }

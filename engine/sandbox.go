@@ -11,6 +11,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Sandbox calls run on sandbox workers. The engine's side, in order:
@@ -113,10 +114,10 @@ const DefaultDispatchDeadline = 30 * time.Second
 // shard, so that it is decided in order with the run's other work.
 func (e *Engine) serveWorkers() ([]*nats.Subscription, error) {
 	var subs []*nats.Subscription
-	for _, kind := range []string{"claim", "heartbeat"} {
-		kind := kind
+	for _, fam := range []protocol.Family{protocol.Claim, protocol.Heartbeat} {
+		kind := fam.Name
 		// Every engine receives every request; only the run's owner answers.
-		sub, err := e.nc.Subscribe(e.names.API(kind), func(m *nats.Msg) {
+		sub, err := e.nc.Subscribe(e.names.Subject(fam), func(m *nats.Msg) {
 			var op string
 			var err error
 			if kind == "claim" {

@@ -11,6 +11,7 @@ import (
 	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // TestClaimsAndFencing plays a sandbox worker over raw NATS: a claim is
@@ -134,7 +135,7 @@ tools:
 		if err != nil {
 			break
 		}
-		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(engine.HeaderEvent))
+		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
 		if err != nil {
 			t.Fatal(err)
 		}

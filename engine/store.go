@@ -15,6 +15,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Store errors.
@@ -23,15 +24,6 @@ var (
 	// (JetStream's wrong-last-sequence, 10071, or 10164 on replicated
 	// streams): reload the run and decide again.
 	ErrConflict = errors.New("engine: the run was extended by another writer")
-)
-
-// Headers of a commit.
-const (
-	// HeaderEvent carries the type names of a commit's events, in order.
-	HeaderEvent = "Toolbatch-Event"
-	// HeaderPrev carries the stream sequence of the run's previous commit
-	// (0 for its first), so that a reader can tell it has every commit.
-	HeaderPrev = "Toolbatch-Prev"
 )
 
 // engineDuplicates is the duplicate window of the streams only engines
@@ -52,28 +44,27 @@ type StreamConfig struct {
 }
 
 // EnsureStreams creates or updates the four streams and the catalog bucket.
-func EnsureStreams(ctx context.Context, js jetstream.JetStream, n Names, sc StreamConfig) error {
+func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names, sc StreamConfig) error {
 	if sc.Replicas <= 0 {
 		sc.Replicas = 1
 	}
 	if sc.OutMaxAge <= 0 {
 		sc.OutMaxAge = DefaultOutMaxAge
 	}
-	p := n.Prefix
 	cfgs := []jetstream.StreamConfig{{
-		Name: n.EventsStream(), Subjects: []string{p + ".events.>"}, Retention: jetstream.LimitsPolicy,
+		Name: n.EventsStream(), Subjects: n.StreamSubjects(protocol.StreamEvents), Retention: jetstream.LimitsPolicy,
 		Storage: jetstream.FileStorage, DenyDelete: true, DenyPurge: true, Replicas: sc.Replicas,
 		Duplicates: engineDuplicates, Description: "toolbatch event log: the only source of truth",
 	}, {
 		Name: n.InboxStream(), Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Replicas: sc.Replicas,
-		Subjects:    []string{p + ".submit.>", p + ".resume.>", p + ".control.>", p + ".result.>"},
+		Subjects:    n.StreamSubjects(protocol.StreamInbox),
 		Description: "toolbatch commands from clients and workers",
 	}, {
-		Name: n.DispatchStream(), Subjects: []string{p + ".dispatch.>"}, Retention: jetstream.WorkQueuePolicy,
+		Name: n.DispatchStream(), Subjects: n.StreamSubjects(protocol.StreamDispatch), Retention: jetstream.WorkQueuePolicy,
 		Storage: jetstream.FileStorage, Replicas: sc.Replicas, Duplicates: engineDuplicates,
 		Description: "toolbatch sandbox jobs",
 	}, {
-		Name: n.OutStream(), Subjects: []string{p + ".out.>"}, Retention: jetstream.LimitsPolicy,
+		Name: n.OutStream(), Subjects: n.StreamSubjects(protocol.StreamOut), Retention: jetstream.LimitsPolicy,
 		Storage: jetstream.FileStorage, MaxAge: sc.OutMaxAge, Replicas: sc.Replicas, Duplicates: engineDuplicates,
 		Description: "toolbatch projections for subscribers",
 	}}
@@ -81,7 +72,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n Names, sc Stre
 		// A work queue: a fired timer is removed once the engine
 		// acknowledges it; a pending schedule matches no consumer and stays
 		// until it fires.
-		Name: n.TimersStream(), Subjects: []string{p + ".timer.>"}, Retention: jetstream.WorkQueuePolicy,
+		Name: n.TimersStream(), Subjects: n.StreamSubjects(protocol.StreamTimers), Retention: jetstream.WorkQueuePolicy,
 		Storage: jetstream.FileStorage, Replicas: sc.Replicas, AllowMsgSchedules: true, AllowRollup: true,
 		Description: "toolbatch ticket timers (deadlines and due scheduled actions) and cancels of delegated children",
 	})
@@ -129,7 +120,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n Names, sc Stre
 // log reads and appends a run's events.
 type eventLog struct {
 	js     jetstream.JetStream
-	names  Names
+	names  protocol.Names
 	stream jetstream.Stream // the events stream, opened by Setup
 }
 
@@ -145,8 +136,8 @@ func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, uint
 		return nil, 0, fmt.Errorf("load run %s: %w", runID, err)
 	}
 	var seq uint64
-	err = readSubject(ctx, l.js, l.names.EventsStream(), l.names.Events(runID), last.Sequence, func(m jetstream.Msg, s uint64) error {
-		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(HeaderEvent))
+	err = protocol.ReadOrdered(ctx, l.js, l.names.EventsStream(), []string{l.names.Events(runID)}, last.Sequence, func(m jetstream.Msg, s uint64) error {
+		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
 		if err != nil {
 			return fmt.Errorf("commit at %d: %w", s, err)
 		}
@@ -174,50 +165,6 @@ func (l *eventLog) lastSeq(ctx context.Context, runID string) (uint64, error) {
 	return last.Sequence, nil
 }
 
-// readSubject delivers every message of a subject in order, up to and
-// including seq, through an ordered consumer.
-func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject string, upTo uint64, fn func(jetstream.Msg, uint64) error) error {
-	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subject}, DeliverPolicy: jetstream.DeliverAllPolicy,
-		InactiveThreshold: 5 * time.Second, MaxResetAttempts: 3,
-	})
-	if err != nil {
-		return err
-	}
-	for {
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(2*time.Second))
-		if err != nil {
-			return err
-		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			meta, err := m.Metadata()
-			if err != nil {
-				return err
-			}
-			if meta.Sequence.Stream > upTo {
-				return nil
-			}
-			if err := fn(m, meta.Sequence.Stream); err != nil {
-				return err
-			}
-			if meta.Sequence.Stream == upTo {
-				return nil
-			}
-		}
-		if err := batch.Error(); err != nil {
-			return err
-		}
-		if n == 0 {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			return fmt.Errorf("subject %s ended before sequence %d", subject, upTo)
-		}
-	}
-}
-
 // append publishes events as one commit after lastSeq, and returns the new
 // sequence.
 func (l *eventLog) append(ctx context.Context, runID string, lastSeq uint64, evs []events.Event) (uint64, error) {
@@ -228,9 +175,9 @@ func (l *eventLog) append(ctx context.Context, runID string, lastSeq uint64, evs
 	msg := nats.NewMsg(l.names.Events(runID))
 	msg.Data = body
 	for _, t := range types {
-		msg.Header.Add(HeaderEvent, t)
+		msg.Header.Add(protocol.HeaderEvent, t)
 	}
-	msg.Header.Set(HeaderPrev, strconv.FormatUint(lastSeq, 10))
+	msg.Header.Set(protocol.HeaderPrev, strconv.FormatUint(lastSeq, 10))
 	sum := sha256.Sum256(body)
 	id := fmt.Sprintf("%s/%d/%s", runID, lastSeq, hex.EncodeToString(sum[:8]))
 	ack, err := l.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(lastSeq), jetstream.WithMsgID(id))

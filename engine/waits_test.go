@@ -16,6 +16,7 @@ import (
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // runWatch reads one run's out messages strictly in stream order: every
@@ -140,7 +141,7 @@ func runEvents(t *testing.T, ctx context.Context, js jetstream.JetStream, runID 
 		if err != nil {
 			t.Fatalf("read the log of %s: %v", runID, err)
 		}
-		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(engine.HeaderEvent))
+		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -706,20 +706,3 @@ func rfc3339(t *time.Time) string {
 	}
 	return t.UTC().Format(time.RFC3339Nano)
 }
-
-// StreamName returns the name of a stream or bucket of a subject prefix:
-// the prefix upper-cased, every character outside [A-Z0-9] as _, then _ and
-// the kind (TOOLBATCH_EVENTS for the default prefix and kind EVENTS).
-func StreamName(prefix, kind string) string {
-	up := []byte(prefix)
-	for i, c := range up {
-		switch {
-		case c >= 'a' && c <= 'z':
-			up[i] = c - 'a' + 'A'
-		case c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		default:
-			up[i] = '_'
-		}
-	}
-	return string(up) + "_" + kind
-}

@@ -30,6 +30,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 	"github.com/toolbatch/toolbatch/sandbox"
 )
 
@@ -76,7 +77,7 @@ type Worker struct {
 // New returns a worker for the tools of a sandbox config.
 func New(nc *nats.Conn, sc sandbox.Config, runner Runner, cfg Config) (*Worker, error) {
 	if cfg.Prefix == "" {
-		cfg.Prefix = "toolbatch"
+		cfg.Prefix = protocol.DefaultPrefix
 	}
 	if cfg.WorkerID == "" {
 		host, _ := os.Hostname()
@@ -104,15 +105,7 @@ func New(nc *nats.Conn, sc sandbox.Config, runner Runner, cfg Config) (*Worker, 
 	return &Worker{cfg: cfg, tools: sc.Tools, runner: runner, nc: nc, js: js, log: cfg.Logger}, nil
 }
 
-func (w *Worker) subject(parts ...string) string {
-	s := w.cfg.Prefix
-	for _, p := range parts {
-		s += "." + p
-	}
-	return s
-}
-
-func (w *Worker) streamName(kind string) string { return events.StreamName(w.cfg.Prefix, kind) }
+func (w *Worker) names() protocol.Names { return protocol.Names{Prefix: w.cfg.Prefix} }
 
 // Run serves until drain is done: it then stops taking jobs, lets running
 // calls finish for the grace period, publishes their results, and returns
@@ -120,15 +113,15 @@ func (w *Worker) streamName(kind string) string { return events.StreamName(w.cfg
 func (w *Worker) Run(drain, abort context.Context) error {
 	setup, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	kv, err := w.js.KeyValue(setup, w.streamName("WORKERS"))
+	kv, err := w.js.KeyValue(setup, w.names().WorkersBucket())
 	if err != nil {
 		return fmt.Errorf("workers bucket (is the engine running?): %w", err)
 	}
 	var consumers []jetstream.Consumer
 	for _, pool := range w.cfg.Pools {
 		for _, t := range w.tools {
-			c, err := w.js.CreateOrUpdateConsumer(setup, w.streamName("DISPATCH"), jetstream.ConsumerConfig{
-				Durable: "pool-" + pool + "-" + t.ID, FilterSubject: w.subject("dispatch", pool, t.ID),
+			c, err := w.js.CreateOrUpdateConsumer(setup, w.names().DispatchStream(), jetstream.ConsumerConfig{
+				Durable: protocol.PoolConsumer(pool, t.ID), FilterSubject: w.names().Dispatch(pool, t.ID),
 				AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: -1,
 				Description: "toolbatch sandbox workers of pool " + pool + ", tool " + t.ID,
 			})
@@ -145,7 +138,7 @@ func (w *Worker) Run(drain, abort context.Context) error {
 				if capability == "" {
 					capability = events.CapNonRecoverable
 				}
-				if _, err := kv.Put(ctx, fmt.Sprintf("sandbox.%s.%s.%s", pool, t.ID, w.cfg.WorkerID), []byte(capability)); err != nil {
+				if _, err := kv.Put(ctx, protocol.WorkerKey(pool, t.ID, w.cfg.WorkerID), []byte(capability)); err != nil {
 					w.log.Warn().Err(err).Msg("advertise failed")
 				}
 			}
@@ -236,7 +229,7 @@ loop:
 	defer cancel()
 	for _, pool := range w.cfg.Pools {
 		for _, t := range w.tools {
-			_ = kv.Delete(ctx, fmt.Sprintf("sandbox.%s.%s.%s", pool, t.ID, w.cfg.WorkerID))
+			_ = kv.Delete(ctx, protocol.WorkerKey(pool, t.ID, w.cfg.WorkerID))
 		}
 	}
 	w.log.Info().Msg("stopped")
@@ -252,7 +245,7 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 		return
 	}
 	log := w.log.With().Str("run_id", d.RunID).Str("call_id", d.CallID).Int("attempt", d.Attempt).Logger()
-	reply, err := w.request("claim", events.ClaimRequest{OperationID: d.OperationID, Attempt: d.Attempt, WorkerID: w.cfg.WorkerID})
+	reply, err := w.request(w.names().Claim(), events.ClaimRequest{OperationID: d.OperationID, Attempt: d.Attempt, WorkerID: w.cfg.WorkerID})
 	if err != nil {
 		log.Warn().Err(err).Msg("claim unanswered: job given back")
 		_ = m.NakWithDelay(time.Second)
@@ -284,7 +277,7 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 				return
 			case <-tick.C:
 				_ = m.InProgress()
-				r, err := w.request("heartbeat", events.Heartbeat{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, WorkerID: w.cfg.WorkerID})
+				r, err := w.request(w.names().Heartbeat(), events.Heartbeat{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, WorkerID: w.cfg.WorkerID})
 				if err == nil && !r.Granted && r.Reason != events.ReasonBusy {
 					log.Warn().Str("reason", r.Reason).Msg("claim lost: stopping the tool")
 					stopTool()
@@ -305,7 +298,7 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 		log.Error().Err(err).Msg("encode result")
 		return
 	}
-	msg := nats.NewMsg(w.subject("result", d.RunID))
+	msg := nats.NewMsg(w.names().Result(d.RunID))
 	msg.Data = body
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -325,13 +318,13 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 	log.Debug().Msg("done")
 }
 
-func (w *Worker) request(kind string, v any) (events.ClaimReply, error) {
+func (w *Worker) request(subject string, v any) (events.ClaimReply, error) {
 	var r events.ClaimReply
 	body, err := events.Marshal(v)
 	if err != nil {
 		return r, err
 	}
-	msg, err := w.nc.Request(w.subject("api", kind), body, claimTimeout)
+	msg, err := w.nc.Request(subject, body, claimTimeout)
 	if err != nil {
 		return r, err
 	}

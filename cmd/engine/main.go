@@ -26,6 +26,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/engine"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 type options struct {
@@ -50,7 +51,7 @@ func run(args []string, stderr io.Writer) error {
 	fs.StringVar(&o.store, "store", "./toolbatch-data", "JetStream store directory of the embedded server")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:4222", "address the embedded server listens on")
 	fs.StringVar(&o.natsURL, "nats-url", "", "use this NATS server or cluster instead of the embedded one")
-	fs.StringVar(&o.prefix, "prefix", engine.DefaultPrefix, "subject prefix")
+	fs.StringVar(&o.prefix, "prefix", protocol.DefaultPrefix, "subject prefix")
 	fs.StringVar(&o.catalogPath, "catalog", "", "tool catalog and gate rules (YAML); default: the built-in catalog (echo, sleep, fail)")
 	fs.IntVar(&o.replicas, "replicas", 1, "replicas of every stream (a clustered JetStream)")
 	fs.StringVar(&o.logFormat, "log-format", "console", "console or json")

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // usage is printed for help and after a usage error's one line is not
@@ -66,7 +67,7 @@ violation, 2 usage or read error (one line on stderr)
 const defaultNATSURL = "nats://127.0.0.1:4222"
 
 // defaultPrefix is the engine's default subject prefix.
-const defaultPrefix = "toolbatch"
+const defaultPrefix = protocol.DefaultPrefix
 
 // exitError carries an exit status with its one-line message.
 type exitError struct {

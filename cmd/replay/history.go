@@ -10,6 +10,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // cmdHistory prints the history of every call of the selected runs.
@@ -128,7 +129,7 @@ func newHistory(prefix string, startsLate bool) *history {
 // add folds one commit.
 func (h *history) add(m *message) {
 	r := m.Record
-	runID, ok := strings.CutPrefix(r.Subject, h.prefix+".events.")
+	runID, ok := protocol.Names{Prefix: h.prefix}.RunOf(protocol.Events, r.Subject)
 	if !ok || runID == "" {
 		h.strays = append(h.strays, noteItem(r.Seq, r.Time, fmt.Sprintf("subject %q is not a run's events subject", r.Subject)))
 		return

@@ -17,13 +17,14 @@ import (
 
 	"github.com/toolbatch/toolbatch/audit"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
-// Headers of the engine's messages (engine/store.go, engine/projector.go).
+// Headers of the engine's messages.
 const (
-	headerEvent  = "Toolbatch-Event"
-	headerPrev   = "Toolbatch-Prev"
-	headerSource = "Toolbatch-Source"
+	headerEvent  = protocol.HeaderEvent
+	headerPrev   = protocol.HeaderPrev
+	headerSource = protocol.HeaderSource
 )
 
 // Reading limits.
@@ -98,35 +99,25 @@ func fileExists(path string) bool {
 
 // subjectFilter is the subject (or wildcard) a stream is read on.
 func subjectFilter(prefix string, which stream, run string) string {
+	n := protocol.Names{Prefix: prefix}
 	switch {
 	case which == eventsStream && run != "":
-		return prefix + ".events." + run
+		return n.Events(run)
 	case which == eventsStream:
-		return prefix + ".events.>"
+		return n.Events(">")
 	case run != "":
-		return prefix + ".out." + run + ".>"
+		return n.RunOut(run)
 	default:
-		return prefix + ".out.>"
+		return n.Subject(protocol.Out, ">")
 	}
 }
 
-// streamName is the JetStream stream of a prefix, as engine.Names derives
-// it: the prefix upper-cased, other characters as _, then _EVENTS or _OUT.
+// streamName is the JetStream stream of a prefix: its events or out stream.
 func streamName(prefix string, which stream) string {
-	up := strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'a' && r <= 'z':
-			return r - 'a' + 'A'
-		case r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
-			return r
-		default:
-			return '_'
-		}
-	}, prefix)
 	if which == eventsStream {
-		return up + "_EVENTS"
+		return protocol.Names{Prefix: prefix}.EventsStream()
 	}
-	return up + "_OUT"
+	return protocol.Names{Prefix: prefix}.OutStream()
 }
 
 // keep applies the selection to one record: keep it, skip it, or stop

@@ -13,6 +13,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // cmdWhatIf re-gates every recorded gate decision with another catalog.
@@ -95,7 +96,7 @@ func (d decision) String() string {
 // CallGated is re-evaluated.
 func (w *whatIf) add(m *message) {
 	r := m.Record
-	runID, _ := strings.CutPrefix(r.Subject, w.prefix+".events.")
+	runID, _ := protocol.Names{Prefix: w.prefix}.RunOf(protocol.Events, r.Subject)
 	evs, err := m.commit()
 	if err != nil {
 		w.skipped = append(w.skipped, fmt.Sprintf("seq %d: %v", r.Seq, err))

@@ -32,6 +32,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
+	"github.com/toolbatch/toolbatch/protocol"
 	"github.com/toolbatch/toolbatch/sandbox"
 	"github.com/toolbatch/toolbatch/worker"
 )
@@ -52,7 +53,7 @@ func run(args []string, stderr io.Writer) error {
 	pools := fs.String("pools", "", "comma-separated pools to serve (default: the config's)")
 	concurrency := fs.Int("concurrency", worker.DefaultConcurrency, "calls run at once")
 	workerID := fs.String("worker-id", "", "this worker's id (default <hostname>-<pid>)")
-	prefix := fs.String("prefix", "toolbatch", "subject prefix")
+	prefix := fs.String("prefix", protocol.DefaultPrefix, "subject prefix")
 	grace := fs.Duration("grace", worker.DefaultGrace, "how long a drain waits for running calls")
 	logFormat := fs.String("log-format", "console", "console or json")
 	prestart := fs.Int("prestart", -1, "pre-started sandboxes kept for each subprocess tool (isolation bubblewrap only): -1 takes the config's prestart (default 2), 0 turns them off, N overrides the config for every tool")

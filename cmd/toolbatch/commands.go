@@ -19,6 +19,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Defaults of the common flags.
@@ -380,8 +381,8 @@ func findTicket(ctx context.Context, nc *nats.Conn, cl *client.Client, runID, co
 	if err != nil {
 		return nil, failf("jetstream: %v", err)
 	}
-	base := cl.Prefix() + ".out." + runID + "."
-	name, err := js.StreamNameBySubject(ctx, cl.Prefix()+".out.>")
+	names := protocol.Names{Prefix: cl.Prefix()}
+	name, err := js.StreamNameBySubject(ctx, names.StreamSubjects(protocol.StreamOut)[0])
 	if err != nil {
 		return nil, explain(ctx, err, "finding the out stream")
 	}
@@ -389,7 +390,7 @@ func findTicket(ctx context.Context, nc *nats.Conn, cl *client.Client, runID, co
 	if err != nil {
 		return nil, explain(ctx, err, "finding the out stream")
 	}
-	if _, err := stream.GetLastMsgForSubject(ctx, base+client.KindAwaiting); errors.Is(err, jetstream.ErrMsgNotFound) {
+	if _, err := stream.GetLastMsgForSubject(ctx, names.Out(runID, protocol.OutAwaiting)); errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, failf("run %s has no ticket %s (it has no ticket at all)", runID, corr)
 	} else if err != nil {
 		return nil, explain(ctx, err, "reading the tickets of run "+runID)

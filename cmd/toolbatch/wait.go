@@ -10,10 +10,8 @@ import (
 
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
-
-// headerEvent carries the event types of a commit on the events stream.
-const headerEvent = "Toolbatch-Event"
 
 // acceptedDigest returns the digest of the batch the run accepted at step,
 // read from the run's event log, or "" when it accepted none. The engine
@@ -24,53 +22,30 @@ func acceptedDigest(ctx context.Context, nc *nats.Conn, prefix, runID string, st
 	if err != nil {
 		return "", err
 	}
-	name, err := js.StreamNameBySubject(ctx, prefix+".events.>")
+	names := protocol.Names{Prefix: prefix}
+	name, err := js.StreamNameBySubject(ctx, names.StreamSubjects(protocol.StreamEvents)[0])
 	if err != nil {
 		return "", fmt.Errorf("find the events stream: %w", err)
 	}
-	stream, err := js.Stream(ctx, name)
-	if err != nil {
-		return "", err
-	}
-	subject := prefix + ".events." + runID
-	last, err := stream.GetLastMsgForSubject(ctx, subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return "", nil // a new run
-	}
-	if err != nil {
-		return "", err
-	}
-	cons, err := js.OrderedConsumer(ctx, name, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
-	if err != nil {
-		return "", err
-	}
-	iter, err := cons.Messages()
-	if err != nil {
-		return "", err
-	}
-	defer iter.Stop()
-	for {
-		m, err := iter.Next(jetstream.NextContext(ctx))
+	var digest string
+	errFound := errors.New("found")
+	err = protocol.ReadOrdered(ctx, js, name, []string{names.Events(runID)}, 0, func(m jetstream.Msg, seq uint64) error {
+		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
 		if err != nil {
-			return "", err
-		}
-		meta, err := m.Metadata()
-		if err != nil {
-			return "", err
-		}
-		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(headerEvent))
-		if err != nil {
-			return "", fmt.Errorf("commit %d of run %s: %w", meta.Sequence.Stream, runID, err)
+			return fmt.Errorf("commit %d of run %s: %w", seq, runID, err)
 		}
 		for _, e := range evs {
 			if bs, ok := e.(*events.BatchSubmitted); ok && bs.Step == step {
-				return bs.Digest, nil
+				digest = bs.Digest
+				return errFound
 			}
 		}
-		if meta.Sequence.Stream >= last.Sequence {
-			return "", nil
-		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errFound) {
+		return "", err
 	}
+	return digest, nil
 }
 
 // waitRejection waits for the engine's rejection of a submission for a step

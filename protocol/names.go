@@ -1,0 +1,367 @@
+package protocol
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultPrefix is the default subject prefix (the engine's --prefix).
+const DefaultPrefix = "toolbatch"
+
+// Stream is the kind of one of toolbatch's JetStream streams: the part of
+// its name after the upper-cased prefix (TOOLBATCH_EVENTS for StreamEvents
+// under the default prefix).
+type Stream string
+
+// The streams.
+const (
+	StreamEvents   Stream = "EVENTS"   // the event log: the only source of truth
+	StreamInbox    Stream = "INBOX"    // commands from clients and workers (work queue)
+	StreamDispatch Stream = "DISPATCH" // sandbox jobs (work queue)
+	StreamOut      Stream = "OUT"      // projections for subscribers
+	StreamTimers   Stream = "TIMERS"   // ticket timers and their fires (work queue)
+)
+
+// Bucket is the kind of one of toolbatch's KV buckets, named like a stream.
+type Bucket string
+
+// The KV buckets.
+const (
+	BucketCatalogs Bucket = "CATALOGS" // catalogs by snapshot id
+	BucketRegistry Bucket = "REGISTRY" // live executor capabilities
+	BucketState    Bucket = "STATE"    // committed state
+	BucketWorkers  Bucket = "WORKERS"  // live sandbox workers' advertisements
+	BucketOwners   Bucket = "OWNERS"   // which engine works on which run
+)
+
+// Placeholders of a subject family's tokens.
+const (
+	TokRunID         = "{run_id}"
+	TokPrincipal     = "{principal}"
+	TokKind          = "{kind}"
+	TokPool          = "{pool}"
+	TokToolID        = "{tool_id}"
+	TokEngineID      = "{engine_id}"
+	TokAction        = "{action}"
+	TokCorrelationID = "{correlation_id}"
+)
+
+// Family is one family of subjects of the public interface: the tokens that
+// follow the prefix, literal or placeholders (Tok*), and the stream that
+// stores it ("" for core NATS request/reply). Every subject any program
+// publishes or subscribes to is built from a Family, so that the layout is
+// written once and a permission table can be computed from Families.
+type Family struct {
+	Name   string
+	Tokens []string
+	Stream Stream
+}
+
+// The subject families.
+var (
+	Events   = Family{"events", []string{"events", TokRunID}, StreamEvents}
+	Submit   = Family{"submit", []string{"submit", TokRunID}, StreamInbox}
+	Resume   = Family{"resume", []string{"resume", TokRunID}, StreamInbox}
+	ResumeAs = Family{"resume_as", []string{"resume", TokRunID, TokPrincipal}, StreamInbox}
+	Control  = Family{"control", []string{"control", TokRunID}, StreamInbox}
+	Result   = Family{"result", []string{"result", TokRunID}, StreamInbox}
+	Dispatch = Family{"dispatch", []string{"dispatch", TokPool, TokToolID}, StreamDispatch}
+	Out      = Family{"out", []string{"out", TokRunID, TokKind}, StreamOut}
+	TimerAt  = Family{"timer_at", []string{"timer", "at", TokRunID, TokAction, TokCorrelationID}, StreamTimers}
+	// TimerFire is where the server publishes a schedule when it is due.
+	TimerFire = Family{"timer_fire", []string{"timer", "fire", TokRunID}, StreamTimers}
+	Claim     = Family{"claim", []string{"api", "claim"}, ""}
+	Heartbeat = Family{"heartbeat", []string{"api", "heartbeat"}, ""}
+	Gate      = Family{"gate", []string{"gate"}, ""}
+	Brain     = Family{"brain", []string{"brain", TokToolID}, ""}
+	Delegate  = Family{"delegate", []string{"delegate", TokToolID}, ""}
+	// Forward carries the messages other engines forward to the owner of
+	// their run (engine internal).
+	Forward = Family{"forward", []string{"engine", TokEngineID, "forward"}, ""}
+)
+
+// Families lists every subject family, in the order of docs/protocol.md.
+var Families = []Family{Events, Submit, Resume, ResumeAs, Control, Result, Dispatch, Out,
+	TimerAt, TimerFire, Claim, Heartbeat, Gate, Brain, Delegate, Forward}
+
+// Out kinds: the last token of an out subject.
+const (
+	OutDisposition = "disposition"
+	OutResults     = "results"
+	OutAwaiting    = "awaiting"
+	OutRejected    = "rejected"
+	OutRefused     = "refused"
+	OutEnded       = "ended"
+)
+
+// Names derives stream names and subjects from the subject prefix.
+type Names struct {
+	Prefix string
+}
+
+// Subject builds a subject of f: args fill its placeholders in order. An
+// argument may be a wildcard: "*", or ">", which covers every token after
+// it.
+func (n Names) Subject(f Family, args ...string) string {
+	var b strings.Builder
+	b.WriteString(n.Prefix)
+	i := 0
+	for _, t := range f.Tokens {
+		b.WriteByte('.')
+		if isPlaceholder(t) {
+			if i < len(args) {
+				b.WriteString(args[i])
+				if args[i] == ">" {
+					return b.String() // covers the remaining tokens
+				}
+			}
+			i++
+			continue
+		}
+		b.WriteString(t)
+	}
+	return b.String()
+}
+
+// Pattern is the subject of f with every placeholder a "*" wildcard: what
+// a permission or a filter that covers the whole family names.
+func (n Names) Pattern(f Family) string {
+	args := make([]string, 0, len(f.Tokens))
+	for range f.Tokens {
+		args = append(args, "*")
+	}
+	return n.Subject(f, args...)
+}
+
+// Match reports whether subject belongs to f, and returns the values of
+// its placeholders in order.
+func (n Names) Match(f Family, subject string) ([]string, bool) {
+	rest, ok := strings.CutPrefix(subject, n.Prefix+".")
+	if !ok {
+		return nil, false
+	}
+	toks := strings.Split(rest, ".")
+	if len(toks) != len(f.Tokens) {
+		return nil, false
+	}
+	var vals []string
+	for i, t := range f.Tokens {
+		switch {
+		case isPlaceholder(t):
+			if toks[i] == "" {
+				return nil, false
+			}
+			vals = append(vals, toks[i])
+		case toks[i] != t:
+			return nil, false
+		}
+	}
+	return vals, true
+}
+
+// RunOf returns the run id of a subject of f (a family whose first
+// placeholder is the run id).
+func (n Names) RunOf(f Family, subject string) (string, bool) {
+	vals, ok := n.Match(f, subject)
+	if !ok || len(vals) == 0 {
+		return "", false
+	}
+	return vals[0], true
+}
+
+func isPlaceholder(t string) bool { return strings.HasPrefix(t, "{") }
+
+// StreamName returns a stream's name: the prefix upper-cased, every
+// character outside [A-Z0-9] as _, then _ and the kind (TOOLBATCH_EVENTS
+// for the default prefix).
+func (n Names) StreamName(s Stream) string { return n.upper() + "_" + string(s) }
+
+// BucketName returns a KV bucket's name, formed like a stream's.
+func (n Names) BucketName(b Bucket) string { return n.upper() + "_" + string(b) }
+
+func (n Names) upper() string {
+	up := []byte(n.Prefix)
+	for i, c := range up {
+		switch {
+		case c >= 'a' && c <= 'z':
+			up[i] = c - 'a' + 'A'
+		case c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		default:
+			up[i] = '_'
+		}
+	}
+	return string(up)
+}
+
+// StreamSubjects returns the subjects a stream is configured with: one
+// filter per first token of its families.
+func (n Names) StreamSubjects(s Stream) []string {
+	var out []string
+	for _, f := range Families {
+		if f.Stream != s {
+			continue
+		}
+		subj := n.Prefix + "." + f.Tokens[0] + ".>"
+		if !slices.Contains(out, subj) {
+			out = append(out, subj)
+		}
+	}
+	return out
+}
+
+// Stream names: TOOLBATCH_EVENTS and so on for the default prefix.
+func (n Names) EventsStream() string   { return n.StreamName(StreamEvents) }
+func (n Names) InboxStream() string    { return n.StreamName(StreamInbox) }
+func (n Names) DispatchStream() string { return n.StreamName(StreamDispatch) }
+func (n Names) OutStream() string      { return n.StreamName(StreamOut) }
+func (n Names) TimersStream() string   { return n.StreamName(StreamTimers) }
+func (n Names) CatalogBucket() string  { return n.BucketName(BucketCatalogs) }
+func (n Names) RegistryBucket() string { return n.BucketName(BucketRegistry) }
+func (n Names) StateBucket() string    { return n.BucketName(BucketState) }
+func (n Names) WorkersBucket() string  { return n.BucketName(BucketWorkers) }
+func (n Names) OwnersBucket() string   { return n.BucketName(BucketOwners) }
+
+// Subjects of the families, by name.
+func (n Names) Events(runID string) string    { return n.Subject(Events, runID) }
+func (n Names) Submit(runID string) string    { return n.Subject(Submit, runID) }
+func (n Names) Resume(runID string) string    { return n.Subject(Resume, runID) }
+func (n Names) Control(runID string) string   { return n.Subject(Control, runID) }
+func (n Names) Result(runID string) string    { return n.Subject(Result, runID) }
+func (n Names) Out(runID, kind string) string { return n.Subject(Out, runID, kind) }
+func (n Names) Brain(toolID string) string    { return n.Subject(Brain, toolID) }
+func (n Names) Gate() string                  { return n.Subject(Gate) }
+func (n Names) Delegate(toolID string) string { return n.Subject(Delegate, toolID) }
+func (n Names) Dispatch(pool, toolID string) string {
+	return n.Subject(Dispatch, pool, toolID)
+}
+
+// ResumeAs is a resume published as principal (attributed approvals).
+func (n Names) ResumeAs(runID, principal string) string {
+	return n.Subject(ResumeAs, runID, principal)
+}
+
+// TimerAt is the subject of a ticket's schedule in the timers stream.
+func (n Names) TimerAt(runID, action, correlationID string) string {
+	return n.Subject(TimerAt, runID, action, correlationID)
+}
+
+// TimerFire is where a run's schedules fire.
+func (n Names) TimerFire(runID string) string { return n.Subject(TimerFire, runID) }
+
+// Claim and Heartbeat are the engine's request/reply subjects for workers.
+func (n Names) Claim() string     { return n.Subject(Claim) }
+func (n Names) Heartbeat() string { return n.Subject(Heartbeat) }
+
+// Forward is where other engines forward the messages of the runs an
+// engine owns (core NATS, engine internal).
+func (n Names) Forward(engineID string) string { return n.Subject(Forward, engineID) }
+
+// RunOut is the filter of every out subject of a run.
+func (n Names) RunOut(runID string) string { return n.Subject(Out, runID, ">") }
+
+// OutKind returns the run id and kind of an out subject.
+func (n Names) OutKind(subject string) (runID, kind string, ok bool) {
+	vals, ok := n.Match(Out, subject)
+	if !ok {
+		return "", "", false
+	}
+	return vals[0], vals[1], true
+}
+
+// Inbox kinds: what an inbox or timer message asks of its run.
+const (
+	KindSubmit  = "submit"
+	KindResume  = "resume"
+	KindControl = "control"
+	KindResult  = "result"
+	KindTimer   = "timer"
+)
+
+// InboxKind splits a subject the engine consumes (the inbox families and
+// TimerFire) into its kind, run id and principal (resume only). ok is false
+// when the subject cannot be attributed to a run.
+func (n Names) InboxKind(subject string) (kind, runID, principal string, ok bool) {
+	for _, k := range []struct {
+		f    Family
+		kind string
+	}{{Submit, KindSubmit}, {Resume, KindResume}, {ResumeAs, KindResume}, {Control, KindControl},
+		{Result, KindResult}, {TimerFire, KindTimer}} {
+		if vals, ok := n.Match(k.f, subject); ok {
+			if len(vals) == 2 {
+				principal = vals[1]
+			}
+			return k.kind, vals[0], principal, true
+		}
+	}
+	return "", "", "", false
+}
+
+// Durable consumer names.
+const (
+	// ConsumerEngine is the engines' shared consumer of the inbox and of
+	// the timers' fires.
+	ConsumerEngine = "engine"
+	// ConsumerProjector is the projector's consumer of the events stream.
+	ConsumerProjector = "projector"
+)
+
+// PoolConsumer is the workers' shared consumer of a pool's tool on the
+// dispatch stream.
+func PoolConsumer(pool, toolID string) string { return "pool-" + pool + "-" + toolID }
+
+// Headers of the public interface.
+const (
+	// HeaderMsgID is JetStream's deduplication id.
+	HeaderMsgID = jetstream.MsgIDHeader
+	// HeaderContentType with ContentTypeJSON marks a JSON submit, resume or
+	// control body (msgpack otherwise).
+	HeaderContentType = "Content-Type"
+	ContentTypeJSON   = "application/json"
+	// HeaderEvent carries the type names of a commit's events, in order.
+	HeaderEvent = "Toolbatch-Event"
+	// HeaderPrev carries the stream sequence of the run's previous commit
+	// (0 for its first), so that a reader can tell it has every commit.
+	HeaderPrev = "Toolbatch-Prev"
+	// HeaderSource names the commit an out message was derived from:
+	// "<events stream sequence>/<index of the output in that commit>".
+	HeaderSource = "Toolbatch-Source"
+	// HeaderForwardedSubject and HeaderForwardedAck carry a forwarded
+	// message's subject and acknowledgement subject (engine internal).
+	HeaderForwardedSubject = "Toolbatch-Forwarded-Subject"
+	HeaderForwardedAck     = "Toolbatch-Forwarded-Ack"
+)
+
+// KV keys.
+
+// OwnerKey is a run's key in the owners bucket.
+func OwnerKey(runID string) string { return "run." + runID }
+
+// Key prefixes of the executor advertisements: the workers bucket holds
+// sandbox.<pool>.<tool_id>.<worker_id> = capability, the registry bucket
+// brain.<tool_id> = capability.
+const (
+	WorkerKeyPrefix   = "sandbox."
+	RegistryKeyPrefix = "brain."
+)
+
+// WorkerKey is a worker's advertisement of a pool's tool in the workers
+// bucket.
+func WorkerKey(pool, toolID, workerID string) string {
+	return WorkerKeyPrefix + pool + "." + toolID + "." + workerID
+}
+
+// WorkerFilter matches every worker's advertisement of a pool's tool.
+func WorkerFilter(pool, toolID string) string { return WorkerKey(pool, toolID, "*") }
+
+// RegistryKey is a brain tool's capability in the registry bucket.
+func RegistryKey(toolID string) string { return RegistryKeyPrefix + toolID }
+
+// ProjectorLeaderKey is the key in the owners bucket of the engine that
+// runs the projector.
+const ProjectorLeaderKey = "projector"
+
+// KVSubject is the subject a KV bucket stores a key under (NATS's layout
+// of buckets on streams), for a direct publish to the bucket.
+func (n Names) KVSubject(b Bucket, key string) string { return "$KV." + n.BucketName(b) + "." + key }
