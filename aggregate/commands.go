@@ -13,12 +13,33 @@ import (
 type Command interface{ command() }
 
 // Submit accepts or refuses a batch. Tools holds the descriptor pinned for
-// each call, in call order (Kind unknown for a tool the catalog lacks).
+// each call, in call order (Kind unknown for a tool the catalog lacks). A
+// refusal is decided as the BatchRejected event that records it.
 type Submit struct {
 	Submit     *events.Submit
 	Tools      []events.Descriptor
 	SnapshotID string
-	At         time.Time
+	// MaxPayload is the largest message the log's server takes (0: no
+	// limit), and SubmissionBytes the size of the submission as it arrived:
+	// a batch whose commit would not fit one message is refused.
+	MaxPayload      int
+	SubmissionBytes int
+	At              time.Time
+}
+
+// CommitHeaderRoom is what a commit's headers take at most, beyond its
+// body: the event types, the previous sequence, the message id and the
+// expected sequence.
+const CommitHeaderRoom = 8 << 10
+
+// Reject records a submission refused before it could be decided (its body
+// does not decode, or names another run): the decision is its BatchRejected.
+// Step names the batch when the body decoded far enough (HasStep).
+type Reject struct {
+	Step    int64
+	HasStep bool
+	Refusal *events.Refusal
+	At      time.Time
 }
 
 // Gate applies gate decisions. Normally it holds one decision, for the call
@@ -77,6 +98,35 @@ type Complete struct {
 	ClaimToken string
 	Output     *events.Output
 	Error      *events.ToolError
+	Limits     OutputLimits
+	At         time.Time
+}
+
+// OutputLimits bound what an output may add to the log; 0 means no limit.
+// An output over a limit completes the call with an execution error
+// instead.
+type OutputLimits struct {
+	// MaxOutputBytes bounds one output (its canonical JSON).
+	MaxOutputBytes int
+	// MaxBatchOutputBytes bounds the outputs of a batch together: the
+	// barrier's commit carries every one of them again.
+	MaxBatchOutputBytes int
+}
+
+// Result is a sandbox worker's report of an attempt, on the inbox. When it
+// is the current claim's it completes the call, as Complete does; otherwise
+// (fencing: another token, a stale attempt, a call that moved on) the
+// decision records it as ResultRefused and applies nothing. A result for a
+// batch that is not the run's latest changes nothing and is refused with
+// the reason.
+type Result struct {
+	BatchID    string
+	CallID     string
+	Attempt    int
+	ClaimToken string
+	Output     *events.Output
+	Error      *events.ToolError
+	Limits     OutputLimits
 	At         time.Time
 }
 
@@ -145,6 +195,8 @@ type End struct {
 }
 
 func (Submit) command()          {}
+func (Reject) command()          {}
+func (Result) command()          {}
 func (Gate) command()            {}
 func (ParkClient) command()      {}
 func (Claim) command()           {}

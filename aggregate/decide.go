@@ -9,22 +9,33 @@ import (
 )
 
 // Decide returns the events that carry out cmd on the run, in the order they
-// must be committed (one commit). It never changes r. A refused or illegal
-// command returns an error and no events; a command that is already done
-// (a duplicate submission, a repeated cancel) returns no events and no
-// error.
+// must be committed (one commit), and the run after them: the events are
+// folded once, here, and the caller keeps the returned run. Decide never
+// changes r. A refused or illegal command returns an error and no events; a
+// command that is already done (a duplicate submission, a repeated cancel)
+// returns no events and no error, and r itself.
+//
+// A refused submission is not an error: its answer is the BatchRejected
+// event that records it (see Submit and Reject), and a worker's result that
+// is not the current claim is recorded as ResultRefused (see Result).
 //
 // The returned events include every follow-up that needs no IO: calls of a
 // tool the catalog lacks complete with "unknown tool", a batch whose calls
 // are all terminal is finalized (the barrier), and an indeterminate
 // delegation ends the run. So a commit always leaves the run waiting for
 // the engine (a gate, an executor, a ticket) or done.
-func Decide(r *Run, cmd Command) ([]events.Event, error) {
+func Decide(r *Run, cmd Command) (*Run, []events.Event, error) {
 	d := &decider{run: r.Clone()}
 	var err error
 	switch c := cmd.(type) {
 	case Submit:
 		err = d.submit(c)
+		if ref := refusal(err); ref != nil {
+			d = &decider{run: r.Clone()}
+			err = d.reject(Reject{Step: c.Submit.Step, HasStep: true, Refusal: ref, At: c.At})
+		}
+	case Reject:
+		err = d.reject(c)
 	case Gate:
 		err = d.gate(c)
 	case ParkClient:
@@ -33,10 +44,16 @@ func Decide(r *Run, cmd Command) ([]events.Event, error) {
 		err = d.claim(c)
 	case Complete:
 		err = d.complete(c)
+	case Result:
+		err = d.result(c)
 	case Resume:
 		err = d.resume(c)
 	case Perform:
 		err = d.perform(c)
+		if errors.Is(err, ErrRunEnded) || errors.Is(err, ErrNoBatch) {
+			// Nothing awaits a perform in a run without an open batch.
+			err = events.Refuse(events.CodeNotAwaiting, "%v", err)
+		}
 	case Expire:
 		err = d.expire(c)
 	case DelegationAwait:
@@ -51,19 +68,24 @@ func Decide(r *Run, cmd Command) ([]events.Event, error) {
 		err = fmt.Errorf("%w: %T", ErrMalformedCommand, cmd)
 	}
 	if err != nil {
-		return nil, err
+		return r, nil, err
 	}
-	if len(d.out) > 0 {
-		if err := d.advance(commandTime(cmd)); err != nil {
-			return nil, err
-		}
+	if len(d.out) == 0 {
+		return r, nil, nil
 	}
-	return d.out, nil
+	if err := d.advance(commandTime(cmd)); err != nil {
+		return r, nil, err
+	}
+	return d.run, d.out, nil
 }
 
 func commandTime(cmd Command) time.Time {
 	switch c := cmd.(type) {
 	case Submit:
+		return c.At
+	case Reject:
+		return c.At
+	case Result:
 		return c.At
 	case Gate:
 		return c.At
@@ -106,23 +128,28 @@ func (d *decider) emit(e events.Event) error {
 	return nil
 }
 
-// Rejection returns the BatchRejected event recording a refused submission.
-func Rejection(runID string, s *events.Submit, err error, at time.Time) *events.BatchRejected {
-	code, ok := events.CodeOf(err)
-	if !ok {
-		code = events.CodeUndecodable
-	}
-	reason := err.Error()
+// refusal returns err's *events.Refusal, or nil.
+func refusal(err error) *events.Refusal {
 	var ref *events.Refusal
 	if errors.As(err, &ref) {
-		reason = ref.Reason
+		return ref
 	}
-	ev := &events.BatchRejected{RunID: runID, Code: code, Reason: reason, At: at}
-	if s != nil {
-		ev.BatchID = events.BatchID(runID, s.Step)
-		ev.Step = s.Step
+	return nil
+}
+
+// reject records a refused submission: the projector publishes it on
+// .rejected.
+func (d *decider) reject(c Reject) error {
+	ref := c.Refusal
+	if ref == nil {
+		return fmt.Errorf("%w: a rejection without a refusal", ErrMalformedCommand)
 	}
-	return ev
+	ev := &events.BatchRejected{RunID: d.run.RunID, Code: ref.Code, Reason: ref.Reason, At: c.At}
+	if c.HasStep {
+		ev.BatchID = events.BatchID(d.run.RunID, c.Step)
+		ev.Step = c.Step
+	}
+	return d.emit(ev)
 }
 
 func (d *decider) submit(c Submit) error {
@@ -155,11 +182,20 @@ func (d *decider) submit(c Submit) error {
 	for i, call := range calls {
 		pinned[i] = events.Call{CallID: call.CallID, ToolID: call.ToolID, Arguments: call.Arguments, Tool: Pin(c.Tools[i])}
 	}
-	return d.emit(&events.BatchSubmitted{
+	ev := &events.BatchSubmitted{
 		RunID: s.RunID, ThreadID: s.ThreadID, BatchID: s.BatchID(), Step: s.Step,
 		Assistant: s.Assistant, Calls: pinned, SnapshotID: c.SnapshotID, Narrowing: s.Narrowing,
 		Digest: digest, At: c.At,
-	})
+	}
+	// A large batch may fit the limits but not one commit. (A smaller one
+	// always fits: its event is at most about twice its submission.)
+	if c.MaxPayload > 0 && c.SubmissionBytes > c.MaxPayload/4 {
+		if body, _, err := events.EncodeCommit([]events.Event{ev}); err == nil && len(body)+CommitHeaderRoom > c.MaxPayload {
+			return events.Refuse(events.CodeLimitExceeded,
+				"the batch does not fit one message of the NATS server (max_payload %d bytes)", c.MaxPayload)
+		}
+	}
+	return d.emit(ev)
 }
 
 // Pin returns the descriptor as it is pinned into a call: the default mode
@@ -364,7 +400,11 @@ func (d *decider) claim(cl Claim) error {
 		WorkerID: cl.WorkerID, ClaimToken: cl.Token, LeaseMS: cl.LeaseMS, At: cl.At})
 }
 
-func (d *decider) complete(cp Complete) error {
+func (d *decider) complete(cp Complete) error { return d.completeAttempt(cp, false) }
+
+// completeAttempt decides an outcome; fromWorker holds for a worker's
+// result, which must name the current claim.
+func (d *decider) completeAttempt(cp Complete, fromWorker bool) error {
 	if (cp.Output == nil) == (cp.Error == nil) {
 		return fmt.Errorf("%w: a completion carries exactly one of output and error", ErrMalformedCommand)
 	}
@@ -372,10 +412,13 @@ func (d *decider) complete(cp Complete) error {
 	if err != nil {
 		return err
 	}
+	if cp.Output != nil {
+		cp.Output, cp.Error = withinLimits(b, *cp.Output, cp.Limits)
+	}
 	unavailable := cp.Error != nil && cp.Error.Kind == events.ErrorUnavailableBeforeDispatch
 	if c.Tool.Target == events.TargetSandbox {
 		switch {
-		case c.Claim == nil && unavailable && cp.ClaimToken == "":
+		case c.Claim == nil && unavailable && cp.ClaimToken == "" && !fromWorker:
 			// The engine's own verdict: nobody claimed it in time.
 		case c.Claim == nil:
 			return ErrNotClaimed
@@ -406,6 +449,56 @@ func (d *decider) complete(cp Complete) error {
 		}
 	}
 	return d.emit(&events.CallCompleted{BatchID: b.ID, CallID: c.CallID, Attempt: c.Attempt, Output: out, At: cp.At})
+}
+
+// withinLimits returns the output, or the execution error that replaces an
+// output over a limit.
+func withinLimits(b *Batch, o events.Output, lim OutputLimits) (*events.Output, *events.ToolError) {
+	size := 0
+	if lim.MaxOutputBytes > 0 || lim.MaxBatchOutputBytes > 0 {
+		size = events.OutputSize(o)
+	}
+	switch {
+	case lim.MaxOutputBytes > 0 && size > lim.MaxOutputBytes:
+		return nil, &events.ToolError{Kind: events.ErrorExecution, Message: fmt.Sprintf("output exceeds %d bytes", lim.MaxOutputBytes)}
+	case lim.MaxBatchOutputBytes > 0 && b.outputBytes()+size > lim.MaxBatchOutputBytes:
+		return nil, &events.ToolError{Kind: events.ErrorExecution,
+			Message: fmt.Sprintf("output too large: the batch's outputs would exceed %d bytes", lim.MaxBatchOutputBytes)}
+	}
+	return &o, nil
+}
+
+// outputBytes is the size of the outputs the batch holds.
+func (b *Batch) outputBytes() int {
+	n := 0
+	for _, c := range b.Calls {
+		if c.Output != nil {
+			n += events.OutputSize(*c.Output)
+		}
+	}
+	return n
+}
+
+// result decides a worker's result: completed when it is the current
+// claim's, recorded as refused (fencing) otherwise.
+func (d *decider) result(r Result) error {
+	var err error
+	if b, berr := d.openBatch(); berr != nil {
+		err = berr
+	} else if b.ID != r.BatchID {
+		err = fmt.Errorf("%w: the result is for batch %s", ErrNoBatch, r.BatchID)
+	} else {
+		err = d.completeAttempt(Complete{CallID: r.CallID, Attempt: r.Attempt, ClaimToken: r.ClaimToken,
+			Output: r.Output, Error: r.Error, Limits: r.Limits, At: r.At}, true)
+	}
+	if err == nil || !IsDecision(err) {
+		return err
+	}
+	if b := d.run.Batch; b != nil && b.ID == r.BatchID {
+		return d.emit(&events.ResultRefused{BatchID: r.BatchID, CallID: r.CallID, Attempt: r.Attempt,
+			ClaimToken: r.ClaimToken, Reason: err.Error(), At: r.At})
+	}
+	return err
 }
 
 // errorText is the model-visible text of a tool error.

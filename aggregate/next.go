@@ -161,3 +161,14 @@ func finalizedEvent(b *Batch, at time.Time) *events.BatchFinalized {
 	f := Finalization(b)
 	return &events.BatchFinalized{BatchID: b.ID, Step: b.Step, Results: f.Results, State: f.State, Conflict: f.Conflict, At: at}
 }
+
+// Narrowed returns the decision of the batch's narrowing for a call, the
+// first stage of the gate chain, and whether it decides: a batch submitted
+// with narrowing deny_all blocks every call before any rule or external
+// gate is asked.
+func Narrowed(b *Batch, callID string) (Decision, bool) {
+	if b.Narrowing != events.NarrowingDenyAll {
+		return Decision{}, false
+	}
+	return Decision{CallID: callID, Outcome: events.GateBlock, Stage: events.StageNarrowing, Reason: "run narrowed: deny_all"}, true
+}

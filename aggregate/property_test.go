@@ -81,7 +81,7 @@ func propRun(seed int64, steps int) error {
 			break
 		}
 		before := p.run.Clone()
-		evs, err := aggregate.Decide(p.run, cmd)
+		_, evs, err := aggregate.Decide(p.run, cmd)
 		if !reflect.DeepEqual(before, p.run) {
 			return fmt.Errorf("step %d: Decide(%T) changed the state", i, cmd)
 		}

@@ -258,19 +258,21 @@ func (h *harness) submit(c *datadriven.Case) (string, error) {
 		}
 		tools[i] = d
 	}
-	evs, err := aggregate.Decide(h.run, aggregate.Submit{Submit: s, Tools: tools, SnapshotID: "snap1", At: h.now})
-	var ref *events.Refusal
-	if errors.As(err, &ref) {
-		return h.reject(s, err)
-	}
-	return h.commit(evs, err)
+	return h.decide(aggregate.Submit{Submit: s, Tools: tools, SnapshotID: "snap1", At: h.now})
 }
 
-// reject prints a refusal and commits its BatchRejected, as the engine does.
+// reject decides the rejection of a submission refused before the
+// aggregate could see it (it does not decode), as the engine does.
 func (h *harness) reject(s *events.Submit, err error) (string, error) {
-	ev := aggregate.Rejection(h.run.RunID, s, err, h.now)
-	out, cerr := h.commit([]events.Event{ev}, nil)
-	return "refused " + err.Error() + "\n" + out, cerr
+	var ref *events.Refusal
+	if !errors.As(err, &ref) {
+		return "", err
+	}
+	rej := aggregate.Reject{Refusal: ref, At: h.now}
+	if s != nil {
+		rej.Step, rej.HasStep = s.Step, true
+	}
+	return h.decide(rej)
 }
 
 // gate lines: <call_id> <outcome> [stage=] [rule=] [reason=] [corr=]
@@ -305,6 +307,8 @@ func (h *harness) gate(c *datadriven.Case) (string, error) {
 
 // complete: text="..." for a success, error=<kind> msg="..." for an error;
 // input lines are staged commands: set|remove <scope> <key> <merge> [JSON].
+// With token=T it is a sandbox worker's result, which names its claim
+// (aggregate.Result); without, the engine's own outcome (aggregate.Complete).
 func (h *harness) complete(c *datadriven.Case) (string, error) {
 	cp := aggregate.Complete{CallID: arg(c, "call", ""), Attempt: argInt(c, "attempt", 1), ClaimToken: arg(c, "token", ""), At: h.now}
 	if kind, ok := c.Get("error"); ok {
@@ -330,6 +334,14 @@ func (h *harness) complete(c *datadriven.Case) (string, error) {
 			o.State = append(o.State, cmd)
 		}
 		cp.Output = &o
+	}
+	if c.Has("token") {
+		// A worker's result names its claim: fenced by the aggregate.
+		r := aggregate.Result{CallID: cp.CallID, Attempt: cp.Attempt, ClaimToken: cp.ClaimToken, Output: cp.Output, Error: cp.Error, At: cp.At}
+		if h.run.Batch != nil {
+			r.BatchID = h.run.Batch.ID
+		}
+		return h.decide(r)
 	}
 	return h.decide(cp)
 }
@@ -361,7 +373,7 @@ func (h *harness) resume(c *datadriven.Case) (string, error) {
 
 // decide runs a command and commits its events, or prints its refusal.
 func (h *harness) decide(cmd aggregate.Command) (string, error) {
-	evs, err := aggregate.Decide(h.run, cmd)
+	_, evs, err := aggregate.Decide(h.run, cmd)
 	return h.commit(evs, err)
 }
 

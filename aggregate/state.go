@@ -183,6 +183,33 @@ func (r *Run) OpenBatch() *Batch {
 	return r.Batch
 }
 
+// TicketCall returns the call of the run's ticket when correlationID names
+// it, or nil: the call whose live capability a resume or perform of that
+// ticket needs.
+func (r *Run) TicketCall(correlationID string) *Call {
+	t := r.Ticket()
+	if t == nil || t.CorrelationID != correlationID || r.Batch == nil {
+		return nil
+	}
+	c, _ := r.Batch.Call(t.CallID)
+	return c
+}
+
+// CheckHeartbeat returns nil when a worker's heartbeat names the current
+// claim of an executing call of the open batch, and ErrStaleClaim
+// otherwise: only the current claim's lease is renewed.
+func (r *Run) CheckHeartbeat(batchID, callID string, attempt int, token string) error {
+	b := r.OpenBatch()
+	if b == nil || b.ID != batchID {
+		return ErrStaleClaim
+	}
+	c, _ := b.Call(callID)
+	if c == nil || c.Phase != events.PhaseExecuting || c.Attempt != attempt || c.Claim == nil || c.Claim.Token != token {
+		return ErrStaleClaim
+	}
+	return nil
+}
+
 // Ticket returns the run's ticket, or nil.
 func (r *Run) Ticket() *events.Ticket {
 	if r.Batch == nil {

@@ -34,7 +34,7 @@ func newStream(t *testing.T) *stream {
 
 func (s *stream) do(cmd aggregate.Command) {
 	s.t.Helper()
-	evs, err := aggregate.Decide(s.run, cmd)
+	_, evs, err := aggregate.Decide(s.run, cmd)
 	if err != nil {
 		s.t.Fatal(err)
 	}

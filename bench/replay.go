@@ -63,7 +63,7 @@ func genBatch(r *genRun, at time.Time) ([][]events.Event, error) {
 	tools := []events.Descriptor{desc, desc, desc, desc}
 	var commits [][]events.Event
 	decide := func(cmd aggregate.Command) error {
-		evs, err := aggregate.Decide(r.run, cmd)
+		_, evs, err := aggregate.Decide(r.run, cmd)
 		if err != nil {
 			return err
 		}

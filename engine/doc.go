@@ -11,8 +11,9 @@
 //  2. Load: a run not in the cache is folded from its subject on the events
 //     stream. If its open batch has executing calls, the engine decides
 //     Recover first (contract.md §4), before anything else touches the run.
-//  3. Decide, stage, flush: aggregate.Decide returns one decision's events;
-//     they are applied to the cached state and staged. A flush appends
+//  3. Decide, stage, flush: aggregate.Decide returns one decision's events
+//     and the run after them (folded once, by the aggregate); that run
+//     becomes the cached state and the events are staged. A flush appends
 //     everything staged as one message on <prefix>.events.<run_id> with the
 //     run's expected last subject sequence and a deterministic message id
 //     (several messages only when one would exceed the server's size; a

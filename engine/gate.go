@@ -62,10 +62,9 @@ func (e *Engine) gateDecisions(ctx context.Context, run *aggregate.Run, callIDs 
 	for _, id := range callIDs {
 		c, _ := b.Call(id)
 		d := aggregate.Decision{CallID: id, Outcome: events.GateAllow, Stage: events.StageDefault}
-		switch {
-		case b.Narrowing == events.NarrowingDenyAll:
-			d.Outcome, d.Stage, d.Reason = events.GateBlock, events.StageNarrowing, "run narrowed: deny_all"
-		default:
+		if narrowed, ok := aggregate.Narrowed(b, id); ok {
+			d = narrowed
+		} else {
 			pd := cat.Evaluate(c.ToolID, c.Arguments, state, now)
 			if pd.Matched && pd.Outcome != events.GateAllow {
 				d = fromPolicy(id, pd)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -94,7 +95,7 @@ func (e *Engine) dispatchDeadline(toolID string) time.Duration {
 // while attempts remain. An attempt claimed or moved on meanwhile is left
 // alone.
 func (s *shard) onDispatchDeadline(ctx, runCtx context.Context, rs *runState, callID string, attempt int) error {
-	err := s.decide(ctx, rs, aggregate.Complete{CallID: callID, Attempt: attempt, At: s.e.cfg.Now(),
+	_, err := s.decide(ctx, rs, aggregate.Complete{CallID: callID, Attempt: attempt, At: s.e.cfg.Now(),
 		Error: &events.ToolError{Kind: events.ErrorUnavailableBeforeDispatch, Message: "no worker claimed it before its dispatch deadline"}})
 	if aggregate.IsDecision(err) {
 		return nil // claimed, or moved on: nothing to do
@@ -174,7 +175,7 @@ func (s *shard) onClaim(ctx context.Context, rs *runState, it item) error {
 	}
 	leaseMS := s.e.cfg.Lease.Milliseconds()
 	token := newID()
-	err := s.decideNow(ctx, rs, aggregate.Claim{CallID: callID, Attempt: req.Attempt, WorkerID: req.WorkerID, Token: token, LeaseMS: leaseMS, At: s.e.cfg.Now()})
+	_, err := s.decideNow(ctx, rs, aggregate.Claim{CallID: callID, Attempt: req.Attempt, WorkerID: req.WorkerID, Token: token, LeaseMS: leaseMS, At: s.e.cfg.Now()})
 	if err != nil && !aggregate.IsDecision(err) {
 		return err // answered busy: the worker gives the job back
 	}
@@ -196,12 +197,7 @@ func (s *shard) onHeartbeat(rs *runState, it item) error {
 		return nil
 	}
 	_, batchID, callID, _ := splitOperationID(hb.OperationID)
-	b := rs.run.OpenBatch()
-	var c *aggregate.Call
-	if b != nil && b.ID == batchID {
-		c, _ = b.Call(callID)
-	}
-	if c == nil || c.Phase != events.PhaseExecuting || c.Attempt != hb.Attempt || c.Claim == nil || c.Claim.Token != hb.ClaimToken {
+	if err := rs.run.CheckHeartbeat(batchID, callID, hb.Attempt, hb.ClaimToken); err != nil {
 		respond(it.req, events.ClaimReply{Reason: "the claim is not current"})
 		return nil
 	}
@@ -234,19 +230,19 @@ func (s *shard) onResult(ctx, runCtx context.Context, rs *runState, it item) err
 	if !ok {
 		return it.msg.TermWithReason("result with a bad operation id " + res.OperationID)
 	}
-	err = s.decide(ctx, rs, aggregate.Complete{CallID: callID, Attempt: res.Attempt, ClaimToken: res.ClaimToken,
-		Output: res.Output, Error: res.Error, At: s.e.cfg.Now()})
+	evs, err := s.decide(ctx, rs, aggregate.Result{BatchID: batchID, CallID: callID, Attempt: res.Attempt, ClaimToken: res.ClaimToken,
+		Output: res.Output, Error: res.Error, Limits: s.e.outputLimits(), At: s.e.cfg.Now()})
 	if err != nil && !aggregate.IsDecision(err) {
 		return err // not recorded: the message comes back
 	}
+	if err == nil && len(evs) == 1 {
+		if ref, ok := evs[0].(*events.ResultRefused); ok {
+			err = errors.New(ref.Reason) // fencing: recorded as refused, never applied
+		}
+	}
 	if err != nil {
-		// Fencing: not the current claim (or no longer open). Record it.
-		if b := rs.run.Batch; b != nil && b.ID == batchID {
-			ev := &events.ResultRefused{BatchID: batchID, CallID: callID, Attempt: res.Attempt, ClaimToken: res.ClaimToken,
-				Reason: err.Error(), At: s.e.cfg.Now()}
-			if err := s.commitEvents(ctx, rs, []events.Event{ev}); err != nil {
-				return err
-			}
+		if ferr := s.flush(ctx, rs); ferr != nil {
+			return ferr
 		}
 		s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, callID).Err(err).Msg("result refused")
 		return s.settle(rs, it.msg)
@@ -298,7 +294,7 @@ func (s *shard) onLeaseExpired(ctx, runCtx context.Context, rs *runState, le *le
 	if c == nil {
 		return nil
 	}
-	err := s.decideNow(ctx, rs, aggregate.LeaseExpired{CallID: le.callID, Attempt: le.lease.attempt, ClaimToken: le.lease.token,
+	_, err := s.decideNow(ctx, rs, aggregate.LeaseExpired{CallID: le.callID, Attempt: le.lease.attempt, ClaimToken: le.lease.token,
 		Capability: s.e.capability(ctx, c.ToolID, c.Tool), At: s.e.cfg.Now()})
 	if err != nil && !aggregate.IsDecision(err) {
 		// Not recorded: watch the lease again and decide it soon.

@@ -222,11 +222,6 @@ func (s *shard) handle(runCtx context.Context, it item) {
 	s.evict()
 }
 
-// commitHeaderRoom is what a commit's headers take at most, beyond its
-// body: the event types, the previous sequence, the message id and the
-// expected sequence.
-const commitHeaderRoom = 8 << 10
-
 // busyDelay is how long a message of a run another engine owns waits
 // before it is delivered again: 5 ms at first, doubling with every
 // delivery, at most a quarter of the ack wait and never more than 500 ms.
@@ -302,12 +297,13 @@ func (s *shard) load(ctx context.Context, rs *runState) error {
 				rs.inflight[key] = true
 			}
 		}
-		evs, err := aggregate.Decide(run, aggregate.Recover{Capabilities: caps, Exclude: exclude, At: s.e.cfg.Now()})
+		after, evs, err := aggregate.Decide(run, aggregate.Recover{Capabilities: caps, Exclude: exclude, At: s.e.cfg.Now()})
 		if err != nil {
 			return fmt.Errorf("recover run %s: %w", rs.id, err)
 		}
 		if len(evs) > 0 {
-			if err := s.commitEvents(ctx, rs, evs); err != nil {
+			s.stage(rs, after, evs)
+			if err := s.flush(ctx, rs); err != nil {
 				return fmt.Errorf("recover run %s: %w", rs.id, err)
 			}
 			s.e.log.Info().Str(fieldRunID, rs.id).Msg("run recovered")
@@ -331,41 +327,29 @@ func (s *shard) evict() {
 // before its events are durable; what is staged between two such actions
 // (a call's completion and the next call's gate decision, say) becomes one
 // commit instead of several.
-func (s *shard) decide(ctx context.Context, rs *runState, cmd aggregate.Command) error {
-	evs, err := aggregate.Decide(rs.run, cmd)
+func (s *shard) decide(ctx context.Context, rs *runState, cmd aggregate.Command) ([]events.Event, error) {
+	run, evs, err := aggregate.Decide(rs.run, cmd)
 	if err != nil || len(evs) == 0 {
-		return err
+		return nil, err
 	}
-	return s.stage(rs, evs)
+	s.stage(rs, run, evs)
+	return evs, nil
 }
 
 // decideNow decides and flushes at once.
-func (s *shard) decideNow(ctx context.Context, rs *runState, cmd aggregate.Command) error {
-	if err := s.decide(ctx, rs, cmd); err != nil {
-		return err
+func (s *shard) decideNow(ctx context.Context, rs *runState, cmd aggregate.Command) ([]events.Event, error) {
+	evs, err := s.decide(ctx, rs, cmd)
+	if err != nil {
+		return nil, err
 	}
-	return s.flush(ctx, rs)
+	return evs, s.flush(ctx, rs)
 }
 
-// commitEvents stages events and flushes them with anything staged before.
-func (s *shard) commitEvents(ctx context.Context, rs *runState, evs []events.Event) error {
-	if err := s.stage(rs, evs); err != nil {
-		return err
-	}
-	return s.flush(ctx, rs)
-}
-
-// stage applies one decision's events to the cached run and keeps them
-// for the next flush.
-func (s *shard) stage(rs *runState, evs []events.Event) error {
-	if err := rs.run.ApplyAll(evs); err != nil {
-		// Decide checked these events on a copy: this is a bug, and the
-		// cached state can no longer be trusted.
-		s.abandon(rs)
-		return fmt.Errorf("apply decided events: %w", err)
-	}
+// stage takes one decision: the run after its events becomes the cached
+// run, and the events are kept for the next flush.
+func (s *shard) stage(rs *runState, run *aggregate.Run, evs []events.Event) {
+	rs.run = run
 	rs.pending = append(rs.pending, evs)
-	return nil
 }
 
 // flush appends the staged decisions as one commit (several when together
@@ -460,56 +444,62 @@ func (s *shard) onSubmit(ctx, runCtx context.Context, rs *runState, it item) err
 	if err == nil && sub.RunID != rs.id {
 		err = events.Refuse(events.CodeInvalidID, "body run_id %q differs from the subject's %q", sub.RunID, rs.id)
 	}
+	var cmd aggregate.Command
 	if err != nil {
-		return s.reject(ctx, rs, it.msg, sub, err, now)
-	}
-	cat := s.e.cfg.Catalog
-	calls := sub.Calls()
-	tools := make([]events.Descriptor, len(calls))
-	for i, c := range calls {
-		d, ok := cat.Descriptor(c.ToolID)
-		if !ok {
-			d = events.Descriptor{Kind: events.KindUnknown}
+		rej := aggregate.Reject{Refusal: asRefusal(err), At: now}
+		if sub != nil {
+			rej.Step, rej.HasStep = sub.Step, true
 		}
-		tools[i] = d
+		cmd = rej
+	} else {
+		cat := s.e.cfg.Catalog
+		calls := sub.Calls()
+		tools := make([]events.Descriptor, len(calls))
+		for i, c := range calls {
+			d, ok := cat.Descriptor(c.ToolID)
+			if !ok {
+				d = events.Descriptor{Kind: events.KindUnknown}
+			}
+			tools[i] = d
+		}
+		cmd = aggregate.Submit{Submit: sub, Tools: tools, SnapshotID: cat.SnapshotID(),
+			MaxPayload: int(s.e.nc.MaxPayload()), SubmissionBytes: len(it.msg.Data()), At: now}
 	}
-	evs, err := aggregate.Decide(rs.run, aggregate.Submit{Submit: sub, Tools: tools, SnapshotID: cat.SnapshotID(), At: now})
-	if _, refused := events.CodeOf(err); refused {
-		return s.reject(ctx, rs, it.msg, sub, err, now)
-	}
+	evs, err := s.decide(ctx, rs, cmd)
 	if err != nil {
 		return err
 	}
-	if len(evs) > 0 && len(it.msg.Data()) > int(s.e.nc.MaxPayload())/4 {
-		// A large batch may fit the limits but not one message of this
-		// server. (A smaller one always fits: its event is at most about
-		// twice its submission.)
-		if body, _, err := events.EncodeCommit(evs); err == nil && len(body)+commitHeaderRoom > int(s.e.nc.MaxPayload()) {
-			return s.reject(ctx, rs, it.msg, sub, events.Refuse(events.CodeLimitExceeded,
-				"the batch does not fit one message of the NATS server (max_payload %d bytes)", s.e.nc.MaxPayload()), now)
-		}
-	}
-	if len(evs) > 0 {
-		if err := s.stage(rs, evs); err != nil {
-			return err
+	if len(evs) == 1 {
+		if ev, ok := evs[0].(*events.BatchRejected); ok {
+			if err := s.flush(ctx, rs); err != nil {
+				return err
+			}
+			s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldBatchID, ev.BatchID).Str("code", string(ev.Code)).Str("reason", ev.Reason).Msg("submission rejected")
+			return s.settle(rs, it.msg)
 		}
 	}
 	rs.held = append(rs.held, it.msg)
 	return s.drive(ctx, runCtx, rs)
 }
 
-// reject records a refused submission; the projector publishes it on
-// .rejected.
-func (s *shard) reject(ctx context.Context, rs *runState, m jetstream.Msg, sub *events.Submit, err error, now time.Time) error {
-	if sub != nil && sub.RunID != rs.id {
-		sub = &events.Submit{RunID: rs.id, Step: sub.Step}
+// asRefusal returns err as a refusal: a decoding failure without a protocol
+// code is undecodable.
+func asRefusal(err error) *events.Refusal {
+	var ref *events.Refusal
+	if errors.As(err, &ref) {
+		return ref
 	}
-	ev := aggregate.Rejection(rs.id, sub, err, now)
-	if aerr := s.commitEvents(ctx, rs, []events.Event{ev}); aerr != nil {
-		return aerr
+	return events.Refuse(events.CodeUndecodable, "%v", err)
+}
+
+// ticketCapability is the live capability of the tool of the run's ticket
+// that correlationID names (non_recoverable when it names none: the
+// aggregate then refuses the command).
+func (s *shard) ticketCapability(ctx context.Context, rs *runState, correlationID string) events.Capability {
+	if c := rs.run.TicketCall(correlationID); c != nil {
+		return s.e.capability(ctx, c.ToolID, c.Tool)
 	}
-	s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldBatchID, ev.BatchID).Str("code", string(ev.Code)).Str("reason", ev.Reason).Msg("submission rejected")
-	return s.settle(rs, m)
+	return events.CapNonRecoverable
 }
 
 func (s *shard) onResume(ctx, runCtx context.Context, rs *runState, it item) error {
@@ -520,13 +510,8 @@ func (s *shard) onResume(ctx, runCtx context.Context, rs *runState, it item) err
 	if err != nil {
 		return s.refuse(ctx, rs, it.msg, "", err)
 	}
-	capability := events.CapNonRecoverable
-	if t := rs.run.Ticket(); t != nil && t.CorrelationID == res.CorrelationID {
-		if c, _ := rs.run.Batch.Call(t.CallID); c != nil {
-			capability = s.e.capability(ctx, c.ToolID, c.Tool)
-		}
-	}
-	err = s.decide(ctx, rs, aggregate.Resume{Resume: res, Principal: it.principal, Capability: capability, At: s.e.cfg.Now()})
+	_, err = s.decide(ctx, rs, aggregate.Resume{Resume: res, Principal: it.principal,
+		Capability: s.ticketCapability(ctx, rs, res.CorrelationID), At: s.e.cfg.Now()})
 	if err != nil {
 		if _, refused := events.CodeOf(err); refused {
 			return s.refuse(ctx, rs, it.msg, res.CorrelationID, err)
@@ -550,20 +535,11 @@ func (s *shard) onControl(ctx, runCtx context.Context, rs *runState, it item) er
 	case events.ControlInterrupt:
 		cmd = aggregate.End{Cause: events.EndInterrupted, Reason: c.Reason, At: now}
 	default: // perform
-		capability := events.CapNonRecoverable
-		if t := rs.run.Ticket(); t != nil && t.CorrelationID == c.CorrelationID {
-			if call, _ := rs.run.Batch.Call(t.CallID); call != nil {
-				capability = s.e.capability(ctx, call.ToolID, call.Tool)
-			}
-		}
-		cmd = aggregate.Perform{CorrelationID: c.CorrelationID, Capability: capability, At: now}
+		cmd = aggregate.Perform{CorrelationID: c.CorrelationID, Capability: s.ticketCapability(ctx, rs, c.CorrelationID), At: now}
 	}
-	if err := s.decide(ctx, rs, cmd); err != nil {
+	if _, err := s.decide(ctx, rs, cmd); err != nil {
 		if _, refused := events.CodeOf(err); refused {
 			return s.refuse(ctx, rs, it.msg, c.CorrelationID, err)
-		}
-		if errors.Is(err, aggregate.ErrRunEnded) || errors.Is(err, aggregate.ErrNoBatch) {
-			return s.refuse(ctx, rs, it.msg, c.CorrelationID, events.Refuse(events.CodeNotAwaiting, "%v", err))
 		}
 		return err
 	}
@@ -631,21 +607,9 @@ func (s *shard) onOutcome(ctx, runCtx context.Context, rs *runState, o *outcome)
 		}
 		cmd = aggregate.LeaseExpired{CallID: o.callID, Attempt: o.attempt, Capability: s.e.capability(ctx, c.ToolID, c.Tool), At: now}
 	} else {
-		if o.output != nil && events.OutputSize(*o.output) > s.e.cfg.Limits.MaxOutputBytes {
-			o.output = nil
-			o.err = &events.ToolError{Kind: events.ErrorExecution, Message: fmt.Sprintf("output exceeds %d bytes", s.e.cfg.Limits.MaxOutputBytes)}
-		}
-		cmd = aggregate.Complete{CallID: o.callID, Attempt: o.attempt, Output: o.output, Error: o.err, At: now}
+		cmd = aggregate.Complete{CallID: o.callID, Attempt: o.attempt, Output: o.output, Error: o.err, Limits: s.e.outputLimits(), At: now}
 	}
-	// Budget the batch's commits: the barrier carries every output again.
-	if c, ok := cmd.(aggregate.Complete); ok && c.Output != nil {
-		if total := batchOutputBytes(rs) + events.OutputSize(*c.Output); total > int(s.e.nc.MaxPayload())/2 {
-			c.Output, c.Error = nil, &events.ToolError{Kind: events.ErrorExecution,
-				Message: fmt.Sprintf("output too large: the batch's outputs would exceed %d bytes", s.e.nc.MaxPayload()/2)}
-			cmd = c
-		}
-	}
-	if err := s.decide(ctx, rs, cmd); err != nil {
+	if _, err := s.decide(ctx, rs, cmd); err != nil {
 		if aggregate.IsDecision(err) {
 			// The call moved on without this outcome (cancelled, say): it
 			// is not applied.
@@ -657,17 +621,11 @@ func (s *shard) onOutcome(ctx, runCtx context.Context, rs *runState, o *outcome)
 	return nil
 }
 
-// batchOutputBytes is the size of the outputs the open batch holds.
-func batchOutputBytes(rs *runState) int {
-	n := 0
-	if b := rs.run.OpenBatch(); b != nil {
-		for _, c := range b.Calls {
-			if c.Output != nil {
-				n += events.OutputSize(*c.Output)
-			}
-		}
-	}
-	return n
+// outputLimits are the facts an outcome's size is decided by: the
+// configured output limit, and half the server's message size for a
+// batch's outputs together (the barrier's commit carries every one again).
+func (e *Engine) outputLimits() aggregate.OutputLimits {
+	return aggregate.OutputLimits{MaxOutputBytes: e.cfg.Limits.MaxOutputBytes, MaxBatchOutputBytes: int(e.nc.MaxPayload()) / 2}
 }
 
 // drive does what the run needs until it waits for an executor, a ticket
@@ -688,7 +646,7 @@ func (s *shard) drive(ctx, runCtx context.Context, rs *runState) error {
 			if err != nil {
 				return err
 			}
-			if err := s.decide(ctx, rs, aggregate.Gate{Decisions: decisions, At: s.e.cfg.Now()}); err != nil {
+			if _, err := s.decide(ctx, rs, aggregate.Gate{Decisions: decisions, At: s.e.cfg.Now()}); err != nil {
 				return err
 			}
 		case aggregate.NextParkClient:
@@ -697,7 +655,7 @@ func (s *shard) drive(ctx, runCtx context.Context, rs *runState) error {
 			if c, _ := rs.run.Batch.Call(w.CallIDs[0]); c != nil {
 				park.Deadline = s.e.waitDeadline(ctx, rs.run.Batch.SnapshotID, c.ToolID, now)
 			}
-			if err := s.decide(ctx, rs, park); err != nil {
+			if _, err := s.decide(ctx, rs, park); err != nil {
 				return err
 			}
 		case aggregate.NextExecuting:
@@ -790,17 +748,11 @@ func (s *shard) onTimer(ctx, runCtx context.Context, rs *runState, it item) erro
 		}
 		return s.settle(rs, it.msg)
 	case timerPerform:
-		capability := events.CapNonRecoverable
-		if t := rs.run.Ticket(); t != nil && t.CorrelationID == f.CorrelationID {
-			if c, _ := rs.run.Batch.Call(t.CallID); c != nil {
-				capability = s.e.capability(ctx, c.ToolID, c.Tool)
-			}
-		}
-		cmd = aggregate.Perform{CorrelationID: f.CorrelationID, Timer: true, Capability: capability, At: now}
+		cmd = aggregate.Perform{CorrelationID: f.CorrelationID, Timer: true, Capability: s.ticketCapability(ctx, rs, f.CorrelationID), At: now}
 	default:
 		return it.msg.TermWithReason("unknown timer action " + f.Action)
 	}
-	err := s.decide(ctx, rs, cmd)
+	_, err := s.decide(ctx, rs, cmd)
 	switch {
 	case errors.Is(err, aggregate.ErrNotDue):
 		// Our clock is behind the server's: try again a little later.

@@ -56,7 +56,7 @@ func (h *harness) tick() time.Time {
 // and returns the outputs they caused.
 func (h *harness) do(cmd aggregate.Command) []projector.Output {
 	h.t.Helper()
-	evs, err := aggregate.Decide(h.run, cmd)
+	_, evs, err := aggregate.Decide(h.run, cmd)
 	if err != nil {
 		h.t.Fatalf("decide %T: %v", cmd, err)
 	}
@@ -465,12 +465,15 @@ func TestRejectedSubmission(t *testing.T) {
 	h.submit(2, brainTool)
 
 	s := submission(3, 1)
-	_, err := aggregate.Decide(h.run, aggregate.Submit{Submit: s, Tools: []events.Descriptor{brainTool}, At: h.tick()})
-	if code, ok := events.CodeOf(err); !ok || code != events.CodeBatchOpen {
-		t.Fatalf("submit while a batch is open: got %v, want a batch_open refusal", err)
+	_, evs, err := aggregate.Decide(h.run, aggregate.Submit{Submit: s, Tools: []events.Descriptor{brainTool}, At: h.tick()})
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("submit while a batch is open: got %v %v, want its rejection", evs, err)
 	}
-	rej := aggregate.Rejection(runID, s, err, h.now)
-	out := h.commit([]events.Event{rej})
+	rej, ok := evs[0].(*events.BatchRejected)
+	if !ok || rej.Code != events.CodeBatchOpen {
+		t.Fatalf("submit while a batch is open: got %v, want a batch_open rejection", evs[0])
+	}
+	out := h.commit(evs)
 	wantKinds(t, out, "rejected")
 	r := out[0].Rejected
 	if r.BatchID != events.BatchID(runID, 3) || r.Code != events.CodeBatchOpen || r.Reason == "" || r.Reason != rej.Reason {
@@ -478,7 +481,11 @@ func TestRejectedSubmission(t *testing.T) {
 	}
 
 	// A submission that never decoded has no batch id.
-	out = h.commit([]events.Event{aggregate.Rejection(runID, nil, events.Refuse(events.CodeUndecodable, "body is not valid msgpack"), h.tick())})
+	_, evs, err = aggregate.Decide(h.run, aggregate.Reject{Refusal: events.Refuse(events.CodeUndecodable, "body is not valid msgpack"), At: h.tick()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = h.commit(evs)
 	wantKinds(t, out, "rejected")
 	if r := out[0].Rejected; r.BatchID != "" || r.Code != events.CodeUndecodable {
 		t.Fatalf("rejected: got %+v", r)
@@ -540,7 +547,7 @@ func TestProjectIsPure(t *testing.T) {
 	if err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
-	evs, err := aggregate.Decide(h.run, aggregate.Gate{Decisions: []aggregate.Decision{{CallID: "c1",
+	_, evs, err := aggregate.Decide(h.run, aggregate.Gate{Decisions: []aggregate.Decision{{CallID: "c1",
 		Outcome: events.GateRequireConfirmation, CorrelationID: "ask-1"}}, At: h.tick()})
 	if err != nil {
 		t.Fatalf("decide: %v", err)

@@ -70,7 +70,7 @@ func (rc *recorder) runOf(id string) *recordedRun {
 // sequence.
 func (rc *recorder) do(runID string, cmd aggregate.Command) uint64 {
 	rc.t.Helper()
-	evs, err := aggregate.Decide(rc.runOf(runID).run, cmd)
+	_, evs, err := aggregate.Decide(rc.runOf(runID).run, cmd)
 	if err != nil {
 		rc.t.Fatalf("decide %T: %v", cmd, err)
 	}
@@ -202,10 +202,10 @@ func goodStream(rc *recorder, replayed bool) seqs {
 	s.finalR1 = rc.do("r1", aggregate.Complete{CallID: "c3", Attempt: 1, Output: text("c3", "deployed"), At: rc.at()})
 	// A second step 1 with other calls is refused, and recorded.
 	again := submit("r2", 1, rc.at(), `c1 rm {"path":"/"}`)
-	if _, err := aggregate.Decide(rc.runOf("r2").run, again); err == nil {
-		rc.t.Fatal("a second step 1 was accepted")
+	if _, evs, err := aggregate.Decide(rc.runOf("r2").run, again); err != nil || len(evs) != 1 || evs[0].EventType() != events.TypeBatchRejected {
+		rc.t.Fatalf("a second step 1 was not rejected: %v %v", evs, err)
 	} else {
-		rc.commit("r2", aggregate.Rejection("r2", again.Submit, err, rc.at()))
+		rc.commit("r2", evs...)
 	}
 	rc.do("r2", aggregate.End{Cause: events.EndCancelled, Reason: "user closed the chat", At: rc.at()})
 	rc.do("r1", submit("r1", 2, rc.at(), `c1 rm {"path":"/"}`, `c2 echo {"q":"again"}`, `c3 weather {"city":"Oslo"}`))
