@@ -72,4 +72,6 @@
 // other phases need no decision: terminal calls are kept, awaiting calls keep
 // their ticket, requested calls are gated again (Next), and an executing call
 // whose boundary was not crossed is dispatched again with the same attempt.
+//
+// Imports: events.
 package aggregate

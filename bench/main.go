@@ -1,28 +1,3 @@
-// Command bench is toolbatch's benchmark (`make bench`, issue 7). It
-// builds the engine, the sandbox worker and replay from this module, runs
-// them as processes against the engine's embedded JetStream, and measures:
-//
-//   - W1 latency: one run at a time, batches of 4 calls of the sandbox
-//     workers' builtin noop through one sandbox-worker process, and of 4
-//     calls of the engine's brain builtin echo; p50 and p99 from submit to
-//     the batch's .results message;
-//   - W2 throughput: 64 runs at once, batches of 4 noop calls, 2 worker
-//     processes; batches/s, calls/s, commits/s, p50/p99, the engine's RSS
-//     and CPU;
-//   - the engine's RSS holding 10,000 runs parked on a permission ticket;
-//   - the ceiling, in the same run and on the same server: raw JetStream
-//     rates of the primitives the engine uses, and a hand-rolled minimum of
-//     W1 (the same appends and round trips, no engine logic);
-//   - W3 replay: the replay program folding a recorded stream of 1,000,000
-//     events, from a file and from NATS;
-//   - W4 sandbox cost: /bin/true through sandbox.Runner with bubblewrap
-//     against a bare fork and exec.
-//
-// W1, W2 and the ceiling run once with the engine's default durability
-// (JetStream's periodic flush) and once with --sync-always. Every figure is
-// the median of --reps repetitions. The table goes to stdout, the full
-// results (with the machine's core count and the command) to --out as JSON.
-// docs/performance.md explains every figure and gives one run's table.
 package main
 
 import (

@@ -28,4 +28,6 @@
 // The package is pure: Parse does no IO (Load is the one function that reads
 // a file), and Evaluate reads no clock: the time arrives as an argument.
 // A Catalog is immutable and safe for concurrent use.
+//
+// Imports: events, internal/located, cel.dev/cel-go, go.yaml.in/yaml/v3.
 package catalog

@@ -43,4 +43,7 @@
 // `make test` (see shortSeeds for why they are fixed), and
 // TestKnownBugRefusedRedeliveryStrandsRun (CHAOS_KNOWN_BUGS=1) reproduces
 // the engine bug that keeps them fixed.
+//
+// Imports: audit, client, events, protocol, internal/testproc,
+// github.com/nats-io/nats.go.
 package chaos

@@ -61,4 +61,6 @@
 //			err = c.Approve(ctx, *m.Awaiting, "alice", "looks fine")
 //		}
 //	}
+//
+// Imports: events, protocol, github.com/nats-io/nats.go.
 package client

@@ -45,4 +45,8 @@
 // The engine never decides what the aggregate decides: it gathers the facts
 // a decision needs (time, new ids, the catalog, live capabilities, gate
 // answers, executor outcomes) and hands them over as commands.
+//
+// Imports: aggregate, catalog, events, projector, protocol,
+// github.com/nats-io/nats.go, github.com/nats-io/nuid,
+// github.com/rs/zerolog.
 package engine

@@ -15,4 +15,6 @@
 // with a protocol Code, and every input limit is checked (see Limits).
 //
 // The package does no IO and reads no clock: times arrive as data.
+//
+// Imports: github.com/vmihailenco/msgpack/v5.
 package events

@@ -37,4 +37,6 @@
 // Refusals of resume and control messages (.refused) are not derived from
 // events (no event records them); the engine publishes them directly, and
 // they are outside this projection.
+//
+// Imports: aggregate, events.
 package projector

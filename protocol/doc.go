@@ -11,4 +11,6 @@
 //
 // It may import events and the NATS client; nothing of toolbatch imports
 // it back except the programs and the shell packages.
+//
+// Imports: events, github.com/nats-io/nats.go.
 package protocol

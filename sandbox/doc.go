@@ -45,4 +45,6 @@
 //
 // With isolation none the same command line runs without bubblewrap, in
 // its own process group; Runner.Warning says what is then not isolated.
+//
+// Imports: events, internal/located, go.yaml.in/yaml/v3.
 package sandbox

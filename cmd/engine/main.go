@@ -1,10 +1,3 @@
-// Command engine runs the toolbatch engine: intake, gates, brain tools,
-// claims, timers, recovery and the projector, on NATS JetStream.
-//
-// With no flags it starts an embedded NATS server with JetStream, storing in
-// ./toolbatch-data and listening on 127.0.0.1:4222, so that workers and
-// clients can connect. With --nats-url it uses an existing server or
-// cluster instead.
 package main
 
 import (

@@ -1,7 +1,3 @@
-// Package testproc builds this module's programs and runs them as
-// processes for tests that talk to them only over NATS: build once per test
-// binary, start with a wait for a log line that says the program is ready,
-// kill at cleanup (with its logs printed when the test failed).
 package testproc
 
 import (

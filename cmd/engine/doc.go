@@ -1,0 +1,11 @@
+// Command engine runs the toolbatch engine: intake, gates, brain tools,
+// claims, timers, recovery and the projector, on NATS JetStream.
+//
+// With no flags it starts an embedded NATS server with JetStream, storing in
+// ./toolbatch-data and listening on 127.0.0.1:4222, so that workers and
+// clients can connect. With --nats-url it uses an existing server or
+// cluster instead.
+//
+// Imports: catalog, engine, protocol, github.com/nats-io/nats-server/v2,
+// github.com/nats-io/nats.go, github.com/rs/zerolog.
+package main
