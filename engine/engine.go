@@ -305,7 +305,7 @@ func (e *Engine) route(m jetstream.Msg) {
 		_ = m.TermWithReason("cannot be attributed to a run: subject " + m.Subject())
 		return
 	}
-	e.shardOf(runID).post(item{runID: runID, msg: m, kind: kind, principal: principal})
+	e.shardOf(runID).post(item{runID: runID, work: &inboxMsg{msg: m, kind: kind, principal: principal}})
 }
 
 func (e *Engine) shardOf(runID string) *shard {

@@ -62,7 +62,7 @@ func (e *Engine) serveForwards() (*nats.Subscription, error) {
 			_ = fm.TermWithReason("cannot be attributed to a run: subject " + subject)
 			return
 		}
-		e.shardOf(runID).post(item{runID: runID, msg: fm, kind: kind, principal: principal, forwarded: true})
+		e.shardOf(runID).post(item{runID: runID, work: &inboxMsg{msg: fm, kind: kind, principal: principal, forwarded: true}})
 	})
 }
 

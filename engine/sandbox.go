@@ -94,7 +94,7 @@ func (e *Engine) dispatchDeadline(toolID string) time.Duration {
 // (unavailable_before_dispatch: nothing ran); the aggregate retries it
 // while attempts remain. An attempt claimed or moved on meanwhile is left
 // alone.
-func (s *shard) onDispatchDeadline(ctx, runCtx context.Context, rs *runState, callID string, attempt int) error {
+func (s *shard) onDispatchDeadline(ctx context.Context, rs *runState, callID string, attempt int) error {
 	_, err := s.decide(ctx, rs, aggregate.Complete{CallID: callID, Attempt: attempt, At: s.e.cfg.Now(),
 		Error: &events.ToolError{Kind: events.ErrorUnavailableBeforeDispatch, Message: "no worker claimed it before its dispatch deadline"}})
 	if aggregate.IsDecision(err) {
@@ -104,7 +104,7 @@ func (s *shard) onDispatchDeadline(ctx, runCtx context.Context, rs *runState, ca
 		return err
 	}
 	delete(rs.inflight, fmt.Sprintf("%s/%d", callID, attempt))
-	return s.drive(ctx, runCtx, rs)
+	return nil // handle drives the run
 }
 
 // DefaultDispatchDeadline is how long a sandbox attempt may wait for a
@@ -120,22 +120,21 @@ func (e *Engine) serveWorkers() ([]*nats.Subscription, error) {
 		// Every engine receives every request; only the run's owner answers.
 		sub, err := e.nc.Subscribe(e.names.Subject(fam), func(m *nats.Msg) {
 			var op string
+			var w work
 			var err error
-			if kind == "claim" {
-				var req events.ClaimRequest
-				err = events.Unmarshal(m.Data, &req)
-				op = req.OperationID
+			if fam.Name == protocol.Claim.Name {
+				cr := &claimReq{req: m}
+				err, op, w = events.Unmarshal(m.Data, &cr.body), cr.body.OperationID, cr
 			} else {
-				var hb events.Heartbeat
-				err = events.Unmarshal(m.Data, &hb)
-				op = hb.OperationID
+				hr := &heartbeatReq{req: m}
+				err, op, w = events.Unmarshal(m.Data, &hr.body), hr.body.OperationID, hr
 			}
 			runID, _, _, ok := splitOperationID(op)
 			if err != nil || !ok {
 				respond(m, events.ClaimReply{Reason: fmt.Sprintf("undecodable %s request", kind)})
 				return
 			}
-			e.shardOf(runID).post(item{runID: runID, kind: kind, req: m})
+			e.shardOf(runID).post(item{runID: runID, work: w})
 		})
 		if err != nil {
 			return nil, err
@@ -162,15 +161,11 @@ func splitOperationID(op string) (runID, batchID, callID string, ok bool) {
 }
 
 // onClaim grants an attempt to a worker, after CallClaimed is committed.
-func (s *shard) onClaim(ctx context.Context, rs *runState, it item) error {
-	var req events.ClaimRequest
-	if err := events.Unmarshal(it.req.Data, &req); err != nil {
-		respond(it.req, events.ClaimReply{Reason: "undecodable claim"})
-		return nil
-	}
+func (s *shard) onClaim(ctx context.Context, rs *runState, cr *claimReq) error {
+	req := cr.body
 	_, batchID, callID, _ := splitOperationID(req.OperationID)
 	if b := rs.run.OpenBatch(); b == nil || b.ID != batchID {
-		respond(it.req, events.ClaimReply{Reason: "the batch is not open"})
+		respond(cr.req, events.ClaimReply{Reason: "the batch is not open"})
 		return nil
 	}
 	leaseMS := s.e.cfg.Lease.Milliseconds()
@@ -180,35 +175,31 @@ func (s *shard) onClaim(ctx context.Context, rs *runState, it item) error {
 		return err // answered busy: the worker gives the job back
 	}
 	if err != nil {
-		respond(it.req, events.ClaimReply{Reason: err.Error()})
+		respond(cr.req, events.ClaimReply{Reason: err.Error()})
 		return nil
 	}
 	rs.leases[callID] = lease{attempt: req.Attempt, token: token, deadline: time.Now().Add(s.e.cfg.Lease)}
 	delete(rs.unclaimed, callID)
-	respond(it.req, events.ClaimReply{Granted: true, ClaimToken: token, LeaseMS: leaseMS})
+	respond(cr.req, events.ClaimReply{Granted: true, ClaimToken: token, LeaseMS: leaseMS})
 	return nil
 }
 
 // onHeartbeat renews the lease of a current claim.
-func (s *shard) onHeartbeat(rs *runState, it item) error {
-	var hb events.Heartbeat
-	if err := events.Unmarshal(it.req.Data, &hb); err != nil {
-		respond(it.req, events.ClaimReply{Reason: "undecodable heartbeat"})
-		return nil
-	}
+func (s *shard) onHeartbeat(rs *runState, hr *heartbeatReq) error {
+	hb := hr.body
 	_, batchID, callID, _ := splitOperationID(hb.OperationID)
 	if err := rs.run.CheckHeartbeat(batchID, callID, hb.Attempt, hb.ClaimToken); err != nil {
-		respond(it.req, events.ClaimReply{Reason: "the claim is not current"})
+		respond(hr.req, events.ClaimReply{Reason: "the claim is not current"})
 		return nil
 	}
 	rs.leases[callID] = lease{attempt: hb.Attempt, token: hb.ClaimToken, deadline: time.Now().Add(s.e.cfg.Lease)}
-	respond(it.req, events.ClaimReply{Granted: true, ClaimToken: hb.ClaimToken, LeaseMS: s.e.cfg.Lease.Milliseconds()})
+	respond(hr.req, events.ClaimReply{Granted: true, ClaimToken: hb.ClaimToken, LeaseMS: s.e.cfg.Lease.Milliseconds()})
 	return nil
 }
 
 // onResult applies a worker's result, or records it as refused.
-func (s *shard) onResult(ctx, runCtx context.Context, rs *runState, it item) error {
-	res, err := events.DecodeResult(it.msg.Data(), s.e.cfg.Limits)
+func (s *shard) onResult(ctx context.Context, rs *runState, in *inboxMsg) error {
+	res, err := events.DecodeResult(in.msg.Data(), s.e.cfg.Limits)
 	if err != nil {
 		// A result that names its attempt but whose outcome is malformed
 		// (an invalid staged command, an oversized output) completes the
@@ -219,16 +210,16 @@ func (s *shard) onResult(ctx, runCtx context.Context, rs *runState, it item) err
 			Attempt     int    `msgpack:"attempt"`
 			ClaimToken  string `msgpack:"claim_token"`
 		}
-		if herr := events.Unmarshal(it.msg.Data(), &head); herr != nil || head.OperationID == "" {
+		if herr := events.Unmarshal(in.msg.Data(), &head); herr != nil || head.OperationID == "" {
 			s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("undecodable result: terminated")
-			return it.msg.TermWithReason("undecodable result: " + err.Error())
+			return in.msg.TermWithReason("undecodable result: " + err.Error())
 		}
 		res = &events.Result{OperationID: head.OperationID, Attempt: head.Attempt, ClaimToken: head.ClaimToken,
 			Error: &events.ToolError{Kind: events.ErrorExecution, Message: "malformed result from the worker: " + err.Error()}}
 	}
 	_, batchID, callID, ok := splitOperationID(res.OperationID)
 	if !ok {
-		return it.msg.TermWithReason("result with a bad operation id " + res.OperationID)
+		return in.msg.TermWithReason("result with a bad operation id " + res.OperationID)
 	}
 	evs, err := s.decide(ctx, rs, aggregate.Result{BatchID: batchID, CallID: callID, Attempt: res.Attempt, ClaimToken: res.ClaimToken,
 		Output: res.Output, Error: res.Error, Limits: s.e.outputLimits(), At: s.e.cfg.Now()})
@@ -245,12 +236,12 @@ func (s *shard) onResult(ctx, runCtx context.Context, rs *runState, it item) err
 			return ferr
 		}
 		s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, callID).Err(err).Msg("result refused")
-		return s.settle(rs, it.msg)
+		return s.settle(rs, in.msg)
 	}
 	delete(rs.leases, callID)
 	delete(rs.inflight, fmt.Sprintf("%s/%d", callID, res.Attempt))
-	rs.held = append(rs.held, it.msg)
-	return s.drive(ctx, runCtx, rs)
+	rs.held = append(rs.held, in.msg)
+	return nil // handle drives the run
 }
 
 // checkLeases decides the attempts whose lease or dispatch deadline ran
@@ -263,14 +254,14 @@ func (s *shard) checkLeases() {
 				continue
 			}
 			delete(rs.unclaimed, callID)
-			s.handle(s.runCtx, item{runID: rs.id, kind: "unclaimed", unclaimed: &unclaimedExpiry{callID: callID, attempt: u.attempt}})
+			s.handle(s.runCtx, item{runID: rs.id, work: &unclaimedExpiry{callID: callID, attempt: u.attempt}})
 		}
 		for callID, l := range rs.leases {
 			if now.Before(l.deadline) || !rs.loaded {
 				continue
 			}
 			delete(rs.leases, callID)
-			s.handle(s.runCtx, item{runID: rs.id, kind: "lease", lease: &leaseExpiry{callID: callID, lease: l}})
+			s.handle(s.runCtx, item{runID: rs.id, work: &leaseExpiry{callID: callID, lease: l}})
 		}
 	}
 }
@@ -285,7 +276,7 @@ type leaseExpiry struct {
 	lease  lease
 }
 
-func (s *shard) onLeaseExpired(ctx, runCtx context.Context, rs *runState, le *leaseExpiry) error {
+func (s *shard) onLeaseExpired(ctx context.Context, rs *runState, le *leaseExpiry) error {
 	b := rs.run.OpenBatch()
 	if b == nil {
 		return nil
@@ -307,5 +298,5 @@ func (s *shard) onLeaseExpired(ctx, runCtx context.Context, rs *runState, le *le
 		return nil // the attempt moved on (a result arrived first)
 	}
 	s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, le.callID).Msg("lease expired")
-	return s.drive(ctx, runCtx, rs)
+	return nil // handle drives the run
 }

@@ -14,20 +14,64 @@ import (
 
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
-// item is one piece of work for a run: an inbox message, or an executor's
-// outcome.
+// item is one piece of work for a run.
 type item struct {
-	runID     string
+	runID string
+	work  work
+}
+
+// work is one kind of work item: *inboxMsg, *outcome, *claimReq,
+// *heartbeatReq, *leaseExpiry or *unclaimedExpiry. Each is decoded once,
+// where it enters the engine, and the run is driven once per item.
+type work interface{ kindName() string }
+
+// inboxMsg is a message of the inbox or a timer's fire.
+type inboxMsg struct {
 	msg       jetstream.Msg
-	kind      string // submit, resume, control, result
+	kind      string // protocol.KindSubmit, KindResume, KindControl, KindResult, KindTimer
 	principal string // resume.<run_id>.<principal>
-	done      *outcome
-	req       *nats.Msg        // claim and heartbeat requests
-	lease     *leaseExpiry     // a lease that ran out
-	forwarded bool             // msg was forwarded by another engine
-	unclaimed *unclaimedExpiry // a dispatch deadline that passed
+	forwarded bool   // forwarded by another engine
+}
+
+// claimReq and heartbeatReq are a worker's requests, with their decoded
+// bodies.
+type claimReq struct {
+	req  *nats.Msg
+	body events.ClaimRequest
+}
+
+type heartbeatReq struct {
+	req  *nats.Msg
+	body events.Heartbeat
+}
+
+func (w *inboxMsg) kindName() string      { return w.kind }
+func (*outcome) kindName() string         { return "outcome" }
+func (*claimReq) kindName() string        { return "claim" }
+func (*heartbeatReq) kindName() string    { return "heartbeat" }
+func (*leaseExpiry) kindName() string     { return "lease" }
+func (*unclaimedExpiry) kindName() string { return "unclaimed" }
+
+// msg returns the item's inbox message, or nil.
+func (it item) msg() jetstream.Msg {
+	if in, ok := it.work.(*inboxMsg); ok {
+		return in.msg
+	}
+	return nil
+}
+
+// request returns the item's worker request, or nil.
+func (it item) request() *nats.Msg {
+	switch w := it.work.(type) {
+	case *claimReq:
+		return w.req
+	case *heartbeatReq:
+		return w.req
+	}
+	return nil
 }
 
 // outcome is what an executor reported for an attempt.
@@ -168,15 +212,17 @@ func (s *shard) state(runID string) *runState {
 }
 
 func (s *shard) handle(runCtx context.Context, it item) {
-	if it.done != nil && it.done.counted {
-		it.done.counted = false // a retry of the same outcome is not counted again
+	done, _ := it.work.(*outcome)
+	if done != nil && done.counted {
+		done.counted = false // a retry of the same outcome is not counted again
 		defer s.e.running.Add(-1)
 	}
 	log := s.e.log.With().Str(fieldRunID, it.runID).Logger()
 	rs := s.state(it.runID)
 	ctx, cancel := opCtx()
 	defer cancel()
-	if it.done != nil || it.lease != nil || it.unclaimed != nil {
+	if it.msg() == nil && it.request() == nil {
+		// An executor's outcome or a watched deadline of this engine's.
 		if !rs.owned {
 			return // this engine lost the run since: the new owner recovers the call
 		}
@@ -189,11 +235,9 @@ func (s *shard) handle(runCtx context.Context, it item) {
 		if err = s.load(ctx, rs); err == nil {
 			err = s.handleOnce(runCtx, rs, it)
 			if err == nil {
-				// Whatever the item was, the run goes on from where it is.
+				// Whatever the item was, the run goes on from where it is:
+				// driven once, here (it flushes).
 				err = s.drive(ctx, runCtx, rs)
-			}
-			if err == nil {
-				err = s.flush(ctx, rs) // drive flushed, unless it had nothing to do
 			}
 		}
 		if !errors.Is(err, ErrConflict) {
@@ -203,19 +247,20 @@ func (s *shard) handle(runCtx context.Context, it item) {
 		s.abandon(rs)
 	}
 	if err != nil {
-		log.Error().Err(err).Str("kind", it.kind).Msg("work failed; will retry")
-		held := it.msg != nil && slices.Contains(rs.held, it.msg)
+		log.Error().Err(err).Str("kind", it.work.kindName()).Msg("work failed; will retry")
+		m := it.msg()
+		held := m != nil && slices.Contains(rs.held, m)
 		s.abandon(rs) // fold again next time
-		if it.msg != nil && !held {
-			_ = it.msg.NakWithDelay(time.Second)
+		if m != nil && !held {
+			_ = m.NakWithDelay(time.Second)
 		}
-		if it.req != nil {
-			respond(it.req, events.ClaimReply{Reason: ReasonBusy})
+		if req := it.request(); req != nil {
+			respond(req, events.ClaimReply{Reason: ReasonBusy})
 		}
-		if o := it.done; o != nil {
+		if o := done; o != nil {
 			// Not recorded: keep the outcome and try again.
 			rs.inflight[fmt.Sprintf("%s/%d", o.callID, o.attempt)] = true
-			time.AfterFunc(time.Second, func() { s.postCtx(runCtx, item{runID: rs.id, done: o}) })
+			time.AfterFunc(time.Second, func() { s.postCtx(runCtx, item{runID: rs.id, work: o}) })
 		}
 	}
 	s.noteIdle(ctx, rs)
@@ -250,14 +295,15 @@ func (s *shard) busy(it item, err error) {
 		s.e.log.Warn().Str(fieldRunID, it.runID).Err(err).Msg("cannot own the run; will retry")
 	}
 	var elsewhere ownedElsewhere
+	in, _ := it.work.(*inboxMsg)
 	switch {
-	case it.msg != nil && !it.forwarded && errors.As(err, &elsewhere) && s.e.forward(it.msg, elsewhere.owner):
+	case in != nil && !in.forwarded && errors.As(err, &elsewhere) && s.e.forward(in.msg, elsewhere.owner):
 		// The owner handles it.
-	case it.msg != nil:
+	case in != nil:
 		// Back soon: the owner may release the run in a moment.
-		_ = it.msg.NakWithDelay(busyDelay(it.msg, s.e.cfg.AckWait))
-	case it.req != nil && !errors.Is(err, ErrNotOwner):
-		respond(it.req, events.ClaimReply{Reason: ReasonBusy})
+		_ = in.msg.NakWithDelay(busyDelay(in.msg, s.e.cfg.AckWait))
+	case it.request() != nil && !errors.Is(err, ErrNotOwner):
+		respond(it.request(), events.ClaimReply{Reason: ReasonBusy})
 	}
 	// A claim or heartbeat of a run another engine owns is answered by it.
 }
@@ -407,40 +453,43 @@ func (s *shard) abandon(rs *runState) {
 func (s *shard) handleOnce(runCtx context.Context, rs *runState, it item) error {
 	ctx, cancel := opCtx()
 	defer cancel()
-	switch {
-	case it.done != nil:
-		return s.onOutcome(ctx, runCtx, rs, it.done)
-	case it.kind == "submit":
-		return s.onSubmit(ctx, runCtx, rs, it)
-	case it.kind == "resume":
-		return s.onResume(ctx, runCtx, rs, it)
-	case it.kind == "control":
-		return s.onControl(ctx, runCtx, rs, it)
-	case it.kind == "timer":
-		return s.onTimer(ctx, runCtx, rs, it)
-	case it.kind == "claim":
-		return s.onClaim(ctx, rs, it)
-	case it.kind == "heartbeat":
-		return s.onHeartbeat(rs, it)
-	case it.kind == "result":
-		return s.onResult(ctx, runCtx, rs, it)
-	case it.kind == "lease":
-		return s.onLeaseExpired(ctx, runCtx, rs, it.lease)
-	case it.kind == "unclaimed":
-		return s.onDispatchDeadline(ctx, runCtx, rs, it.unclaimed.callID, it.unclaimed.attempt)
-	default:
-		s.e.log.Warn().Str(fieldSubject, it.msg.Subject()).Msg("inbox message of an unknown kind: terminated")
-		return it.msg.TermWithReason("unknown inbox kind " + it.kind)
+	switch w := it.work.(type) {
+	case *outcome:
+		return s.onOutcome(ctx, runCtx, rs, w)
+	case *claimReq:
+		return s.onClaim(ctx, rs, w)
+	case *heartbeatReq:
+		return s.onHeartbeat(rs, w)
+	case *leaseExpiry:
+		return s.onLeaseExpired(ctx, rs, w)
+	case *unclaimedExpiry:
+		return s.onDispatchDeadline(ctx, rs, w.callID, w.attempt)
+	case *inboxMsg:
+		switch w.kind {
+		case protocol.KindSubmit:
+			return s.onSubmit(ctx, rs, w)
+		case protocol.KindResume:
+			return s.onResume(ctx, rs, w)
+		case protocol.KindControl:
+			return s.onControl(ctx, rs, w)
+		case protocol.KindTimer:
+			return s.onTimer(ctx, runCtx, rs, w)
+		case protocol.KindResult:
+			return s.onResult(ctx, rs, w)
+		}
+		s.e.log.Warn().Str(fieldSubject, w.msg.Subject()).Msg("inbox message of an unknown kind: terminated")
+		return w.msg.TermWithReason("unknown inbox kind " + w.kind)
 	}
+	return fmt.Errorf("engine: unknown work item %T", it.work)
 }
 
 func isJSON(m jetstream.Msg) bool {
 	return strings.HasPrefix(m.Headers().Get("Content-Type"), "application/json")
 }
 
-func (s *shard) onSubmit(ctx, runCtx context.Context, rs *runState, it item) error {
+func (s *shard) onSubmit(ctx context.Context, rs *runState, in *inboxMsg) error {
 	now := s.e.cfg.Now()
-	sub, err := events.DecodeSubmit(it.msg.Data(), isJSON(it.msg), s.e.cfg.Limits)
+	sub, err := events.DecodeSubmit(in.msg.Data(), isJSON(in.msg), s.e.cfg.Limits)
 	if err == nil && sub.RunID != rs.id {
 		err = events.Refuse(events.CodeInvalidID, "body run_id %q differs from the subject's %q", sub.RunID, rs.id)
 	}
@@ -463,7 +512,7 @@ func (s *shard) onSubmit(ctx, runCtx context.Context, rs *runState, it item) err
 			tools[i] = d
 		}
 		cmd = aggregate.Submit{Submit: sub, Tools: tools, SnapshotID: cat.SnapshotID(),
-			MaxPayload: int(s.e.nc.MaxPayload()), SubmissionBytes: len(it.msg.Data()), At: now}
+			MaxPayload: int(s.e.nc.MaxPayload()), SubmissionBytes: len(in.msg.Data()), At: now}
 	}
 	evs, err := s.decide(ctx, rs, cmd)
 	if err != nil {
@@ -475,11 +524,11 @@ func (s *shard) onSubmit(ctx, runCtx context.Context, rs *runState, it item) err
 				return err
 			}
 			s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldBatchID, ev.BatchID).Str("code", string(ev.Code)).Str("reason", ev.Reason).Msg("submission rejected")
-			return s.settle(rs, it.msg)
+			return s.settle(rs, in.msg)
 		}
 	}
-	rs.held = append(rs.held, it.msg)
-	return s.drive(ctx, runCtx, rs)
+	rs.held = append(rs.held, in.msg)
+	return nil // handle drives the run
 }
 
 // asRefusal returns err as a refusal: a decoding failure without a protocol
@@ -502,30 +551,30 @@ func (s *shard) ticketCapability(ctx context.Context, rs *runState, correlationI
 	return events.CapNonRecoverable
 }
 
-func (s *shard) onResume(ctx, runCtx context.Context, rs *runState, it item) error {
-	res, err := events.DecodeResume(it.msg.Data(), isJSON(it.msg), s.e.cfg.Limits)
-	if err == nil && it.principal != "" && !events.ValidRunID(it.principal) {
-		err = events.Refuse(events.CodeInvalidID, "principal %q must match [A-Za-z0-9_-]{1,64}", it.principal)
+func (s *shard) onResume(ctx context.Context, rs *runState, in *inboxMsg) error {
+	res, err := events.DecodeResume(in.msg.Data(), isJSON(in.msg), s.e.cfg.Limits)
+	if err == nil && in.principal != "" && !events.ValidRunID(in.principal) {
+		err = events.Refuse(events.CodeInvalidID, "principal %q must match [A-Za-z0-9_-]{1,64}", in.principal)
 	}
 	if err != nil {
-		return s.refuse(ctx, rs, it.msg, "", err)
+		return s.refuse(ctx, rs, in.msg, "", err)
 	}
-	_, err = s.decide(ctx, rs, aggregate.Resume{Resume: res, Principal: it.principal,
+	_, err = s.decide(ctx, rs, aggregate.Resume{Resume: res, Principal: in.principal,
 		Capability: s.ticketCapability(ctx, rs, res.CorrelationID), At: s.e.cfg.Now()})
 	if err != nil {
 		if _, refused := events.CodeOf(err); refused {
-			return s.refuse(ctx, rs, it.msg, res.CorrelationID, err)
+			return s.refuse(ctx, rs, in.msg, res.CorrelationID, err)
 		}
 		return err
 	}
-	rs.held = append(rs.held, it.msg)
-	return s.drive(ctx, runCtx, rs)
+	rs.held = append(rs.held, in.msg)
+	return nil // handle drives the run
 }
 
-func (s *shard) onControl(ctx, runCtx context.Context, rs *runState, it item) error {
-	c, err := events.DecodeControl(it.msg.Data(), isJSON(it.msg))
+func (s *shard) onControl(ctx context.Context, rs *runState, in *inboxMsg) error {
+	c, err := events.DecodeControl(in.msg.Data(), isJSON(in.msg))
 	if err != nil {
-		return s.refuse(ctx, rs, it.msg, "", err)
+		return s.refuse(ctx, rs, in.msg, "", err)
 	}
 	now := s.e.cfg.Now()
 	var cmd aggregate.Command
@@ -539,12 +588,12 @@ func (s *shard) onControl(ctx, runCtx context.Context, rs *runState, it item) er
 	}
 	if _, err := s.decide(ctx, rs, cmd); err != nil {
 		if _, refused := events.CodeOf(err); refused {
-			return s.refuse(ctx, rs, it.msg, c.CorrelationID, err)
+			return s.refuse(ctx, rs, in.msg, c.CorrelationID, err)
 		}
 		return err
 	}
-	rs.held = append(rs.held, it.msg)
-	return s.drive(ctx, runCtx, rs)
+	rs.held = append(rs.held, in.msg)
+	return nil // handle drives the run
 }
 
 // refuse publishes a resume or control refusal on .refused; it changes
@@ -708,14 +757,14 @@ func (s *shard) startExecutors(runCtx context.Context, rs *runState, callIDs []s
 					s.e.log.Warn().Str(fieldRunID, inv.runID).Str(fieldCallID, inv.callID).Err(err).Msg("dispatch failed")
 					o := outcome{callID: inv.callID, attempt: inv.attempt,
 						err: &events.ToolError{Kind: events.ErrorUnavailableBeforeDispatch, Message: "dispatch failed: " + err.Error()}}
-					s.postCtx(runCtx, item{runID: inv.runID, done: &o})
+					s.postCtx(runCtx, item{runID: inv.runID, work: &o})
 				}
 				return
 			}
 			s.e.running.Add(1)
 			o := s.e.brain.invoke(runCtx, s.e.cfg.Catalog, inv)
 			o.counted = true // the shard counts it done once it is recorded
-			if !s.postCtx(runCtx, item{runID: inv.runID, done: &o}) {
+			if !s.postCtx(runCtx, item{runID: inv.runID, work: &o}) {
 				s.e.running.Add(-1)
 			}
 		}()
@@ -723,16 +772,16 @@ func (s *shard) startExecutors(runCtx context.Context, rs *runState, callIDs []s
 }
 
 // onTimer resolves a ticket whose deadline or due time came.
-func (s *shard) onTimer(ctx, runCtx context.Context, rs *runState, it item) error {
+func (s *shard) onTimer(ctx, runCtx context.Context, rs *runState, in *inboxMsg) error {
 	var f timerFire
-	if err := events.Unmarshal(it.msg.Data(), &f); err != nil {
+	if err := events.Unmarshal(in.msg.Data(), &f); err != nil {
 		s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("undecodable timer: terminated")
-		return it.msg.TermWithReason("undecodable timer: " + err.Error())
+		return in.msg.TermWithReason("undecodable timer: " + err.Error())
 	}
 	if f.Action == timerCancelChild {
 		// Nothing of the run changes: the child's service is told, and the
 		// fire is acknowledged once it has answered.
-		s.e.cancelChild(runCtx, it.msg, DelegateRequest{Op: DelegateCancel, DelegationID: f.OperationID, RunID: rs.id,
+		s.e.cancelChild(runCtx, in.msg, DelegateRequest{Op: DelegateCancel, DelegationID: f.OperationID, RunID: rs.id,
 			CallID: f.CallID, ToolID: f.ToolID, Attempt: f.Attempt})
 		return nil
 	}
@@ -743,14 +792,14 @@ func (s *shard) onTimer(ctx, runCtx context.Context, rs *runState, it item) erro
 		cmd = aggregate.Expire{CorrelationID: f.CorrelationID, At: now}
 	case timerDispatchDeadline:
 		// Scheduled by engines before deadlines were watched in memory.
-		if err := s.onDispatchDeadline(ctx, runCtx, rs, f.CallID, f.Attempt); err != nil {
+		if err := s.onDispatchDeadline(ctx, rs, f.CallID, f.Attempt); err != nil {
 			return err
 		}
-		return s.settle(rs, it.msg)
+		return s.settle(rs, in.msg)
 	case timerPerform:
 		cmd = aggregate.Perform{CorrelationID: f.CorrelationID, Timer: true, Capability: s.ticketCapability(ctx, rs, f.CorrelationID), At: now}
 	default:
-		return it.msg.TermWithReason("unknown timer action " + f.Action)
+		return in.msg.TermWithReason("unknown timer action " + f.Action)
 	}
 	_, err := s.decide(ctx, rs, cmd)
 	switch {
@@ -766,16 +815,16 @@ func (s *shard) onTimer(ctx, runCtx context.Context, rs *runState, it item) erro
 		if err := s.e.schedule(ctx, rs.id, f, at); err != nil {
 			return err
 		}
-		return s.settle(rs, it.msg)
+		return s.settle(rs, in.msg)
 	case err != nil:
 		if _, refused := events.CodeOf(err); refused || errors.Is(err, aggregate.ErrRunEnded) {
-			return s.settle(rs, it.msg) // resolved or ended before its time: nothing to do
+			return s.settle(rs, in.msg) // resolved or ended before its time: nothing to do
 		}
 		return err
 	}
 	s.e.log.Info().Str(fieldRunID, rs.id).Str("action", f.Action).Str("correlation_id", f.CorrelationID).Msg("timer fired")
-	rs.held = append(rs.held, it.msg)
-	return s.drive(ctx, runCtx, rs)
+	rs.held = append(rs.held, in.msg)
+	return nil // handle drives the run
 }
 
 // settle is done with a message that changed nothing: it is acknowledged
