@@ -2,7 +2,13 @@ package engine
 
 import (
 	"cmp"
+	"context"
+	"fmt"
 	"slices"
+	"time"
+
+	"github.com/toolbatch/toolbatch/aggregate"
+	"github.com/toolbatch/toolbatch/events"
 )
 
 // trimOldest bounds a cache: when m holds more than max entries, it drops
@@ -26,4 +32,71 @@ func trimOldest[K comparable, V any](m map[K]V, max int, used func(V) int64, may
 	for _, e := range idle[:min(len(idle), len(m)-max*9/10)] {
 		delete(m, e.key)
 	}
+}
+
+func (s *shard) state(runID string) *runState {
+	rs := s.runs[runID]
+	if rs == nil {
+		rs = &runState{id: runID, inflight: map[string]bool{}, leases: map[string]lease{}, unclaimed: map[string]lease{}}
+		s.runs[runID] = rs
+	}
+	rs.used = time.Now()
+	return rs
+}
+
+// load folds the run from the log when the cache is not current, and
+// recovers it: executing calls that are not in progress here (a crash, a
+// takeover) are decided by the recovery table before anything else touches
+// the run. A claimed sandbox attempt may still run on its worker: its lease
+// is watched for one period before it is decided.
+func (s *shard) load(ctx context.Context, rs *runState) error {
+	if rs.loaded {
+		return nil
+	}
+	run, seq, err := s.e.events.load(ctx, rs.id)
+	if err != nil {
+		return err
+	}
+	rs.run, rs.seq = run, seq
+	if aggregate.Next(run).Kind == aggregate.NextExecuting {
+		caps := map[string]events.Capability{}
+		exclude := map[string]bool{}
+		b := run.OpenBatch()
+		for _, c := range b.Calls {
+			caps[c.ToolID] = s.e.capability(ctx, c.ToolID, c.Tool)
+			if c.Phase != events.PhaseExecuting {
+				continue
+			}
+			key := fmt.Sprintf("%s/%d", c.CallID, c.Attempt)
+			switch {
+			case rs.inflight[key]:
+				exclude[c.CallID] = true // running here: its outcome comes
+			case c.Claim != nil:
+				exclude[c.CallID] = true
+				if _, ok := rs.leases[c.CallID]; !ok {
+					rs.leases[c.CallID] = lease{attempt: c.Attempt, token: c.Claim.Token, deadline: time.Now().Add(s.e.cfg.Lease)}
+				}
+				rs.inflight[key] = true
+			}
+		}
+		after, evs, err := aggregate.Decide(run, aggregate.Recover{Capabilities: caps, Exclude: exclude, At: s.e.cfg.Now()})
+		if err != nil {
+			return fmt.Errorf("recover run %s: %w", rs.id, err)
+		}
+		if len(evs) > 0 {
+			s.stage(rs, after, evs)
+			if err := s.flush(ctx, rs); err != nil {
+				return fmt.Errorf("recover run %s: %w", rs.id, err)
+			}
+			s.e.log.Info().Str(fieldRunID, rs.id).Msg("run recovered")
+		}
+	}
+	rs.loaded = true
+	return nil
+}
+
+// evict drops the least recently used idle runs beyond the cache size.
+func (s *shard) evict() {
+	trimOldest(s.runs, s.max, func(rs *runState) int64 { return rs.used.UnixNano() },
+		func(rs *runState) bool { return !rs.owned && rs.quiescent() })
 }

@@ -42,6 +42,19 @@
 //     result is published exactly once, also long after the duplicate
 //     window.
 //
+// # Where each duty lives
+//
+// Each run is an actor: its shard (shard.go) takes one work item at a time
+// (an inbox message, an executor's outcome, a worker's claim or heartbeat,
+// a lease or dispatch deadline), each of its own type and decoded once,
+// and drives the run once per item. Ownership of runs is owner.go and
+// forward.go, the run cache and recovery at load cache.go, commit staging
+// and flush commit.go, the translation of messages and outcomes into
+// aggregate commands translate.go (sandbox.go for the workers' claims,
+// heartbeats and results), driving the run up to its executors drive.go,
+// the executors brain.go, delegate.go and sandbox.go, the gate chain
+// gate.go, timers timers.go, the projector projector.go, the log store.go.
+//
 // The engine never decides what the aggregate decides: it gathers the facts
 // a decision needs (time, new ids, the catalog, live capabilities, gate
 // answers, executor outcomes) and hands them over as commands.

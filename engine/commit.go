@@ -1,0 +1,121 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/toolbatch/toolbatch/aggregate"
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// Commit staging and flush: a decision's events are staged on the cached
+// run and appended to the log, several decisions as one commit, before the
+// engine acts on the outside world.
+
+// decide runs a command and stages its events: they are applied to the
+// cached run at once and appended to the log by the next flush, together
+// with whatever else was staged since the last one. Every path that acts
+// on the outside world (entering an executor, answering a claim,
+// acknowledging a message) flushes first, so nothing is ever acted on
+// before its events are durable; what is staged between two such actions
+// (a call's completion and the next call's gate decision, say) becomes one
+// commit instead of several.
+func (s *shard) decide(ctx context.Context, rs *runState, cmd aggregate.Command) ([]events.Event, error) {
+	run, evs, err := aggregate.Decide(rs.run, cmd)
+	if err != nil || len(evs) == 0 {
+		return nil, err
+	}
+	s.stage(rs, run, evs)
+	return evs, nil
+}
+
+// decideNow decides and flushes at once.
+func (s *shard) decideNow(ctx context.Context, rs *runState, cmd aggregate.Command) ([]events.Event, error) {
+	evs, err := s.decide(ctx, rs, cmd)
+	if err != nil {
+		return nil, err
+	}
+	return evs, s.flush(ctx, rs)
+}
+
+// stage takes one decision: the run after its events becomes the cached
+// run, and the events are kept for the next flush.
+func (s *shard) stage(rs *runState, run *aggregate.Run, evs []events.Event) {
+	rs.run = run
+	rs.pending = append(rs.pending, evs)
+}
+
+// flush appends the staged decisions as one commit (several when together
+// they exceed the server's message size; a decision is never split). A
+// failed append abandons the staged decisions: the run is folded again
+// from the log, and the messages held since the last flush are given back
+// to be decided again.
+func (s *shard) flush(ctx context.Context, rs *runState) error {
+	for len(rs.pending) > 0 {
+		n := len(rs.pending)
+		var seq uint64
+		var evs []events.Event
+		var err error
+		for {
+			evs = slices.Concat(rs.pending[:n]...)
+			seq, err = s.e.events.append(ctx, rs.id, rs.seq, evs)
+			if n == 1 || !errors.Is(err, nats.ErrMaxPayload) {
+				break
+			}
+			n = (n + 1) / 2 // nothing was sent: try fewer decisions
+		}
+		if err != nil {
+			s.abandon(rs)
+			return err
+		}
+		if s.e.log.GetLevel() <= zerolog.DebugLevel {
+			for _, e := range evs {
+				ev := s.e.log.Debug().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, seq)
+				if b := rs.run.Batch; b != nil {
+					ev = ev.Str(fieldBatchID, b.ID)
+				}
+				ev.Msg(events.Describe(e))
+			}
+		}
+		rs.seq = seq
+		rs.pending = rs.pending[n:]
+	}
+	rs.pending = nil
+	rs.durableHeld = len(rs.held)
+	return nil
+}
+
+// abandon forgets what is staged: the cached run is folded again from the
+// log, and the messages held since the last flush, whose decisions were
+// never recorded, come back to be decided again.
+func (s *shard) abandon(rs *runState) {
+	rs.pending = nil
+	rs.loaded = false
+	for _, m := range rs.held[rs.durableHeld:] {
+		_ = m.NakWithDelay(100 * time.Millisecond)
+	}
+	rs.held = rs.held[:rs.durableHeld]
+}
+
+// settle is done with a message that changed nothing: it is acknowledged
+// when the run is quiescent here, and otherwise held with the run's other
+// messages. So whenever a run has work in progress on this engine, one of
+// its messages is unacknowledged, and a crash redelivers it to whichever
+// engine takes the run over (a recovery at load, say, starts work that a
+// refused message alone would not keep alive).
+func (s *shard) settle(rs *runState, m jetstream.Msg) error {
+	if rs.loaded && len(rs.pending) == 0 && len(rs.inflight) == 0 && len(rs.leases) == 0 {
+		switch aggregate.Next(rs.run).Kind {
+		case aggregate.NextNone, aggregate.NextAwaiting:
+			return m.Ack()
+		}
+	}
+	rs.held = append(rs.held, m)
+	return nil
+}

@@ -1,0 +1,107 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/toolbatch/toolbatch/aggregate"
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// Driving a run: after every item the run goes on from where it is, by
+// what aggregate.Next says it needs, up to the executors.
+
+// drive does what the run needs until it waits for an executor, a ticket
+// or a new batch.
+func (s *shard) drive(ctx, runCtx context.Context, rs *runState) error {
+	for {
+		w := aggregate.Next(rs.run)
+		switch w.Kind {
+		case aggregate.NextGate:
+			if s.e.gateAsksOutside(ctx, rs.run) {
+				// The external gate may take its time: record what is
+				// decided before asking it.
+				if err := s.flush(ctx, rs); err != nil {
+					return err
+				}
+			}
+			decisions, err := s.e.gateDecisions(ctx, rs.run, w.CallIDs)
+			if err != nil {
+				return err
+			}
+			if _, err := s.decide(ctx, rs, aggregate.Gate{Decisions: decisions, At: s.e.cfg.Now()}); err != nil {
+				return err
+			}
+		case aggregate.NextParkClient:
+			now := s.e.cfg.Now()
+			park := aggregate.ParkClient{CallID: w.CallIDs[0], CorrelationID: newID(), At: now}
+			if c, _ := rs.run.Batch.Call(w.CallIDs[0]); c != nil {
+				park.Deadline = s.e.waitDeadline(ctx, rs.run.Batch.SnapshotID, c.ToolID, now)
+			}
+			if _, err := s.decide(ctx, rs, park); err != nil {
+				return err
+			}
+		case aggregate.NextExecuting:
+			if err := s.flush(ctx, rs); err != nil {
+				return err
+			}
+			s.startExecutors(runCtx, rs, w.CallIDs)
+			return nil
+		default: // parked, finalized, ended or idle: quiescent
+			if err := s.flush(ctx, rs); err != nil {
+				return err
+			}
+			for _, m := range rs.held {
+				if err := m.Ack(); err != nil {
+					s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("ack failed; the message will be redelivered and is harmless")
+				}
+			}
+			rs.held, rs.durableHeld = nil, 0
+			return nil
+		}
+	}
+}
+
+// startExecutors enters the executor of each executing call not already in
+// flight here. Their CallExecuting is committed.
+func (s *shard) startExecutors(runCtx context.Context, rs *runState, callIDs []string) {
+	b := rs.run.OpenBatch()
+	for _, id := range callIDs {
+		c, _ := b.Call(id)
+		key := fmt.Sprintf("%s/%d", id, c.Attempt)
+		if rs.inflight[key] {
+			continue
+		}
+		rs.inflight[key] = true
+		if c.Tool.Target == events.TargetSandbox {
+			rs.unclaimed[id] = lease{attempt: c.Attempt, deadline: time.Now().Add(s.e.dispatchDeadline(c.ToolID))}
+		}
+		inv := invocation{runID: rs.id, batchID: b.ID, callID: id, toolID: c.ToolID, arguments: c.Arguments,
+			attempt: c.Attempt, operationID: b.OperationID(id), tool: c.Tool, input: c.Input, hasInput: c.HasInput}
+		s.e.wg.Add(1)
+		go func() {
+			defer s.e.wg.Done()
+			if inv.tool.Target == events.TargetSandbox {
+				ctx, cancel := opCtx()
+				defer cancel()
+				if err := s.e.dispatch(ctx, inv); err != nil {
+					// Not known to be queued: as good as never dispatched. A
+					// worker that claims it anyway is refused, since the
+					// attempt moves on.
+					s.e.log.Warn().Str(fieldRunID, inv.runID).Str(fieldCallID, inv.callID).Err(err).Msg("dispatch failed")
+					o := outcome{callID: inv.callID, attempt: inv.attempt,
+						err: &events.ToolError{Kind: events.ErrorUnavailableBeforeDispatch, Message: "dispatch failed: " + err.Error()}}
+					s.postCtx(runCtx, item{runID: inv.runID, work: &o})
+				}
+				return
+			}
+			s.e.running.Add(1)
+			o := s.e.brain.invoke(runCtx, s.e.cfg.Catalog, inv)
+			o.counted = true // the shard counts it done once it is recorded
+			if !s.postCtx(runCtx, item{runID: inv.runID, work: &o}) {
+				s.e.running.Add(-1)
+			}
+		}()
+	}
+}
