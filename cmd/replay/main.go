@@ -7,11 +7,12 @@
 //	replay what-if --catalog FILE       re-gate the recorded calls with another catalog
 //
 // docs/replay.md describes the commands, the export format, what the audit
-// checks and how, and gives an example report. The work is done by the
-// files of this package: cli.go (flags and exit statuses), source.go
-// (reading NATS and files), history.go and print.go (the history),
-// export.go, auditcmd.go and whatif.go; gc.go sets the garbage collector
-// for the history's read.
+// checks and how, and gives an example report. This program is the flags
+// and exit statuses (cli.go), the progress lines (progress.go), opening the
+// source and running each command (commands.go, export.go, auditcmd.go,
+// which prints the audit's report); package replay reads the streams,
+// decodes them, folds the history and re-gates for what-if, and package
+// audit checks the invariants.
 package main
 
 import (
@@ -23,7 +24,7 @@ import (
 // keeps the whole history in memory, and the default (100) spends a fifth
 // of a long read marking it again and again; 300 costs about 40% more
 // memory. The history's read runs with the collector off, and its printing
-// at the default target (gc.go).
+// at the default target (replay.HoldGC).
 const gcPercent = 300
 
 func main() {
