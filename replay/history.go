@@ -68,7 +68,7 @@ type callState struct {
 	Worker      string `json:"worker,omitempty"`  // the latest claim's worker
 	Reason      string `json:"reason,omitempty"`  // indeterminate
 	Outcome     string `json:"outcome,omitempty"` // events.DescribeOutput of a completed call
-	// output is what Outcome describes: finish writes the description,
+	// output is what Outcome describes: Finish writes the description,
 	// for printing.
 	output *events.Output
 }
