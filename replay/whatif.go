@@ -76,6 +76,8 @@ type Decision struct {
 	Note   string `json:"note,omitempty"`
 }
 
+// String is the decision as the what-if table prints it: label (stage
+// rule, note).
 func (d Decision) String() string {
 	s := d.Label + " (" + d.Stage
 	if d.Rule != "" {

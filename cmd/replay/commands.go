@@ -111,11 +111,13 @@ type catalogPolicy struct{ cat *catalog.Catalog }
 
 var _ replay.Policy = catalogPolicy{}
 
+// Evaluate is the catalog's policy stage, with an empty state.
 func (p catalogPolicy) Evaluate(toolID string, args events.RawJSON, at time.Time) replay.PolicyDecision {
 	d := p.cat.Evaluate(toolID, args, nil, at)
 	return replay.PolicyDecision{Matched: d.Matched, Rule: d.Rule, Outcome: d.Outcome, Reason: d.Reason}
 }
 
+// HasExternal reports whether the catalog names an external gate service.
 func (p catalogPolicy) HasExternal() bool {
 	_, ok := p.cat.External()
 	return ok
