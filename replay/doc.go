@@ -25,4 +25,7 @@
 // It may import events, aggregate, projector, protocol (every subject,
 // stream and header name comes from there), audit, the standard library
 // and the NATS client; never engine or a cmd/ package.
+//
+// Imports: aggregate, audit, events, projector, protocol,
+// github.com/nats-io/nats.go.
 package replay
