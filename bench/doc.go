@@ -24,7 +24,7 @@
 // results (with the machine's core count and the command) to --out as JSON.
 // docs/performance.md explains every figure and gives one run's table.
 //
-// Imports: aggregate, catalog, client, engine, events, protocol, sandbox,
+// Imports: aggregate, catalog, client, engine, events, protocol, replay, sandbox,
 // github.com/nats-io/nats-server/v2, github.com/nats-io/nats.go,
 // github.com/rs/zerolog.
 package main

@@ -24,6 +24,7 @@ import (
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/protocol"
+	"github.com/toolbatch/toolbatch/replay"
 )
 
 // W3: a synthetic recorded stream, legal by construction: every commit is
@@ -33,15 +34,6 @@ import (
 // events.EncodeCommit, with the engine's headers. 64 runs are in progress
 // at a time and their commits interleave round-robin, as in W2; each run
 // has stepsPerRun batches. That is 18 events in 13 commits per batch.
-
-// exportRecord is one line of an export file (cmd/replay/source.go).
-type exportRecord struct {
-	Seq     uint64              `json:"seq"`
-	Subject string              `json:"subject"`
-	Time    time.Time           `json:"time"`
-	Headers map[string][]string `json:"headers"`
-	Data    []byte              `json:"data"`
-}
 
 // genRun is a run being generated.
 type genRun struct {
@@ -242,7 +234,7 @@ func runW3(ctx context.Context, replayBin, dir string, target, stepsPerRun, reps
 	enc.SetEscapeHTML(false)
 	start := time.Now()
 	res.Events, res.Commits, res.Runs, err = generate(target, stepsPerRun, func(c genCommit) error {
-		return enc.Encode(exportRecord{Seq: c.seq, Subject: c.subject, Time: c.time, Headers: c.headers, Data: c.body})
+		return enc.Encode(replay.ExportRecord{Seq: c.seq, Subject: c.subject, Time: c.time, Headers: c.headers, Data: c.body})
 	})
 	if err == nil {
 		err = bw.Flush()

@@ -166,7 +166,11 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 		return err
 	}
 	seq := meta.Sequence.Stream
-	runID := strings.TrimPrefix(m.Subject(), p.e.names.Prefix+".events.")
+	runID, ok := p.e.names.RunOf(protocol.Events, m.Subject())
+	if !ok {
+		p.e.log.Warn().Str(fieldSubject, m.Subject()).Msg("projector: a commit on a subject that names no run: terminated")
+		return m.TermWithReason("not a run's events subject: " + m.Subject())
+	}
 	pm := p.models[runID]
 	// Fold again unless the cached model holds exactly the commits before
 	// this one (several engines share the projector consumer, so another

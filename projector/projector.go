@@ -27,10 +27,6 @@ const (
 	KindRejected    = "rejected"
 )
 
-// SubjectPrefix starts the subject of every output; the run id and the
-// output's Subject follow.
-const SubjectPrefix = "toolbatch.out."
-
 // Output is one message to publish on toolbatch.out.<run_id>.<kind>. Exactly
 // one payload is set: the one of its Kind.
 type Output struct {
@@ -42,8 +38,8 @@ type Output struct {
 	Rejected    *events.RejectedOut
 }
 
-// Subject returns the subject suffix of the output (its kind); the full
-// subject is SubjectPrefix + run_id + "." + Subject().
+// Subject returns the subject suffix of the output (its kind): the last
+// token of <prefix>.out.<run_id>.<kind>.
 func (o Output) Subject() string { return o.Kind }
 
 // Body returns the payload of the output's kind, or nil when it is missing.

@@ -6,28 +6,28 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 
 	"github.com/toolbatch/toolbatch/audit"
+	"github.com/toolbatch/toolbatch/replay"
 )
 
 // cmdAudit feeds the events stream, then the out stream, to the auditor
 // and prints each violation on its own line, then a summary line. It
 // returns errViolations (exit status 1) when an invariant does not hold.
 func cmdAudit(ctx context.Context, o *options, stdout, stderr io.Writer) error {
-	src, err := openSource(o, o.outFile)
+	src, closeSrc, err := openSource(o, o.outFile)
 	if err != nil {
 		return err
 	}
-	defer src.close()
+	defer closeSrc()
 	a := audit.New(o.prefix)
 	prog := newProgress(stderr)
 	var lastEvent uint64
-	err = src.read(ctx, eventsStream, o.sel, true, func(m *message) error {
+	err = src.Read(ctx, replay.EventsStream, o.sel, true, func(m *replay.Message) error {
 		prog.add(m)
-		evs, err := m.commit()
-		a.EventDecoded(m.withHeaders(), evs, err)
+		evs, err := m.Commit()
+		a.EventDecoded(m.WithHeaders(), evs, err)
 		lastEvent = m.Seq
 		return nil
 	})
@@ -36,9 +36,9 @@ func cmdAudit(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	}
 	prog.done()
 	outs := 0
-	err = src.read(ctx, outStream, o.sel, false, func(m *message) error {
+	err = src.Read(ctx, replay.OutStream, o.sel, false, func(m *replay.Message) error {
 		r := m.Record
-		if laterSource(r, lastEvent) {
+		if replay.DerivedAfter(r, lastEvent) {
 			return nil // derived from a commit stored after the events were read
 		}
 		outs++
@@ -50,7 +50,7 @@ func cmdAudit(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	}
 	// The out stream was read (even empty) unless a file source has none.
 	s := summary{Type: "summary", OutMessages: outs, OutChecked: true}
-	if fs, ok := src.(*fileSource); ok && fs.out == "" {
+	if fs, ok := src.(*replay.FileSource); ok && !fs.HasOut() {
 		s.OutChecked = false
 		s.OutNote = "invariant 8 not checked (no out stream: --out-file)"
 	} else {
@@ -134,18 +134,4 @@ func plural(n int) string {
 		return ""
 	}
 	return "s"
-}
-
-// laterSource reports whether an out message names, in its Toolbatch-Source
-// header, a commit after the last events message read: on a live system
-// the projector may have published it between the two reads. Such a
-// message is left out of the comparison, as its commit is.
-func laterSource(r audit.Record, lastEvent uint64) bool {
-	src := ""
-	if vs := r.Headers[headerSource]; len(vs) > 0 {
-		src = vs[0]
-	}
-	seqText, _, _ := strings.Cut(src, "/")
-	seq, err := strconv.ParseUint(seqText, 10, 64)
-	return err == nil && seq > lastEvent
 }

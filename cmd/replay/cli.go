@@ -14,6 +14,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/protocol"
+	"github.com/toolbatch/toolbatch/replay"
 )
 
 // usage is printed for help and after a usage error's one line is not
@@ -104,19 +105,8 @@ type options struct {
 	changed   bool
 
 	set map[string]bool // flags given on the command line
-	sel selection
+	sel replay.Selection
 }
-
-// selection is what the filters keep.
-type selection struct {
-	run          string
-	since, until time.Time // zero: no bound
-	fromSeq      uint64    // 0: from the first message
-}
-
-// startsLate reports whether the selection may begin after a run's first
-// commit, so that a run whose first commit is missing is not a gap.
-func (s selection) startsLate() bool { return !s.since.IsZero() || s.fromSeq > 1 }
 
 // run runs one command and returns its exit status.
 func run(args []string, stdout, stderr io.Writer) int {
@@ -225,12 +215,12 @@ func (o *options) check(cmd string) error {
 	if o.run != "" && !events.ValidRunID(o.run) {
 		problems = append(problems, fmt.Sprintf("--run %q is not a run id ([A-Za-z0-9_-]{1,64})", o.run))
 	}
-	o.sel.run = o.run
-	o.sel.fromSeq = o.fromSeq
+	o.sel.Run = o.run
+	o.sel.FromSeq = o.fromSeq
 	for _, t := range []struct {
 		name, val string
 		dst       *time.Time
-	}{{"since", o.since, &o.sel.since}, {"until", o.until, &o.sel.until}} {
+	}{{"since", o.since, &o.sel.Since}, {"until", o.until, &o.sel.Until}} {
 		if t.val == "" {
 			continue
 		}
@@ -241,7 +231,7 @@ func (o *options) check(cmd string) error {
 		}
 		*t.dst = v
 	}
-	if !o.sel.since.IsZero() && !o.sel.until.IsZero() && o.sel.until.Before(o.sel.since) {
+	if !o.sel.Since.IsZero() && !o.sel.Until.IsZero() && o.sel.Until.Before(o.sel.Since) {
 		problems = append(problems, "--until is before --since")
 	}
 	switch cmd {
@@ -253,7 +243,7 @@ func (o *options) check(cmd string) error {
 			if o.out == "-" {
 				problems = append(problems, "--out-stream with --out - needs --out-file FILE")
 			} else {
-				o.outFile = outSibling(o.out)
+				o.outFile = replay.OutSibling(o.out)
 			}
 		}
 		if o.outFile != "" && (o.outFile == o.out || o.outFile == "-" && o.out == "-") {
@@ -272,13 +262,4 @@ func (o *options) check(cmd string) error {
 		return usageErrorf("%s", strings.Join(problems, "; "))
 	}
 	return nil
-}
-
-// outSibling names the out stream's export file beside an events export:
-// events.jsonl -> events.out.jsonl, anything else gets .out appended.
-func outSibling(path string) string {
-	if base, ok := strings.CutSuffix(path, ".jsonl"); ok {
-		return base + ".out.jsonl"
-	}
-	return path + ".out"
 }

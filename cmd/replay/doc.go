@@ -7,12 +7,14 @@
 //	replay what-if --catalog FILE       re-gate the recorded calls with another catalog
 //
 // docs/replay.md describes the commands, the export format, what the audit
-// checks and how, and gives an example report. The work is done by the
-// files of this package: cli.go (flags and exit statuses), source.go
-// (reading NATS and files), history.go and print.go (the history),
-// export.go, auditcmd.go and whatif.go; gc.go sets the garbage collector
-// for the history's read.
+// checks and how, and gives an example report. This program is the flags
+// and exit statuses (cli.go), the progress lines (progress.go), opening the
+// source and running each command (commands.go, export.go, auditcmd.go,
+// which prints the audit's report); package replay reads the streams,
+// decodes them, folds the history and re-gates for what-if
+// (replay.HoldGC sets the garbage collector for the history's read), and
+// package audit checks the invariants.
 //
-// Imports: aggregate, audit, catalog, events, projector, protocol, replay,
+// Imports: audit, catalog, events, protocol, replay,
 // github.com/nats-io/nats.go.
 package main

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/internal/testproc"
+	"github.com/toolbatch/toolbatch/replay"
 )
 
 // TestEndToEnd runs the engine as a process, submits JSON batches with a
@@ -108,7 +109,7 @@ func TestEndToEnd(t *testing.T) {
 
 	export := filepath.Join(dir, "events.jsonl")
 	runReplay(t, replayBin, 0, "export", "--nats-url", url, "--out", export, "--out-stream")
-	for _, f := range []string{export, outSibling(export)} {
+	for _, f := range []string{export, replay.OutSibling(export)} {
 		if b, err := os.ReadFile(f); err != nil || bytes.Count(b, []byte("\n")) < 5 {
 			t.Fatalf("%s: %v\n%s", f, err, b)
 		}

@@ -8,20 +8,21 @@ import (
 	"os"
 
 	"github.com/toolbatch/toolbatch/audit"
+	"github.com/toolbatch/toolbatch/replay"
 )
 
 // cmdExport writes the selected events (and, with --out-file, the out
 // stream) as JSON Lines.
 func cmdExport(ctx context.Context, o *options, stdout, stderr io.Writer) error {
-	src, err := openSource(o, "")
+	src, closeSrc, err := openSource(o, "")
 	if err != nil {
 		return err
 	}
-	defer src.close()
+	defer closeSrc()
 	prog := newProgress(stderr)
 	var lastEvent uint64
-	n, err := exportStream(ctx, src, eventsStream, o.sel, o.out, stdout, func(r audit.Record) bool {
-		prog.add(&message{Record: r})
+	n, err := exportStream(ctx, src, replay.EventsStream, o.sel, o.out, stdout, func(r audit.Record) bool {
+		prog.add(&replay.Message{Record: r})
 		lastEvent = r.Seq
 		return true
 	})
@@ -39,8 +40,8 @@ func cmdExport(ctx context.Context, o *options, stdout, stderr io.Writer) error 
 	}
 	// Out messages derived from commits stored after the events were read
 	// are left out, as their commits are.
-	n, err = exportStream(ctx, src, outStream, o.sel, o.outFile, stdout, func(r audit.Record) bool {
-		return !laterSource(r, lastEvent)
+	n, err = exportStream(ctx, src, replay.OutStream, o.sel, o.outFile, stdout, func(r audit.Record) bool {
+		return !replay.DerivedAfter(r, lastEvent)
 	})
 	if err != nil {
 		return err
@@ -52,7 +53,7 @@ func cmdExport(ctx context.Context, o *options, stdout, stderr io.Writer) error 
 // exportStream writes one stream to path ("-": stdout) and returns how many
 // messages it wrote; keep sees each message first and may leave it out. A
 // failed export removes the file it was writing.
-func exportStream(ctx context.Context, src source, which stream, sel selection, path string, stdout io.Writer, keep func(audit.Record) bool) (n int, err error) {
+func exportStream(ctx context.Context, src replay.Source, which replay.Stream, sel replay.Selection, path string, stdout io.Writer, keep func(audit.Record) bool) (n int, err error) {
 	var w io.Writer = stdout
 	if path != "-" {
 		f, cerr := os.Create(path)
@@ -70,13 +71,13 @@ func exportStream(ctx context.Context, src source, which stream, sel selection, 
 		w = f
 	}
 	bw := bufio.NewWriterSize(w, 1<<20)
-	err = src.read(ctx, which, sel, false, func(m *message) error {
+	err = src.Read(ctx, which, sel, false, func(m *replay.Message) error {
 		r := m.Record
 		if !keep(r) {
 			return nil
 		}
 		n++
-		if err := encodeRecord(bw, r); err != nil {
+		if err := replay.WriteRecord(bw, r); err != nil {
 			return usageErrorf("write %s: %v", path, err)
 		}
 		return nil

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/toolbatch/toolbatch/protocol"
+	"github.com/toolbatch/toolbatch/replay"
 )
 
 // progressEvery is how many messages pass between two progress lines.
@@ -30,10 +33,10 @@ func newProgress(w io.Writer) *progress {
 }
 
 // add counts one message of the events stream.
-func (p *progress) add(m *message) {
+func (p *progress) add(m *replay.Message) {
 	r := m.Record
 	p.msgs++
-	p.events += len(m.header(headerEvent))
+	p.events += len(m.Header(protocol.HeaderEvent))
 	if _, ok := p.runs[r.Subject]; !ok {
 		p.runs[r.Subject] = struct{}{}
 	}

@@ -8,9 +8,10 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/toolbatch/toolbatch/audit"
+	"github.com/toolbatch/toolbatch/protocol"
+	"github.com/toolbatch/toolbatch/replay"
 )
 
 var goodFile = filepath.Join(streamsDir, "good.jsonl")
@@ -18,7 +19,7 @@ var goodFile = filepath.Join(streamsDir, "good.jsonl")
 // TestHistory prints the good stream's history: every call of every batch
 // is in it, with the facts the history is for.
 func TestHistory(t *testing.T) {
-	stdout, stderr, code := replay(t, "--file", goodFile)
+	stdout, stderr, code := inProcess(t, "--file", goodFile)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -67,7 +68,7 @@ func batchSection(out, batch string) string {
 }
 
 func TestHistoryJSON(t *testing.T) {
-	stdout, stderr, code := replay(t, "--file", goodFile, "--json")
+	stdout, stderr, code := inProcess(t, "--file", goodFile, "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -108,7 +109,7 @@ func TestFilters(t *testing.T) {
 		{[]string{"--run", "r1", "--until", "2026-03-02T09:00:03Z"}, []string{"run r1  thread thread-r1  running  2 commits (seq 1..3)"}, nil},
 		{[]string{"--run", "nobody"}, []string{"no events"}, nil},
 	} {
-		stdout, stderr, code := replay(t, append([]string{"--file", goodFile}, c.args...)...)
+		stdout, stderr, code := inProcess(t, append([]string{"--file", goodFile}, c.args...)...)
 		if code != 0 {
 			t.Fatalf("%v: exit %d: %s", c.args, code, stderr)
 		}
@@ -130,14 +131,14 @@ func TestFilters(t *testing.T) {
 func TestExportFromFile(t *testing.T) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "copy.jsonl")
-	stdout, stderr, code := replay(t, "export", "--file", goodFile, "--out", out, "--out-stream")
+	stdout, stderr, code := inProcess(t, "export", "--file", goodFile, "--out", out, "--out-stream")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	if stdout != "exported 23 events stream messages to "+out+"\nexported 20 out stream messages to "+outSibling(out)+"\n" {
+	if stdout != "exported 23 events stream messages to "+out+"\nexported 20 out stream messages to "+replay.OutSibling(out)+"\n" {
 		t.Errorf("stdout: %q", stdout)
 	}
-	for _, pair := range [][2]string{{out, goodFile}, {outSibling(out), outSibling(goodFile)}} {
+	for _, pair := range [][2]string{{out, goodFile}, {replay.OutSibling(out), replay.OutSibling(goodFile)}} {
 		got, _ := os.ReadFile(pair[0])
 		want, _ := os.ReadFile(pair[1])
 		if len(want) == 0 || !bytes.Equal(got, want) {
@@ -145,14 +146,14 @@ func TestExportFromFile(t *testing.T) {
 		}
 	}
 	runOnly := filepath.Join(dir, "r2.jsonl")
-	if _, stderr, code := replay(t, "export", "--file", goodFile, "--run", "r2", "--out", runOnly, "--out-file", filepath.Join(dir, "r2-out.jsonl")); code != 0 {
+	if _, stderr, code := inProcess(t, "export", "--file", goodFile, "--run", "r2", "--out", runOnly, "--out-file", filepath.Join(dir, "r2-out.jsonl")); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	for _, f := range []string{runOnly, filepath.Join(dir, "r2-out.jsonl")} {
 		b, _ := os.ReadFile(f)
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 		for _, l := range lines {
-			r, _, err := decodeRecord([]byte(l), new([]byte), nil)
+			r, err := replay.ParseRecord([]byte(l))
 			if err != nil || !strings.Contains(r.Subject, ".r2") {
 				t.Errorf("%s: %s (%v)", f, l, err)
 			}
@@ -162,31 +163,14 @@ func TestExportFromFile(t *testing.T) {
 		}
 	}
 	// The export of one run audits clean on its own.
-	stdout, _, code = replay(t, "audit", "--file", runOnly, "--out-file", filepath.Join(dir, "r2-out.jsonl"))
+	stdout, _, code = inProcess(t, "audit", "--file", runOnly, "--out-file", filepath.Join(dir, "r2-out.jsonl"))
 	if code != 0 || !strings.HasPrefix(stdout, "audit: every invariant holds: 1 run,") {
 		t.Errorf("exit %d: %s", code, stdout)
 	}
 }
 
-func TestExportRecordFormat(t *testing.T) {
-	r := audit.Record{Seq: 7, Subject: "toolbatch.events.r1", Time: time.Date(2026, 1, 2, 3, 4, 5, 600, time.FixedZone("x", 3600)),
-		Headers: map[string][]string{"Toolbatch-Prev": {"3"}, "Toolbatch-Event": {"CallGated", "CallExecuting"}}, Data: []byte{0x91, 0x80}}
-	var b bytes.Buffer
-	if err := encodeRecord(&b, r); err != nil {
-		t.Fatal(err)
-	}
-	want := `{"seq":7,"subject":"toolbatch.events.r1","time":"2026-01-02T02:04:05.0000006Z","headers":{"Toolbatch-Event":["CallGated","CallExecuting"],"Toolbatch-Prev":["3"]},"data":"kYA="}` + "\n"
-	if b.String() != want {
-		t.Fatalf("got  %swant %s", b.String(), want)
-	}
-	back, _, err := decodeRecord(b.Bytes(), new([]byte), nil)
-	if err != nil || back.Seq != 7 || !back.Time.Equal(r.Time) || !bytes.Equal(back.Data, r.Data) || back.Headers["Toolbatch-Event"][1] != "CallExecuting" {
-		t.Fatalf("round trip: %+v %v", back, err)
-	}
-}
-
 func TestAuditJSONAndWithoutOut(t *testing.T) {
-	stdout, _, code := replay(t, "audit", "--json", "--file", filepath.Join(streamsDir, "forged-result.jsonl"))
+	stdout, _, code := inProcess(t, "audit", "--json", "--file", filepath.Join(streamsDir, "forged-result.jsonl"))
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
 	if code != 1 || len(lines) != 2 {
 		t.Fatalf("exit %d:\n%s", code, stdout)
@@ -205,7 +189,7 @@ func TestAuditJSONAndWithoutOut(t *testing.T) {
 	if err := os.WriteFile(lone, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	stdout, _, code = replay(t, "audit", "--file", lone)
+	stdout, _, code = inProcess(t, "audit", "--file", lone)
 	if code != 0 || !strings.Contains(stdout, "invariant 8 not checked") {
 		t.Errorf("exit %d: %s", code, stdout)
 	}
@@ -213,17 +197,17 @@ func TestAuditJSONAndWithoutOut(t *testing.T) {
 
 func TestWhatIf(t *testing.T) {
 	cat := filepath.Join(streamsDir, "whatif.yaml")
-	stdout, stderr, code := replay(t, "what-if", "--catalog", cat, "--file", goodFile)
+	stdout, stderr, code := inProcess(t, "what-if", "--catalog", cat, "--file", goodFile)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	golden(t, filepath.Join(streamsDir, "good.whatif.txt"), []byte(stdout))
-	stdout, _, _ = replay(t, "what-if", "--catalog", cat, "--file", goodFile, "--changed", "--json")
+	stdout, _, _ = inProcess(t, "what-if", "--catalog", cat, "--file", goodFile, "--changed", "--json")
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
 	if len(lines) != 6 {
 		t.Fatalf("%d lines:\n%s", len(lines), stdout)
 	}
-	var row whatIfRow
+	var row replay.WhatIfRow
 	if err := json.Unmarshal([]byte(lines[1]), &row); err != nil || row.Call != "c3" || row.Old.Label != "ask" || row.New.Label != "deny" ||
 		row.New.Reason != "deploys are frozen this week" || !row.Changed {
 		t.Errorf("row %s (%v)", lines[1], err)
@@ -267,7 +251,7 @@ func TestUsageAndReadErrors(t *testing.T) {
 		{[]string{"audit", "--file", bad}, "bad.jsonl:3: not an export record"},
 		{[]string{"--nats-url", "nats://127.0.0.1:1"}, "connect to nats://127.0.0.1:1"},
 	} {
-		stdout, stderr, code := replay(t, c.args...)
+		stdout, stderr, code := inProcess(t, c.args...)
 		if code != 2 || stdout != "" {
 			t.Errorf("%v: exit %d, stdout %q", c.args, code, stdout)
 		}
@@ -275,7 +259,7 @@ func TestUsageAndReadErrors(t *testing.T) {
 			t.Errorf("%v: want one line with %q, got %q", c.args, c.want, stderr)
 		}
 	}
-	stdout, _, code := replay(t, "--help")
+	stdout, _, code := inProcess(t, "--help")
 	if code != 0 || !strings.HasPrefix(stdout, "usage:") {
 		t.Errorf("--help: exit %d %q", code, stdout)
 	}
@@ -284,9 +268,9 @@ func TestUsageAndReadErrors(t *testing.T) {
 func TestProgressEvery100k(t *testing.T) {
 	var b bytes.Buffer
 	p := newProgress(&b)
-	r := audit.Record{Subject: "toolbatch.events.r1", Headers: map[string][]string{headerEvent: {"CallGated", "CallExecuting"}}}
+	r := audit.Record{Subject: "toolbatch.events.r1", Headers: map[string][]string{protocol.HeaderEvent: {"CallGated", "CallExecuting"}}}
 	for i := 0; i < 2*progressEvery+5; i++ {
-		p.add(&message{Record: r})
+		p.add(&replay.Message{Record: r})
 	}
 	p.done()
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")

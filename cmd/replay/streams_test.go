@@ -17,6 +17,8 @@ import (
 	"github.com/toolbatch/toolbatch/audit"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/projector"
+	"github.com/toolbatch/toolbatch/protocol"
+	"github.com/toolbatch/toolbatch/replay"
 )
 
 // The recorded streams of testdata/streams are generated here: a good one,
@@ -94,9 +96,9 @@ func (rc *recorder) commit(runID string, evs ...events.Event) uint64 {
 	sum := sha256.Sum256(body)
 	rc.evs = append(rc.evs, audit.Record{Seq: rc.seq, Subject: "toolbatch.events." + runID, Time: at, Data: body,
 		Headers: map[string][]string{
-			headerEvent:   types,
-			headerPrev:    {strconv.FormatUint(r.last, 10)},
-			"Nats-Msg-Id": {fmt.Sprintf("%s/%d/%s", runID, r.last, hex.EncodeToString(sum[:8]))},
+			protocol.HeaderEvent: types,
+			protocol.HeaderPrev:  {strconv.FormatUint(r.last, 10)},
+			"Nats-Msg-Id":        {fmt.Sprintf("%s/%d/%s", runID, r.last, hex.EncodeToString(sum[:8]))},
 		}})
 	r.last = rc.seq
 	var outs []projector.Output
@@ -117,7 +119,7 @@ func (rc *recorder) commit(runID string, evs ...events.Event) uint64 {
 		}
 		src := fmt.Sprintf("%d/%d", rc.seq, i)
 		rc.out = append(rc.out, audit.Record{Seq: uint64(len(rc.out) + 1), Subject: "toolbatch.out." + runID + "." + o.Subject(),
-			Time: at, Data: b, Headers: map[string][]string{headerSource: {src}, "Nats-Msg-Id": {"out/" + src}}})
+			Time: at, Data: b, Headers: map[string][]string{protocol.HeaderSource: {src}, "Nats-Msg-Id": {"out/" + src}}})
 	}
 	return rc.seq
 }
@@ -276,7 +278,7 @@ var streamCases = []streamCase{
 			// barrier, ahead of everything the barrier published.
 			i := outIndex(t, rc.out, "toolbatch.out.r1.results", s.finalR1)
 			early := cloneRecord(rc.out[i])
-			early.Headers[headerSource] = []string{fmt.Sprintf("%d/0", s.finalR1-1)}
+			early.Headers[protocol.HeaderSource] = []string{fmt.Sprintf("%d/0", s.finalR1-1)}
 			first := outIndex(t, rc.out, "toolbatch.out.r1.disposition", s.finalR1)
 			out := append(append(append([]audit.Record{}, rc.out[:first]...), early), rc.out[first:]...)
 			return rc.evs, renumber(out)
@@ -349,7 +351,7 @@ func rechain(rs []audit.Record) []audit.Record {
 	out := make([]audit.Record, len(rs))
 	for i, r := range rs {
 		c := cloneRecord(r)
-		c.Headers[headerPrev] = []string{strconv.FormatUint(last[r.Subject], 10)}
+		c.Headers[protocol.HeaderPrev] = []string{strconv.FormatUint(last[r.Subject], 10)}
 		last[r.Subject] = r.Seq
 		out[i] = c
 	}
@@ -363,7 +365,7 @@ func edit(t *testing.T, rs []audit.Record, seq uint64, fn func([]events.Event) [
 		if r.Seq != seq {
 			continue
 		}
-		evs, err := events.DecodeCommit(r.Data, r.Headers[headerEvent])
+		evs, err := events.DecodeCommit(r.Data, r.Headers[protocol.HeaderEvent])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -372,7 +374,7 @@ func edit(t *testing.T, rs []audit.Record, seq uint64, fn func([]events.Event) [
 			t.Fatal(err)
 		}
 		c := cloneRecord(r)
-		c.Data, c.Headers[headerEvent] = body, types
+		c.Data, c.Headers[protocol.HeaderEvent] = body, types
 		out[i] = c
 	}
 	return out
@@ -380,7 +382,7 @@ func edit(t *testing.T, rs []audit.Record, seq uint64, fn func([]events.Event) [
 
 func outIndex(t *testing.T, rs []audit.Record, subject string, seq uint64) int {
 	for i, r := range rs {
-		if r.Subject == subject && strings.HasPrefix(r.Headers[headerSource][0], fmt.Sprintf("%d/", seq)) {
+		if r.Subject == subject && strings.HasPrefix(r.Headers[protocol.HeaderSource][0], fmt.Sprintf("%d/", seq)) {
 			return i
 		}
 	}
@@ -410,7 +412,7 @@ func cloneRecord(r audit.Record) audit.Record {
 func encodeAll(t *testing.T, rs []audit.Record) []byte {
 	var b bytes.Buffer
 	for _, r := range rs {
-		if err := encodeRecord(&b, r); err != nil {
+		if err := replay.WriteRecord(&b, r); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -435,8 +437,8 @@ func golden(t *testing.T, path string, got []byte) {
 	}
 }
 
-// replay runs the command in-process and returns its stdout and status.
-func replay(t *testing.T, args ...string) (string, string, int) {
+// inProcess runs the command in-process and returns its stdout and status.
+func inProcess(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
 	var out, errb bytes.Buffer
 	code := run(args, &out, &errb)
@@ -456,8 +458,8 @@ func TestStreams(t *testing.T) {
 			evs, out := c.make(t)
 			path := filepath.Join(streamsDir, c.name+".jsonl")
 			golden(t, path, encodeAll(t, evs))
-			golden(t, outSibling(path), encodeAll(t, out))
-			stdout, stderr, code := replay(t, "audit", "--file", path)
+			golden(t, replay.OutSibling(path), encodeAll(t, out))
+			stdout, stderr, code := inProcess(t, "audit", "--file", path)
 			golden(t, filepath.Join(streamsDir, c.name+".audit.txt"), []byte(stdout))
 			wantCode := 1
 			if len(c.want) == 0 {

@@ -1,8 +1,7 @@
-package main
+package replay
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,54 +10,50 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
-// cmdWhatIf re-gates every recorded gate decision with another catalog.
-func cmdWhatIf(ctx context.Context, o *options, stdout, stderr io.Writer) error {
-	cat, err := catalog.Load(o.catalog)
-	if err != nil {
-		return usageErrorf("%v", err)
-	}
-	if cat.UsesState() {
-		fmt.Fprintf(stderr, "replay: what-if: rules of %s read state; they are evaluated with an empty state\n", o.catalog)
-	}
-	src, err := openSource(o, "")
-	if err != nil {
-		return err
-	}
-	defer src.close()
-	w := &whatIf{cat: cat, prefix: o.prefix, batches: map[string]*events.BatchSubmitted{}}
-	prog := newProgress(stderr)
-	err = src.read(ctx, eventsStream, o.sel, true, func(m *message) error {
-		prog.add(m)
-		w.add(m)
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	prog.done()
-	if o.json {
-		return w.printJSON(stdout, o.changed)
-	}
-	return w.printText(stdout, o.changed)
+// Policy is the gate policy what-if re-evaluates the recorded calls with:
+// the policy stage of another catalog (cmd/replay adapts a
+// *catalog.Catalog).
+type Policy interface {
+	// Evaluate decides a call of a tool with its arguments at a time, with
+	// an empty state (catalog.Catalog.Evaluate).
+	Evaluate(toolID string, args events.RawJSON, at time.Time) PolicyDecision
+	// HasExternal reports whether the policy asks an external gate service
+	// after its rules (catalog.Catalog.External).
+	HasExternal() bool
 }
 
-// whatIf holds the recorded gate decisions and what the other catalog
-// decides for them.
-type whatIf struct {
-	cat     *catalog.Catalog
+// PolicyDecision is what a Policy's rules decide for a call.
+type PolicyDecision struct {
+	Matched bool   // a rule decided; false: none matched (allow)
+	Rule    string // the rule that decided, such as "gate.rules[1]"
+	Outcome events.GateOutcome
+	Reason  string // the block reason
+}
+
+// WhatIf holds the recorded gate decisions and what another policy
+// decides for them: Add each commit of the events stream, in order, then
+// WriteText or WriteJSON.
+type WhatIf struct {
+	policy  Policy
 	prefix  string
 	batches map[string]*events.BatchSubmitted // by batch id: the calls' tools and arguments
-	rows    []whatIfRow
+	rows    []WhatIfRow
 	skipped []string // commits that could not be read
 }
 
-// whatIfRow is one recorded gate decision, re-evaluated.
-type whatIfRow struct {
+// NewWhatIf returns an empty what-if of the runs of a subject prefix,
+// re-evaluated with policy.
+func NewWhatIf(policy Policy, prefix string) *WhatIf {
+	return &WhatIf{policy: policy, prefix: prefix, batches: map[string]*events.BatchSubmitted{}}
+}
+
+// WhatIfRow is one recorded gate decision, re-evaluated: a JSON line of
+// WriteJSON.
+type WhatIfRow struct {
 	Type    string    `json:"type"` // "call"
 	Run     string    `json:"run"`
 	Batch   string    `json:"batch"`
@@ -66,14 +61,14 @@ type whatIfRow struct {
 	Tool    string    `json:"tool"`
 	Seq     uint64    `json:"seq"`
 	At      time.Time `json:"at"`
-	Old     decision  `json:"old"`
-	New     decision  `json:"new"`
+	Old     Decision  `json:"old"`
+	New     Decision  `json:"new"`
 	Changed bool      `json:"changed"`
 }
 
-// decision is one gate decision: its audit label (allow, deny,
+// Decision is one gate decision: its audit label (allow, deny,
 // set_result, ask, schedule), the stage and rule that made it.
-type decision struct {
+type Decision struct {
 	Label  string `json:"label"`
 	Stage  string `json:"stage"`
 	Rule   string `json:"rule,omitempty"`
@@ -81,7 +76,9 @@ type decision struct {
 	Note   string `json:"note,omitempty"`
 }
 
-func (d decision) String() string {
+// String is the decision as the what-if table prints it: label (stage
+// rule, note).
+func (d Decision) String() string {
 	s := d.Label + " (" + d.Stage
 	if d.Rule != "" {
 		s += " " + d.Rule
@@ -92,12 +89,12 @@ func (d decision) String() string {
 	return s + ")"
 }
 
-// add reads one commit: submissions are kept for their calls, and every
+// Add reads one commit: submissions are kept for their calls, and every
 // CallGated is re-evaluated.
-func (w *whatIf) add(m *message) {
+func (w *WhatIf) Add(m *Message) {
 	r := m.Record
 	runID, _ := protocol.Names{Prefix: w.prefix}.RunOf(protocol.Events, r.Subject)
-	evs, err := m.commit()
+	evs, err := m.Commit()
 	if err != nil {
 		w.skipped = append(w.skipped, fmt.Sprintf("seq %d: %v", r.Seq, err))
 		return
@@ -107,8 +104,8 @@ func (w *whatIf) add(m *message) {
 		case *events.BatchSubmitted:
 			w.batches[ev.BatchID] = ev
 		case *events.CallGated:
-			row := whatIfRow{Type: "call", Run: runID, Batch: ev.BatchID, Call: ev.CallID, Seq: r.Seq, At: ev.At.UTC(),
-				Old: decision{Label: label(ev), Stage: ev.Stage, Rule: ev.Rule, Reason: ev.Reason}}
+			row := WhatIfRow{Type: "call", Run: runID, Batch: ev.BatchID, Call: ev.CallID, Seq: r.Seq, At: ev.At.UTC(),
+				Old: Decision{Label: label(ev), Stage: ev.Stage, Rule: ev.Rule, Reason: ev.Reason}}
 			b := w.batches[ev.BatchID]
 			var call *events.Call
 			if b != nil {
@@ -119,7 +116,7 @@ func (w *whatIf) add(m *message) {
 				}
 			}
 			if call == nil {
-				row.New = decision{Label: "?", Stage: "-", Note: "the batch's submission was not read"}
+				row.New = Decision{Label: "?", Stage: "-", Note: "the batch's submission was not read"}
 				row.Tool = "?"
 			} else {
 				row.Tool = call.ToolID
@@ -132,29 +129,29 @@ func (w *whatIf) add(m *message) {
 }
 
 // reevaluate runs the gate chain of contract.md §3.3 with the other
-// catalog's rules: the narrowing, then the policy rules (catalog.Evaluate
-// at the recorded decision's time, with an empty state), then the external
+// policy: the narrowing, then the policy rules (Policy.Evaluate at the
+// recorded decision's time, with an empty state), then the external
 // gate, which replay cannot ask: a decision it recorded is kept, and
 // without one the call is taken as allowed (with a note).
-func (w *whatIf) reevaluate(b *events.BatchSubmitted, c *events.Call, g *events.CallGated) decision {
+func (w *WhatIf) reevaluate(b *events.BatchSubmitted, c *events.Call, g *events.CallGated) Decision {
 	if b.Narrowing == events.NarrowingDenyAll {
-		return decision{Label: events.GateBlock.Label(), Stage: events.StageNarrowing, Reason: "run narrowed: deny_all"}
+		return Decision{Label: events.GateBlock.Label(), Stage: events.StageNarrowing, Reason: "run narrowed: deny_all"}
 	}
-	pd := w.cat.Evaluate(c.ToolID, c.Arguments, nil, g.At)
+	pd := w.policy.Evaluate(c.ToolID, c.Arguments, g.At)
 	if pd.Matched && pd.Outcome != events.GateAllow {
-		return decision{Label: pd.Outcome.Label(), Stage: events.StagePolicy, Rule: pd.Rule, Reason: pd.Reason}
+		return Decision{Label: pd.Outcome.Label(), Stage: events.StagePolicy, Rule: pd.Rule, Reason: pd.Reason}
 	}
-	if _, ok := w.cat.External(); ok {
+	if w.policy.HasExternal() {
 		if g.Stage == events.StageExternal {
-			return decision{Label: label(g), Stage: events.StageExternal, Rule: g.Rule, Reason: g.Reason, Note: "recorded answer"}
+			return Decision{Label: label(g), Stage: events.StageExternal, Rule: g.Rule, Reason: g.Reason, Note: "recorded answer"}
 		}
-		return decision{Label: events.GateAllow.Label(), Stage: events.StageExternal, Note: "not asked; taken as allow"}
+		return Decision{Label: events.GateAllow.Label(), Stage: events.StageExternal, Note: "not asked; taken as allow"}
 	}
-	return decision{Label: events.GateAllow.Label(), Stage: events.StageDefault}
+	return Decision{Label: events.GateAllow.Label(), Stage: events.StageDefault}
 }
 
 // counts returns how many decisions changed, by "old -> new", sorted.
-func (w *whatIf) counts() (changed int, byKind []string) {
+func (w *WhatIf) counts() (changed int, byKind []string) {
 	m := map[string]int{}
 	for _, r := range w.rows {
 		if r.Changed {
@@ -169,7 +166,9 @@ func (w *whatIf) counts() (changed int, byKind []string) {
 	return changed, byKind
 }
 
-func (w *whatIf) printText(out io.Writer, onlyChanged bool) error {
+// WriteText writes the re-evaluated decisions as a table, old -> new (only
+// those that change with onlyChanged), then a summary line.
+func (w *WhatIf) WriteText(out io.Writer, onlyChanged bool) error {
 	bw := bufio.NewWriter(out)
 	tw := tabwriter.NewWriter(bw, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "RUN\tBATCH\tCALL\tTOOL\tSEQ\tOLD\t\tNEW")
@@ -197,7 +196,9 @@ func (w *whatIf) printText(out io.Writer, onlyChanged bool) error {
 	return bw.Flush()
 }
 
-func (w *whatIf) printJSON(out io.Writer, onlyChanged bool) error {
+// WriteJSON writes the re-evaluated decisions as JSON lines (WhatIfRow;
+// only those that change with onlyChanged), then a summary line.
+func (w *WhatIf) WriteJSON(out io.Writer, onlyChanged bool) error {
 	bw := bufio.NewWriter(out)
 	enc := json.NewEncoder(bw)
 	enc.SetEscapeHTML(false)

@@ -1,4 +1,4 @@
-package main
+package replay
 
 import (
 	"os"
@@ -94,7 +94,7 @@ func TestAvailableMemory(t *testing.T) {
 	}
 }
 
-// TestHoldGC checks that holdGC turns the collector off with a limit, and
+// TestHoldGC checks that HoldGC turns the collector off with a limit, and
 // that its release sets the target for printing and restores the limit.
 func TestHoldGC(t *testing.T) {
 	t.Setenv("GOGC", "")
@@ -107,7 +107,7 @@ func TestHoldGC(t *testing.T) {
 	percent := debug.SetGCPercent(150)
 	defer debug.SetGCPercent(percent)
 	limit := debug.SetMemoryLimit(-1)
-	release := holdGC()
+	release := HoldGC()
 	if got := debug.SetGCPercent(-1); got != -1 {
 		t.Errorf("GC percent while held = %d, want -1 (off)", got)
 	}

@@ -1,9 +1,7 @@
-package main
+package replay
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 	"time"
@@ -13,38 +11,11 @@ import (
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
-// cmdHistory prints the history of every call of the selected runs.
-func cmdHistory(ctx context.Context, o *options, stdout, stderr io.Writer) error {
-	src, err := openSource(o, "")
-	if err != nil {
-		return err
-	}
-	defer src.close()
-	h := newHistory(o.prefix, o.sel.startsLate())
-	prog := newProgress(stderr)
-	releaseGC := holdGC() // gc.go: the history keeps what it reads
-	err = src.read(ctx, eventsStream, o.sel, true, func(m *message) error {
-		prog.add(m)
-		h.add(m)
-		return nil
-	})
-	releaseGC()
-	if err != nil {
-		return err
-	}
-	prog.done()
-	h.finish()
-	if o.json {
-		return h.printJSON(stdout)
-	}
-	return h.printText(stdout)
-}
-
-// history folds an events stream, run by run, with the engine's aggregate,
-// and keeps every event of every batch for printing. The aggregate keeps a
+// History folds an events stream, run by run, with the engine's aggregate,
+// and keeps every event of every batch for printing (WriteText, WriteJSON). The aggregate keeps a
 // run's latest batch only, so each batch's final call states are copied
 // when it is finalized (or at the end of the stream for an open batch).
-type history struct {
+type History struct {
 	prefix string
 	// startsLate is set when the selection may begin after a run's first
 	// commit: such a run is shown but not folded.
@@ -97,7 +68,7 @@ type callState struct {
 	Worker      string `json:"worker,omitempty"`  // the latest claim's worker
 	Reason      string `json:"reason,omitempty"`  // indeterminate
 	Outcome     string `json:"outcome,omitempty"` // events.DescribeOutput of a completed call
-	// output is what Outcome describes: finish writes the description,
+	// output is what Outcome describes: Finish writes the description,
 	// for printing.
 	output *events.Output
 }
@@ -122,12 +93,15 @@ func noteItem(seq uint64, t time.Time, text string) item {
 	return item{seq: seq, note: &note{time: t, text: text}}
 }
 
-func newHistory(prefix string, startsLate bool) *history {
-	return &history{prefix: prefix, startsLate: startsLate, runs: map[string]*runHistory{}}
+// NewHistory returns an empty history of the runs of a subject prefix;
+// startsLate (Selection.StartsLate) says that the read may begin after a
+// run's first commit, so that such a run is shown but not folded.
+func NewHistory(prefix string, startsLate bool) *History {
+	return &History{prefix: prefix, startsLate: startsLate, runs: map[string]*runHistory{}}
 }
 
-// add folds one commit.
-func (h *history) add(m *message) {
+// Add folds one commit, a message of the events stream, in stream order.
+func (h *History) Add(m *Message) {
 	r := m.Record
 	runID, ok := protocol.Names{Prefix: h.prefix}.RunOf(protocol.Events, r.Subject)
 	if !ok || runID == "" {
@@ -142,7 +116,7 @@ func (h *history) add(m *message) {
 	}
 	var notes []string
 	prevText := ""
-	if vs := m.header(headerPrev); len(vs) > 0 {
+	if vs := m.Header(headerPrev); len(vs) > 0 {
 		prevText = vs[0]
 	}
 	prev, perr := strconv.ParseUint(prevText, 10, 64)
@@ -161,7 +135,7 @@ func (h *history) add(m *message) {
 	}
 	rh.commits++
 	rh.last = r.Seq
-	evs, err := m.commit()
+	evs, err := m.Commit()
 	if err != nil {
 		notes = append(notes, "undecodable commit: "+err.Error())
 		if rh.run != nil {
@@ -257,10 +231,10 @@ func (rh *runHistory) after(e events.Event, seq uint64) {
 	}
 }
 
-// finish copies the states of batches still open at the end of the stream,
-// and describes the calls of batches that were not folded from their
-// submission.
-func (h *history) finish() {
+// Finish ends the fold once the read is done: it copies the states of
+// batches still open at the end of the stream, and describes the calls of
+// batches that were not folded from their submission.
+func (h *History) Finish() {
 	for _, rh := range h.order {
 		if rh.run != nil && rh.run.Batch != nil {
 			if b := rh.byID[rh.run.Batch.ID]; b != nil && b.calls == nil {

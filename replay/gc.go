@@ -1,4 +1,4 @@
-package main
+package replay
 
 import (
 	"bufio"
@@ -37,7 +37,7 @@ const memoryShare = 0.5
 // in the same wall time.
 const printGCPercent = 100
 
-// gcHold is what holdGC decided.
+// gcHold is what HoldGC decided.
 type gcHold struct {
 	off   bool  // the collector is off during the read
 	limit int64 // the memory limit during the read (bytes), when off
@@ -60,10 +60,12 @@ func gcPlan(getenv func(string) string, available uint64) gcHold {
 	return gcHold{off: true, limit: int64(float64(available) * memoryShare)}
 }
 
-// holdGC turns the collector off for a read that keeps what it reads (see
-// gcPlan) and returns the function that ends that: it sets the target to
-// printGCPercent and the memory limit back to what it was.
-func holdGC() (release func()) {
+// HoldGC turns the process's garbage collector off for a read that keeps
+// what it reads, such as a History's (see gcPlan), and returns the function
+// that ends that: it sets the target to printGCPercent and the memory limit
+// back to what it was. It changes settings of the whole process: it is for
+// a program's main path.
+func HoldGC() (release func()) {
 	p := gcPlan(os.Getenv, availableMemory("/"))
 	if !p.off {
 		return func() {}

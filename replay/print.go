@@ -1,4 +1,4 @@
-package main
+package replay
 
 import (
 	"bufio"
@@ -142,8 +142,8 @@ func cell(s string) string {
 
 var cellReplacer = strings.NewReplacer("\t", " ", "\n", " ", "\r", " ")
 
-// printText writes the history as aligned tables.
-func (h *history) printText(w io.Writer) error {
+// WriteText writes the history as aligned tables (docs/replay.md, section 3).
+func (h *History) WriteText(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	if len(h.order) == 0 && len(h.strays) == 0 {
 		fmt.Fprintln(bw, "no events")
@@ -297,9 +297,9 @@ type (
 	}
 )
 
-// printJSON writes the history as JSON lines: per run a run line, then per
+// WriteJSON writes the history as JSON lines: per run a run line, then per
 // batch a batch line and its event and note lines, then the run's own.
-func (h *history) printJSON(w io.Writer) error {
+func (h *History) WriteJSON(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	enc := json.NewEncoder(bw)
 	enc.SetEscapeHTML(false)
@@ -352,4 +352,11 @@ func (h *history) printJSON(w io.Writer) error {
 		return err
 	}
 	return bw.Flush()
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
 }

@@ -1,14 +1,96 @@
-package main
+package replay
 
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"strconv"
+	"time"
 	"unicode/utf8"
 
 	"github.com/toolbatch/toolbatch/audit"
 	"github.com/toolbatch/toolbatch/events"
 )
+
+// ExportRecord is one line of an export file: one message of a stream
+// (docs/replay.md, section 4). WriteRecord writes it in its canonical form.
+type ExportRecord struct {
+	Seq     uint64              `json:"seq"`
+	Subject string              `json:"subject"`
+	Time    time.Time           `json:"time"`
+	Headers map[string][]string `json:"headers"`
+	Data    []byte              `json:"data"` // base64 of the message body (msgpack)
+}
+
+// Errors of records that decode but are not messages.
+var (
+	errNoSeq     = errors.New("record without a seq")
+	errNoSubject = errors.New("record without a subject")
+)
+
+// ParseRecord reads one line of an export file (what WriteRecord writes,
+// or any JSON object encoding/json reads as an ExportRecord with a seq and
+// a subject).
+func ParseRecord(line []byte) (audit.Record, error) {
+	r, _, err := decodeRecord(line, new([]byte), nil)
+	return r, err
+}
+
+// decodeRecord decodes one export line, with parseRecordFast when the
+// line is in WriteRecord's own form, else with encoding/json; the body is
+// decoded into arena.
+//
+// With hb, a line in WriteRecord's form has its headers returned as a
+// list cut from hb, and the record has no Headers map.
+func decodeRecord(line []byte, arena *[]byte, hb *headerBuf) (audit.Record, []header, error) {
+	w, hdrs, ok := parseRecordFast(line, arena, hb)
+	if !ok {
+		var err error
+		if w, err = decodeRecordJSON(line); err != nil {
+			return audit.Record{}, nil, err
+		}
+	}
+	if hdrs != nil {
+		if err := checkRecord(w); err != nil {
+			return audit.Record{}, nil, err
+		}
+		return audit.Record{Seq: w.Seq, Subject: w.Subject, Time: w.Time, Data: w.Data}, hdrs, nil
+	}
+	r, err := recordOf(w)
+	return r, nil, err
+}
+
+// decodeRecordJSON decodes one export line with encoding/json.
+func decodeRecordJSON(line []byte) (ExportRecord, error) {
+	var w ExportRecord
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&w); err != nil {
+		return w, fmt.Errorf("not an export record: %w", err)
+	}
+	if dec.More() {
+		return w, errors.New("not an export record: more than one value on the line")
+	}
+	return w, nil
+}
+
+// WriteRecord writes one export line.
+func WriteRecord(w io.Writer, r audit.Record) error {
+	h := r.Headers
+	if h == nil {
+		h = map[string][]string{}
+	}
+	data := r.Data
+	if data == nil {
+		data = []byte{}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(ExportRecord{Seq: r.Seq, Subject: r.Subject, Time: r.Time.UTC(), Headers: h, Data: data})
+}
 
 // header is one header of a message and its values.
 type header struct {
@@ -25,7 +107,7 @@ type headerBuf struct {
 
 func (hb *headerBuf) reset() { hb.hdrs, hb.vals = hb.hdrs[:0], hb.vals[:0] }
 
-// parseRecordFast reads an export line in the exact form encodeRecord
+// parseRecordFast reads an export line in the exact form WriteRecord
 // writes it, without encoding/json:
 //
 //	{"seq":N,"subject":"S","time":"T","headers":{"K":["V",...],...},"data":"B"}
@@ -38,8 +120,8 @@ func (hb *headerBuf) reset() { hb.hdrs, hb.vals = hb.hdrs[:0], hb.vals[:0] }
 //
 // With hb, the headers are not put in a map but in hb's buffers, and
 // returned as a list (the map is most of what a line costs to read).
-func parseRecordFast(line []byte, arena *[]byte, hb *headerBuf) (wireRecord, []header, bool) {
-	var w wireRecord
+func parseRecordFast(line []byte, arena *[]byte, hb *headerBuf) (ExportRecord, []header, bool) {
+	var w ExportRecord
 	var hdrs []header
 	p := recordParser{b: line}
 	if !p.lit(`{"seq":`) {
@@ -269,7 +351,7 @@ func headerValue(name string, b []byte) string {
 
 // recordOf is the record an export line holds, after the checks every
 // line gets.
-func recordOf(w wireRecord) (audit.Record, error) {
+func recordOf(w ExportRecord) (audit.Record, error) {
 	if err := checkRecord(w); err != nil {
 		return audit.Record{}, err
 	}
@@ -281,7 +363,7 @@ func recordOf(w wireRecord) (audit.Record, error) {
 
 // checkRecord is the check every line gets: a record has a seq and a
 // subject.
-func checkRecord(w wireRecord) error {
+func checkRecord(w ExportRecord) error {
 	switch {
 	case w.Seq == 0:
 		return errNoSeq

@@ -1,4 +1,4 @@
-package main
+package replay
 
 import (
 	"runtime"
@@ -8,22 +8,24 @@ import (
 	"github.com/toolbatch/toolbatch/events"
 )
 
-// message is one message of a stream as a read delivers it: its record
-// and, when the read was asked to decode, its commit already decoded.
-type message struct {
+// Message is one message of a stream as a read delivers it: its record
+// and, when the read was asked to decode, its commit already decoded. A
+// Message made from a record alone (Message{Record: r}) decodes its commit
+// when Commit is first called.
+type Message struct {
 	audit.Record
 	// hdrs are the headers when Record.Headers is nil (reads that decode
-	// the commits do not build the map): see header.
+	// the commits do not build the map): see Header.
 	hdrs    []header
 	decoded bool
 	events  []events.Event
 	err     error // decoding the commit
 }
 
-// commit returns the message's events, decoding them unless the read did.
-func (m *message) commit() ([]events.Event, error) {
+// Commit returns the message's events, decoding them unless the read did.
+func (m *Message) Commit() ([]events.Event, error) {
 	if !m.decoded {
-		m.events, m.err = events.DecodeCommit(m.Data, m.header(headerEvent))
+		m.events, m.err = events.DecodeCommit(m.Data, m.Header(headerEvent))
 		m.decoded = true
 	}
 	return m.events, m.err
@@ -31,8 +33,8 @@ func (m *message) commit() ([]events.Event, error) {
 
 // decodeWith decodes the message's commit with dec, which shares the
 // strings that repeat between commits (see events.Decoder).
-func (m *message) decodeWith(dec *events.Decoder) {
-	m.events, m.err = dec.DecodeCommit(m.Data, m.header(headerEvent))
+func (m *Message) decodeWith(dec *events.Decoder) {
+	m.events, m.err = dec.DecodeCommit(m.Data, m.Header(headerEvent))
 	m.decoded = true
 }
 
@@ -40,8 +42,8 @@ func (m *message) decodeWith(dec *events.Decoder) {
 // messages at a time, and as many as run at once.
 var decoders = sync.Pool{New: func() any { return new(events.Decoder) }}
 
-// header returns the values of a header.
-func (m *message) header(name string) []string {
+// Header returns the values of a header.
+func (m *Message) Header(name string) []string {
 	if m.Headers != nil {
 		return m.Headers[name]
 	}
@@ -53,9 +55,9 @@ func (m *message) header(name string) []string {
 	return nil
 }
 
-// withHeaders returns the record with its headers as a map, which the
+// WithHeaders returns the record with its headers as a map, which the
 // read may have left out (see hdrs); the map is the record's own.
-func (m *message) withHeaders() audit.Record {
+func (m *Message) WithHeaders() audit.Record {
 	r := m.Record
 	if r.Headers == nil {
 		r.Headers = make(map[string][]string, len(m.hdrs))

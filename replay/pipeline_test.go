@@ -1,4 +1,4 @@
-package main
+package replay
 
 import (
 	"bytes"
@@ -27,7 +27,7 @@ func bigExport(t *testing.T, n int) []byte {
 		}
 		r := audit.Record{Seq: uint64(i), Subject: fmt.Sprintf("toolbatch.events.run%d", i%7), Time: at.Add(time.Duration(i) * time.Second),
 			Headers: map[string][]string{headerEvent: types, headerPrev: {"0"}}, Data: body}
-		if err := encodeRecord(&b, r); err != nil {
+		if err := WriteRecord(&b, r); err != nil {
 			t.Fatal(err)
 		}
 		if i%1000 == 0 {
@@ -58,16 +58,16 @@ func TestReadRecordsInOrder(t *testing.T) {
 	all := func(audit.Record) (bool, bool) { return true, false }
 	for _, decode := range []bool{false, true} {
 		var seqs []uint64
-		err := readRecords(context.Background(), "f", bytes.NewReader(file), all, decode, func(m *message) error {
+		err := readRecords(context.Background(), "f", bytes.NewReader(file), all, decode, func(m *Message) error {
 			seqs = append(seqs, m.Seq)
 			if m.decoded != decode {
 				t.Fatalf("seq %d decoded %v, want %v", m.Seq, m.decoded, decode)
 			}
-			evs, err := m.commit()
+			evs, err := m.Commit()
 			if err != nil || len(evs) != 1 || evs[0].(*events.RunEnded).Reason != fmt.Sprint("r", m.Seq) {
 				t.Fatalf("seq %d: %v %v", m.Seq, evs, err)
 			}
-			if got := m.header(headerEvent); len(got) != 1 || got[0] != "RunEnded" {
+			if got := m.Header(headerEvent); len(got) != 1 || got[0] != "RunEnded" {
 				t.Fatalf("seq %d: %s %q", m.Seq, headerEvent, got)
 			}
 			return nil
@@ -85,7 +85,7 @@ func TestReadRecordsInOrder(t *testing.T) {
 	// fn's error ends the read at once.
 	boom := errors.New("boom")
 	count := 0
-	err := readRecords(context.Background(), "f", bytes.NewReader(file), all, true, func(m *message) error {
+	err := readRecords(context.Background(), "f", bytes.NewReader(file), all, true, func(m *Message) error {
 		count++
 		if m.Seq == 1234 {
 			return boom
@@ -100,7 +100,7 @@ func TestReadRecordsInOrder(t *testing.T) {
 	// records that are not kept are skipped.
 	count = 0
 	stopAt := func(r audit.Record) (bool, bool) { return r.Seq%2 == 0, r.Seq == 3001 }
-	err = readRecords(context.Background(), "f", bytes.NewReader(file), stopAt, true, func(m *message) error {
+	err = readRecords(context.Background(), "f", bytes.NewReader(file), stopAt, true, func(m *Message) error {
 		count++
 		if m.Seq%2 != 0 {
 			t.Fatalf("seq %d was not kept", m.Seq)
@@ -114,7 +114,7 @@ func TestReadRecordsInOrder(t *testing.T) {
 	// A bad line: every record before it is read, then the error names it.
 	bad := bytes.Replace(file, []byte(`{"seq":4321,`), []byte(`{"seq":4321,"nope":1,`), 1)
 	count = 0
-	err = readRecords(context.Background(), "f", bytes.NewReader(bad), all, true, func(*message) error {
+	err = readRecords(context.Background(), "f", bytes.NewReader(bad), all, true, func(*Message) error {
 		count++
 		return nil
 	})

@@ -1,18 +1,17 @@
-package main
+package replay
 
 import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/audit"
@@ -32,78 +31,81 @@ const (
 	// stallTimeout is how long a NATS read waits for the next message it
 	// knows is there before it gives up.
 	stallTimeout = 15 * time.Second
-	// connectTimeout bounds connecting to NATS.
-	connectTimeout = 5 * time.Second
 	// fetchBatch is how many messages an ordered consumer asks for at once.
 	fetchBatch = 1000
 )
 
-// wireRecord is one line of an export file: one message of a stream.
-type wireRecord struct {
-	Seq     uint64              `json:"seq"`
-	Subject string              `json:"subject"`
-	Time    time.Time           `json:"time"`
-	Headers map[string][]string `json:"headers"`
-	Data    []byte              `json:"data"` // base64 of the message body (msgpack)
-}
+// ErrInterrupted means a read ended because its context did.
+var ErrInterrupted = errors.New("interrupted")
 
-// stream names one of the two streams replay reads.
-type stream int
+// Stream names one of the two streams replay reads.
+type Stream int
 
+// The streams replay reads.
 const (
-	eventsStream stream = iota
-	outStream
+	EventsStream Stream = iota // <P>_EVENTS, the event log
+	OutStream                  // <P>_OUT, the projections
 )
 
-// source is where the streams are read from: NATS or export files. Both
-// deliver records in stream order, filtered by the selection, and stop
-// early when fn returns an error.
+// Selection is what the filters keep. Its zero value keeps everything.
+type Selection struct {
+	Run          string    // one run only ("": every run)
+	Since, Until time.Time // store times; zero: no bound
+	FromSeq      uint64    // events stream sequence to start at; 0: the first message
+}
+
+// StartsLate reports whether the selection may begin after a run's first
+// commit, so that a run whose first commit is missing is not a gap.
+func (s Selection) StartsLate() bool { return !s.Since.IsZero() || s.FromSeq > 1 }
+
+// Source is where the streams are read from: a *FileSource or a
+// *NATSSource. Read delivers the messages of one stream in stream order,
+// filtered by the selection, and stops early when fn returns an error (that
+// error is Read's).
 //
 // With decode, the commits of the events stream are decoded on every core
 // while fn gets the messages, in order, on the caller's goroutine; fn must
-// then not keep a record's Data after it returns.
-type source interface {
-	read(ctx context.Context, which stream, sel selection, decode bool, fn func(*message) error) error
-	close()
+// then not keep a message's Data after it returns.
+type Source interface {
+	Read(ctx context.Context, which Stream, sel Selection, decode bool, fn func(*Message) error) error
 }
 
-// openSource opens the source the options name. From files, the out
-// stream is read from outFile, or else from the events file's .out.jsonl
-// sibling when there is one.
-func openSource(o *options, outFile string) (source, error) {
-	if o.set["file"] {
-		out := outFile
-		if out == "" {
-			if sib := outSibling(o.file); fileExists(sib) {
-				out = sib
-			}
-		}
-		return &fileSource{events: o.file, out: out, prefix: o.prefix}, nil
+var (
+	_ Source = (*FileSource)(nil)
+	_ Source = (*NATSSource)(nil)
+)
+
+// OutSibling names the out stream's export file beside an events export:
+// events.jsonl -> events.out.jsonl, anything else gets .out appended.
+func OutSibling(path string) string {
+	if base, ok := strings.CutSuffix(path, ".jsonl"); ok {
+		return base + ".out.jsonl"
 	}
-	nc, err := nats.Connect(o.natsURL, nats.Name("toolbatch-replay"), nats.Timeout(connectTimeout))
-	if err != nil {
-		return nil, usageErrorf("connect to %s: %v", o.natsURL, err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, usageErrorf("jetstream: %v", err)
-	}
-	return &natsSource{nc: nc, js: js, prefix: o.prefix}, nil
+	return path + ".out"
 }
 
-func fileExists(path string) bool {
-	st, err := os.Stat(path)
-	return err == nil && st.Mode().IsRegular()
+// DerivedAfter reports whether an out message names, in its
+// Toolbatch-Source header, a commit after lastEvent, the last events
+// message read: on a live system the projector may have published it
+// between the reads of the two streams. A reader leaves such a message out,
+// as its commit is.
+func DerivedAfter(r audit.Record, lastEvent uint64) bool {
+	src := ""
+	if vs := r.Headers[headerSource]; len(vs) > 0 {
+		src = vs[0]
+	}
+	seqText, _, _ := strings.Cut(src, "/")
+	seq, err := strconv.ParseUint(seqText, 10, 64)
+	return err == nil && seq > lastEvent
 }
 
 // subjectFilter is the subject (or wildcard) a stream is read on.
-func subjectFilter(prefix string, which stream, run string) string {
+func subjectFilter(prefix string, which Stream, run string) string {
 	n := protocol.Names{Prefix: prefix}
 	switch {
-	case which == eventsStream && run != "":
+	case which == EventsStream && run != "":
 		return n.Events(run)
-	case which == eventsStream:
+	case which == EventsStream:
 		return n.Events(">")
 	case run != "":
 		return n.RunOut(run)
@@ -113,23 +115,23 @@ func subjectFilter(prefix string, which stream, run string) string {
 }
 
 // streamName is the JetStream stream of a prefix: its events or out stream.
-func streamName(prefix string, which stream) string {
-	if which == eventsStream {
+func streamName(prefix string, which Stream) string {
+	if which == EventsStream {
 		return protocol.Names{Prefix: prefix}.EventsStream()
 	}
 	return protocol.Names{Prefix: prefix}.OutStream()
 }
 
 // keep applies the selection to one record: keep it, skip it, or stop
-// (the first message stored after --until ends the read).
-func (s selection) keep(which stream, r audit.Record) (keep, stop bool) {
-	if !s.until.IsZero() && r.Time.After(s.until) {
+// (the first message stored after Until ends the read).
+func (s Selection) keep(which Stream, r audit.Record) (keep, stop bool) {
+	if !s.Until.IsZero() && r.Time.After(s.Until) {
 		return false, true
 	}
-	if !s.since.IsZero() && r.Time.Before(s.since) {
+	if !s.Since.IsZero() && r.Time.Before(s.Since) {
 		return false, false
 	}
-	if which == eventsStream && r.Seq < s.fromSeq {
+	if which == EventsStream && r.Seq < s.FromSeq {
 		return false, false
 	}
 	return true, false
@@ -144,17 +146,28 @@ func subjectMatches(filter, subject string) bool {
 	return subject == filter
 }
 
-// fileSource reads export files.
-type fileSource struct {
+// FileSource reads export files: one of the events stream and, maybe, one
+// of the out stream.
+type FileSource struct {
 	events, out string // out is empty when there is no out stream file
 	prefix      string
 }
 
-func (f *fileSource) close() {}
+// NewFileSource returns a source that reads the events stream from the
+// export file events and the out stream from the export file out ("": the
+// out stream is empty), for a subject prefix.
+func NewFileSource(events, out, prefix string) *FileSource {
+	return &FileSource{events: events, out: out, prefix: prefix}
+}
 
-func (f *fileSource) read(ctx context.Context, which stream, sel selection, decode bool, fn func(*message) error) error {
+// HasOut reports whether the source has an out stream file.
+func (f *FileSource) HasOut() bool { return f.out != "" }
+
+// Read delivers the messages of a stream's file (see Source). A line that
+// is not a record is an error naming the file and the line.
+func (f *FileSource) Read(ctx context.Context, which Stream, sel Selection, decode bool, fn func(*Message) error) error {
 	path := f.events
-	if which == outStream {
+	if which == OutStream {
 		if f.out == "" {
 			return nil
 		}
@@ -162,34 +175,28 @@ func (f *fileSource) read(ctx context.Context, which stream, sel selection, deco
 	}
 	file, err := os.Open(path)
 	if err != nil {
-		return usageErrorf("%v", err)
+		return err
 	}
 	defer file.Close()
-	filter := subjectFilter(f.prefix, which, sel.run)
+	filter := subjectFilter(f.prefix, which, sel.Run)
 	accept := func(r audit.Record) (keep, stop bool) {
 		if !subjectMatches(filter, r.Subject) {
 			return false, false
 		}
 		return sel.keep(which, r)
 	}
-	return readRecords(ctx, path, file, accept, decode && which == eventsStream, fn)
+	return readRecords(ctx, path, file, accept, decode && which == EventsStream, fn)
 }
 
 // errStop ends a read early without an error.
 var errStop = errors.New("stop")
-
-// Errors of records that decode but are not messages.
-var (
-	errNoSeq     = errors.New("record without a seq")
-	errNoSubject = errors.New("record without a subject")
-)
 
 // lineChunk is a run of export lines read together, and what they hold.
 type lineChunk struct {
 	buf   []byte // the lines, one after another
 	ends  []int  // where each line ends in buf
 	lines []int  // each line's number in the file
-	msgs  []message
+	msgs  []Message
 	keep  []bool
 	arena []byte    // the bodies (see work)
 	hb    headerBuf // the headers, with decode
@@ -214,7 +221,7 @@ var freeChunks = make(chan *lineChunk, 64)
 // only until fn returns. Blank lines are skipped; a line that is not a
 // record is a read error naming the line.
 func readRecords(ctx context.Context, name string, r io.Reader, accept func(audit.Record) (keep, stop bool),
-	decode bool, fn func(*message) error) error {
+	decode bool, fn func(*Message) error) error {
 	br := bufio.NewReaderSize(r, 1<<20)
 	produce := func(emit func(*lineChunk) bool) error {
 		c := newChunk()
@@ -235,12 +242,12 @@ func readRecords(ctx context.Context, name string, r io.Reader, accept func(audi
 				c.buf = c.buf[:start]
 			}
 			if err != nil && err != io.EOF {
-				return usageErrorf("read %s: %v", name, err)
+				return fmt.Errorf("read %s: %w", name, err)
 			}
 			if err == io.EOF || len(c.ends) >= chunkLines || len(c.buf) >= chunkBytes {
 				if len(c.ends) > 0 {
 					if ctx.Err() != nil {
-						return usageErrorf("interrupted")
+						return ErrInterrupted
 					}
 					if !emit(c) {
 						return nil
@@ -278,7 +285,7 @@ func readRecords(ctx context.Context, name string, r io.Reader, accept func(audi
 			rec, hdrs, err := decodeRecord(c.buf[start:end], &arena, hb)
 			start = end
 			if err != nil {
-				c.err = usageErrorf("%s:%d: %v", name, c.lines[i], err)
+				c.err = fmt.Errorf("%s:%d: %w", name, c.lines[i], err)
 				return
 			}
 			keep, stop := accept(rec)
@@ -286,7 +293,7 @@ func readRecords(ctx context.Context, name string, r io.Reader, accept func(audi
 				c.stop = len(c.msgs)
 				return
 			}
-			m := message{Record: rec, hdrs: hdrs}
+			m := Message{Record: rec, hdrs: hdrs}
 			if keep && decode {
 				m.decodeWith(dec)
 			}
@@ -339,121 +346,76 @@ func recycle(c *lineChunk) {
 	}
 }
 
-// decodeRecord decodes one export line, with parseRecordFast when the
-// line is in encodeRecord's own form, else with encoding/json; the body is
-// decoded into arena.
+// NATSSource reads the streams from JetStream with ordered consumers.
 //
-// With hb, a line in encodeRecord's form has its headers returned as a
-// list cut from hb, and the record has no Headers map.
-func decodeRecord(line []byte, arena *[]byte, hb *headerBuf) (audit.Record, []header, error) {
-	w, hdrs, ok := parseRecordFast(line, arena, hb)
-	if !ok {
-		var err error
-		if w, err = decodeRecordJSON(line); err != nil {
-			return audit.Record{}, nil, err
-		}
-	}
-	if hdrs != nil {
-		if err := checkRecord(w); err != nil {
-			return audit.Record{}, nil, err
-		}
-		return audit.Record{Seq: w.Seq, Subject: w.Subject, Time: w.Time, Data: w.Data}, hdrs, nil
-	}
-	r, err := recordOf(w)
-	return r, nil, err
-}
-
-// decodeRecordJSON decodes one export line with encoding/json.
-func decodeRecordJSON(line []byte) (wireRecord, error) {
-	var w wireRecord
-	dec := json.NewDecoder(bytes.NewReader(line))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&w); err != nil {
-		return w, fmt.Errorf("not an export record: %v", err)
-	}
-	if dec.More() {
-		return w, errors.New("not an export record: more than one value on the line")
-	}
-	return w, nil
-}
-
-// encodeRecord writes one export line.
-func encodeRecord(w io.Writer, r audit.Record) error {
-	h := r.Headers
-	if h == nil {
-		h = map[string][]string{}
-	}
-	data := r.Data
-	if data == nil {
-		data = []byte{}
-	}
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	return enc.Encode(wireRecord{Seq: r.Seq, Subject: r.Subject, Time: r.Time.UTC(), Headers: h, Data: data})
-}
-
-// natsSource reads the streams with ordered consumers.
-type natsSource struct {
-	nc     *nats.Conn
+// It does not use protocol.ReadOrdered: a selection starts its consumer at
+// a sequence (FromSeq) or a time (Since), a read waits stallTimeout for a
+// message the stream says is there, and messages stream in (PullMaxMessages)
+// rather than being fetched batch by batch.
+type NATSSource struct {
 	js     jetstream.JetStream
 	prefix string
 }
 
-func (n *natsSource) close() { n.nc.Close() }
+// NewNATSSource returns a source that reads the streams of a subject
+// prefix through js; the caller owns (and closes) its connection.
+func NewNATSSource(js jetstream.JetStream, prefix string) *NATSSource {
+	return &NATSSource{js: js, prefix: prefix}
+}
 
-// read delivers every message of the stream that matches the selection,
-// up to the last one stored when the read began.
-func (n *natsSource) read(ctx context.Context, which stream, sel selection, decode bool, fn func(*message) error) error {
+// Read delivers every message of the stream that matches the selection,
+// up to the last one stored when the read began (see Source).
+func (n *NATSSource) Read(ctx context.Context, which Stream, sel Selection, decode bool, fn func(*Message) error) error {
 	name := streamName(n.prefix, which)
 	st, err := n.js.Stream(ctx, name)
 	if err != nil {
-		return usageErrorf("stream %s: %v", name, err)
+		return fmt.Errorf("stream %s: %w", name, err)
 	}
 	info, err := st.Info(ctx)
 	if err != nil {
-		return usageErrorf("stream %s: %v", name, err)
+		return fmt.Errorf("stream %s: %w", name, err)
 	}
-	if info.State.Msgs == 0 || info.State.LastSeq < sel.fromSeq && which == eventsStream {
+	if info.State.Msgs == 0 || info.State.LastSeq < sel.FromSeq && which == EventsStream {
 		return nil
 	}
 	upTo := info.State.LastSeq
 	cfg := jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{subjectFilter(n.prefix, which, sel.run)},
+		FilterSubjects:    []string{subjectFilter(n.prefix, which, sel.Run)},
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
 		InactiveThreshold: 30 * time.Second,
 	}
 	switch {
-	case which == eventsStream && sel.fromSeq > 1:
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, sel.fromSeq
-	case !sel.since.IsZero():
-		since := sel.since
+	case which == EventsStream && sel.FromSeq > 1:
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, sel.FromSeq
+	case !sel.Since.IsZero():
+		since := sel.Since
 		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
 	}
 	cons, err := n.js.OrderedConsumer(ctx, name, cfg)
 	if err != nil {
-		return usageErrorf("stream %s: consumer: %v", name, err)
+		return fmt.Errorf("stream %s: consumer: %w", name, err)
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(fetchBatch))
 	if err != nil {
-		return usageErrorf("stream %s: consumer: %v", name, err)
+		return fmt.Errorf("stream %s: consumer: %w", name, err)
 	}
 	defer it.Stop()
 	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
 		return nil // nothing matches
 	}
-	decode = decode && which == eventsStream
+	decode = decode && which == EventsStream
 	// The reading loop hands on batches of messages; their commits are
 	// decoded on every core; fn gets them in order.
 	const batch = 256
-	produce := func(emit func([]message) bool) error {
+	produce := func(emit func([]Message) bool) error {
 		var last uint64
-		msgs := make([]message, 0, batch)
+		msgs := make([]Message, 0, batch)
 		flush := func() bool {
 			if len(msgs) == 0 {
 				return true
 			}
 			ok := emit(msgs)
-			msgs = make([]message, 0, batch)
+			msgs = make([]Message, 0, batch)
 			return ok
 		}
 		// One timer, armed while waiting for a message, is much cheaper than
@@ -469,14 +431,14 @@ func (n *natsSource) read(ctx context.Context, which stream, sel selection, deco
 			if err != nil {
 				flush()
 				if ctx.Err() != nil {
-					return usageErrorf("interrupted")
+					return ErrInterrupted
 				}
-				return usageErrorf("stream %s: no message after seq %d for %s (%v)", name, last, stallTimeout, err)
+				return fmt.Errorf("stream %s: no message after seq %d for %s (%w)", name, last, stallTimeout, err)
 			}
 			meta, err := m.Metadata()
 			if err != nil {
 				flush()
-				return usageErrorf("stream %s: %v", name, err)
+				return fmt.Errorf("stream %s: %w", name, err)
 			}
 			seq := meta.Sequence.Stream
 			if seq > upTo {
@@ -496,7 +458,7 @@ func (n *natsSource) read(ctx context.Context, which stream, sel selection, deco
 				return nil
 			}
 			if keep {
-				msgs = append(msgs, message{Record: r})
+				msgs = append(msgs, Message{Record: r})
 				if len(msgs) == batch && !flush() {
 					return nil
 				}
@@ -507,7 +469,7 @@ func (n *natsSource) read(ctx context.Context, which stream, sel selection, deco
 			}
 		}
 	}
-	work := func(msgs []message) {
+	work := func(msgs []Message) {
 		if decode {
 			dec := decoders.Get().(*events.Decoder)
 			for i := range msgs {
@@ -516,7 +478,7 @@ func (n *natsSource) read(ctx context.Context, which stream, sel selection, deco
 			decoders.Put(dec)
 		}
 	}
-	consume := func(msgs []message) error {
+	consume := func(msgs []Message) error {
 		for i := range msgs {
 			if err := fn(&msgs[i]); err != nil {
 				return err
