@@ -16,7 +16,7 @@ type Command interface{ command() }
 // each call, in call order (Kind unknown for a tool the catalog lacks). A
 // refusal is decided as the BatchRejected event that records it.
 type Submit struct {
-	Submit     *events.Submit
+	Submission events.Submission
 	Tools      []events.Descriptor
 	SnapshotID string
 	// MaxPayload is the largest message the log's server takes (0: no
@@ -130,10 +130,11 @@ type Result struct {
 	At         time.Time
 }
 
-// Resume answers the run's ticket. Principal is who decided, when known.
+// Resume answers the run's ticket, as a resume message says (package
+// protocol decodes it). Principal is who decided, when known.
 // Capability is the live capability of the ticket's tool (for approval).
 type Resume struct {
-	Resume     *events.Resume
+	Answer     events.Answer
 	Principal  string
 	Capability events.Capability
 	At         time.Time

@@ -32,7 +32,7 @@ func Decide(r *Run, cmd Command) (*Run, []events.Event, error) {
 		err = d.submit(c)
 		if ref := refusal(err); ref != nil {
 			d = &decider{run: r.Clone()}
-			err = d.reject(Reject{Step: c.Submit.Step, HasStep: true, Refusal: ref, At: c.At})
+			err = d.reject(Reject{Step: c.Submission.Step, HasStep: true, Refusal: ref, At: c.At})
 		}
 	case Reject:
 		err = d.reject(c)
@@ -153,18 +153,15 @@ func (d *decider) reject(c Reject) error {
 }
 
 func (d *decider) submit(c Submit) error {
-	r, s := d.run, c.Submit
-	if s == nil {
-		return fmt.Errorf("%w: submit without a submission", ErrMalformedCommand)
-	}
-	calls := s.Calls()
+	r, s := d.run, &c.Submission
+	calls := s.Assistant.ToolUses()
 	if len(c.Tools) != len(calls) {
 		return fmt.Errorf("%w: %d descriptors for %d calls", ErrMalformedCommand, len(c.Tools), len(calls))
 	}
 	if r.RunID != "" && s.RunID != r.RunID {
 		return events.Refuse(events.CodeInvalidID, "run_id %q is not this run (%q)", s.RunID, r.RunID)
 	}
-	digest := s.Digest()
+	digest := s.Digest
 	if r.HasStep && r.Digests[s.Step] == digest {
 		return nil // the identical batch again: harmless and silent
 	}
@@ -183,7 +180,7 @@ func (d *decider) submit(c Submit) error {
 		pinned[i] = events.Call{CallID: call.CallID, ToolID: call.ToolID, Arguments: call.Arguments, Tool: Pin(c.Tools[i])}
 	}
 	ev := &events.BatchSubmitted{
-		RunID: s.RunID, ThreadID: s.ThreadID, BatchID: s.BatchID(), Step: s.Step,
+		RunID: s.RunID, ThreadID: s.ThreadID, BatchID: events.BatchID(s.RunID, s.Step), Step: s.Step,
 		Assistant: s.Assistant, Calls: pinned, SnapshotID: c.SnapshotID, Narrowing: s.Narrowing,
 		Digest: digest, At: c.At,
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // The decisions the engine shell used to make itself, each decided by the
@@ -48,8 +49,8 @@ func (d *decRun) do(cmd aggregate.Command) []events.Event {
 	return evs
 }
 
-func submitOf(step int64, calls ...string) *events.Submit {
-	s := &events.Submit{RunID: "r1", ThreadID: "t1", Step: step, Assistant: events.Message{ID: "m"}}
+func submitOf(step int64, calls ...string) *protocol.Submit {
+	s := &protocol.Submit{RunID: "r1", ThreadID: "t1", Step: step, Assistant: events.Message{ID: "m"}}
 	for i := 0; i+1 < len(calls); i += 2 {
 		s.Assistant.Content = append(s.Assistant.Content, events.ContentBlock{Type: events.BlockToolUse, ID: calls[i], Name: calls[i+1], Input: events.RawJSON("{}")})
 	}
@@ -70,8 +71,8 @@ func only[T events.Event](t *testing.T, evs []events.Event) T {
 
 func TestRefusedSubmissionIsItsRejection(t *testing.T) {
 	d := newDecRun(t)
-	d.do(aggregate.Submit{Submit: submitOf(1, "c1", "echo"), Tools: []events.Descriptor{brainNR}, At: decT0})
-	rej := only[*events.BatchRejected](t, d.do(aggregate.Submit{Submit: submitOf(2, "c1", "echo"), Tools: []events.Descriptor{brainNR}, At: decT0}))
+	d.do(aggregate.Submit{Submission: submitOf(1, "c1", "echo").Submission(), Tools: []events.Descriptor{brainNR}, At: decT0})
+	rej := only[*events.BatchRejected](t, d.do(aggregate.Submit{Submission: submitOf(2, "c1", "echo").Submission(), Tools: []events.Descriptor{brainNR}, At: decT0}))
 	if rej.Code != events.CodeBatchOpen || rej.BatchID != "r1/2" || rej.Step != 2 {
 		t.Fatalf("rejection: %+v", rej)
 	}
@@ -87,13 +88,13 @@ func TestBatchLargerThanOneMessageIsRejected(t *testing.T) {
 	s := submitOf(1, "c1", "echo")
 	s.Assistant.Content = append(s.Assistant.Content, events.TextBlock(strings.Repeat("x", 20000)))
 	const maxPayload = 16 << 10 // the commit would be larger, headers included
-	rej := only[*events.BatchRejected](t, d.do(aggregate.Submit{Submit: s, Tools: []events.Descriptor{brainNR},
+	rej := only[*events.BatchRejected](t, d.do(aggregate.Submit{Submission: s.Submission(), Tools: []events.Descriptor{brainNR},
 		MaxPayload: maxPayload, SubmissionBytes: 20100, At: decT0}))
 	if rej.Code != events.CodeLimitExceeded || !strings.Contains(rej.Reason, "max_payload 16384") {
 		t.Fatalf("rejection: %+v", rej)
 	}
 	// The same batch fits a server with a larger message size.
-	evs := d.do(aggregate.Submit{Submit: s, Tools: []events.Descriptor{brainNR}, MaxPayload: 1 << 20, SubmissionBytes: 20100, At: decT0})
+	evs := d.do(aggregate.Submit{Submission: s.Submission(), Tools: []events.Descriptor{brainNR}, MaxPayload: 1 << 20, SubmissionBytes: 20100, At: decT0})
 	if _, ok := evs[0].(*events.BatchSubmitted); !ok {
 		t.Fatalf("want the batch accepted, got %s", events.Describe(evs[0]))
 	}
@@ -106,7 +107,7 @@ func executing(t *testing.T, tools ...events.Descriptor) *decRun {
 	for i := range tools {
 		calls = append(calls, "c"+string(rune('1'+i)), "t")
 	}
-	d.do(aggregate.Submit{Submit: submitOf(1, calls...), Tools: tools, At: decT0})
+	d.do(aggregate.Submit{Submission: submitOf(1, calls...).Submission(), Tools: tools, At: decT0})
 	d.do(aggregate.Gate{Decisions: []aggregate.Decision{{CallID: "c1", Outcome: events.GateAllow, Stage: events.StageDefault,
 		Capability: events.CapIdempotent}}, At: decT0})
 	return d
@@ -177,7 +178,7 @@ func TestNarrowingAndTickets(t *testing.T) {
 	d := newDecRun(t)
 	s := submitOf(1, "c1", "t")
 	s.Narrowing = events.NarrowingDenyAll
-	d.do(aggregate.Submit{Submit: s, Tools: []events.Descriptor{brainNR}, At: decT0})
+	d.do(aggregate.Submit{Submission: s.Submission(), Tools: []events.Descriptor{brainNR}, At: decT0})
 	dec, ok := aggregate.Narrowed(d.run.OpenBatch(), "c1")
 	if !ok || dec.Outcome != events.GateBlock || dec.Stage != events.StageNarrowing {
 		t.Fatalf("deny_all: %+v %v", dec, ok)
@@ -188,7 +189,7 @@ func TestNarrowingAndTickets(t *testing.T) {
 	}
 
 	d = newDecRun(t)
-	d.do(aggregate.Submit{Submit: submitOf(1, "c1", "t"), Tools: []events.Descriptor{brainNR}, At: decT0})
+	d.do(aggregate.Submit{Submission: submitOf(1, "c1", "t").Submission(), Tools: []events.Descriptor{brainNR}, At: decT0})
 	d.do(aggregate.Gate{Decisions: []aggregate.Decision{{CallID: "c1", Outcome: events.GateSchedule, Stage: events.StagePolicy, CorrelationID: "k1"}}, At: decT0})
 	if c := d.run.TicketCall("k1"); c == nil || c.CallID != "c1" {
 		t.Fatalf("ticket k1's call: %+v", c)

@@ -11,6 +11,7 @@ import (
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/projector"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 var (
@@ -197,7 +198,7 @@ func (p *prop) submit() aggregate.Command {
 	if p.rng.Intn(6) == 0 {
 		p.step -= 2 // sometimes not after the last step
 	}
-	s := &events.Submit{RunID: "r1", ThreadID: "t1", Step: p.step, Assistant: events.Message{ID: "m"}}
+	s := &protocol.Submit{RunID: "r1", ThreadID: "t1", Step: p.step, Assistant: events.Message{ID: "m"}}
 	n := p.rng.Intn(5)
 	parallel := p.rng.Intn(4) == 0
 	var tools []events.Descriptor
@@ -214,7 +215,7 @@ func (p *prop) submit() aggregate.Command {
 		}
 		tools = append(tools, d)
 	}
-	return aggregate.Submit{Submit: s, Tools: tools, SnapshotID: "snap", At: p.now}
+	return aggregate.Submit{Submission: s.Submission(), Tools: tools, SnapshotID: "snap", At: p.now}
 }
 
 func (p *prop) executing(c *aggregate.Call) aggregate.Command {
@@ -266,7 +267,7 @@ func (p *prop) capsByTool() map[string]events.Capability {
 }
 
 func (p *prop) awaiting(t *events.Ticket) aggregate.Command {
-	res := &events.Resume{CorrelationID: t.CorrelationID, RunID: t.RunID, ThreadID: t.ThreadID}
+	res := &protocol.Resume{CorrelationID: t.CorrelationID, RunID: t.RunID, ThreadID: t.ThreadID}
 	switch p.rng.Intn(6) {
 	case 0:
 		return aggregate.Expire{CorrelationID: t.CorrelationID, At: p.now}
@@ -282,7 +283,7 @@ func (p *prop) awaiting(t *events.Ticket) aggregate.Command {
 	default:
 		res.Result = events.ResumeResult{Kind: events.ResultPermission, Allow: p.rng.Intn(3) > 0}
 	}
-	return aggregate.Resume{Resume: res, Principal: "alice", Capability: p.cap(t.ToolID), At: p.now}
+	return aggregate.Resume{Answer: res.Answer(), Principal: "alice", Capability: p.cap(t.ToolID), At: p.now}
 }
 
 // noise is a command that is usually out of turn: a stale or forged result,
@@ -297,9 +298,9 @@ func (p *prop) noise() aggregate.Command {
 	case 1:
 		return aggregate.Claim{CallID: callID, Attempt: attempt, WorkerID: "w9", Token: "dup", At: p.now}
 	case 2:
-		res := &events.Resume{CorrelationID: fmt.Sprintf("k%d", 1+p.rng.Intn(p.corr+1)), RunID: "r1", ThreadID: "t1",
+		res := &protocol.Resume{CorrelationID: fmt.Sprintf("k%d", 1+p.rng.Intn(p.corr+1)), RunID: "r1", ThreadID: "t1",
 			Result: events.ResumeResult{Kind: events.ResultPermission, Allow: true}}
-		return aggregate.Resume{Resume: res, At: p.now}
+		return aggregate.Resume{Answer: res.Answer(), At: p.now}
 	case 3:
 		return aggregate.Perform{CorrelationID: fmt.Sprintf("k%d", 1+p.rng.Intn(p.corr+1)), At: p.now}
 	default:

@@ -27,10 +27,7 @@ func (d *decider) ticketFor(correlationID string) (*Batch, *events.Ticket, error
 }
 
 func (d *decider) resume(rs Resume) error {
-	m := rs.Resume
-	if m == nil {
-		return ErrMalformedCommand
-	}
+	m := &rs.Answer
 	if m.RunID != d.run.RunID {
 		return events.Refuse(events.CodeWrongRun, "resume names run %q, this is run %q", m.RunID, d.run.RunID)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/datadriven"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // TestScenarios runs the scripts in testdata/scenarios: the contract written
@@ -216,19 +217,19 @@ func (h *harness) capOfTicket() events.Capability {
 // submit: with json, the input is a JSON body decoded as the engine decodes
 // it; otherwise each input line is <call_id> <tool_id> [arguments JSON].
 func (h *harness) submit(c *datadriven.Case) (string, error) {
-	var s *events.Submit
+	var s *protocol.Submit
 	if c.Has("json") {
 		lim := events.DefaultLimits()
 		if v, ok := c.Get("max-calls"); ok {
 			lim.MaxCalls, _ = strconv.Atoi(v)
 		}
 		var err error
-		s, err = events.DecodeSubmit([]byte(c.Input), true, lim)
+		s, err = protocol.DecodeSubmit([]byte(c.Input), true, lim)
 		if err != nil {
 			return h.reject(s, err)
 		}
 	} else {
-		s = &events.Submit{RunID: arg(c, "run", h.run.RunID), ThreadID: arg(c, "thread", "t1"),
+		s = &protocol.Submit{RunID: arg(c, "run", h.run.RunID), ThreadID: arg(c, "thread", "t1"),
 			Step: int64(argInt(c, "step", 1)), Narrowing: arg(c, "narrowing", ""),
 			Assistant: events.Message{ID: "msg", Content: []events.ContentBlock{events.TextBlock("calling tools")}}}
 		for _, line := range c.Lines() {
@@ -258,12 +259,12 @@ func (h *harness) submit(c *datadriven.Case) (string, error) {
 		}
 		tools[i] = d
 	}
-	return h.decide(aggregate.Submit{Submit: s, Tools: tools, SnapshotID: "snap1", At: h.now})
+	return h.decide(aggregate.Submit{Submission: s.Submission(), Tools: tools, SnapshotID: "snap1", At: h.now})
 }
 
 // reject decides the rejection of a submission refused before the
 // aggregate could see it (it does not decode), as the engine does.
-func (h *harness) reject(s *events.Submit, err error) (string, error) {
+func (h *harness) reject(s *protocol.Submit, err error) (string, error) {
 	var ref *events.Refusal
 	if !errors.As(err, &ref) {
 		return "", err
@@ -350,7 +351,7 @@ func (h *harness) complete(c *datadriven.Case) (string, error) {
 // allow [note=], deny [reason=], result [for=CALL] [text=] [error], input text=.
 func (h *harness) resume(c *datadriven.Case) (string, error) {
 	threadID := h.run.ThreadID
-	m := &events.Resume{CorrelationID: arg(c, "corr", ""), RunID: arg(c, "run", h.run.RunID), ThreadID: arg(c, "thread", threadID),
+	m := &protocol.Resume{CorrelationID: arg(c, "corr", ""), RunID: arg(c, "run", h.run.RunID), ThreadID: arg(c, "thread", threadID),
 		CallID: arg(c, "call", ""), SnapshotID: arg(c, "snapshot", "")}
 	switch {
 	case c.Has("allow"):
@@ -368,7 +369,7 @@ func (h *harness) resume(c *datadriven.Case) (string, error) {
 	default:
 		return "", fmt.Errorf("resume: want allow, deny, result or input")
 	}
-	return h.decide(aggregate.Resume{Resume: m, Principal: arg(c, "by", ""), Capability: h.capOfTicket(), At: h.now})
+	return h.decide(aggregate.Resume{Answer: m.Answer(), Principal: arg(c, "by", ""), Capability: h.capOfTicket(), At: h.now})
 }
 
 // decide runs a command and commits its events, or prints its refusal.

@@ -130,7 +130,7 @@ func (a *Auditor) Event(r Record) {
 // and Toolbatch-Event header. A reader can so decode commits on every core
 // while the audit folds them in stream order.
 func (a *Auditor) EventDecoded(r Record, evs []events.Event, decodeErr error) {
-	runID, ok := protocol.Names{Prefix: a.prefix}.RunOf(protocol.Events, r.Subject)
+	runID, ok := protocol.Names{Prefix: a.prefix}.RunOf(protocol.EventsFamily, r.Subject)
 	if !ok || !events.ValidRunID(runID) {
 		a.add(Violation{Seq: r.Seq, Invariant: InvLog, Detail: fmt.Sprintf("subject %q is not a run's events subject", r.Subject)})
 		return

@@ -10,6 +10,7 @@ import (
 	"github.com/toolbatch/toolbatch/audit"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/projector"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 var at = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -94,9 +95,9 @@ func (s *stream) audit() string {
 // completed.
 func build(t *testing.T) *stream {
 	s := newStream(t)
-	sub := &events.Submit{RunID: "r1", ThreadID: "t", Step: 1, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{
+	sub := &protocol.Submit{RunID: "r1", ThreadID: "t", Step: 1, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{
 		{Type: events.BlockToolUse, ID: "c1", Name: "echo"}, {Type: events.BlockToolUse, ID: "c2", Name: "build"}}}}
-	s.do(aggregate.Submit{Submit: sub, At: at, SnapshotID: "snap", Tools: []events.Descriptor{
+	s.do(aggregate.Submit{Submission: sub.Submission(), At: at, SnapshotID: "snap", Tools: []events.Descriptor{
 		{Target: events.TargetBrain, Kind: events.KindTool, Policy: events.Policy{Mode: events.ModeNeverReplay}},
 		{Target: events.TargetSandbox, Kind: events.KindTool, Policy: events.Policy{Mode: events.ModeReplaySafe}}}})
 	s.do(aggregate.Gate{At: at, Decisions: []aggregate.Decision{{CallID: "c1", Outcome: events.GateAllow, Capability: events.CapNonRecoverable}}})

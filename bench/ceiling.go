@@ -651,12 +651,12 @@ func minProjector(ctx context.Context, js jetstream.JetStream, fail func(error))
 		}
 		runID, step, _ := strings.Cut(batch, "/")
 		stepN, _ := strconv.ParseInt(step, 10, 64)
-		res := events.ResultsOut{BatchID: batch, Step: stepN}
+		res := protocol.ResultsOut{BatchID: batch, Step: stepN}
 		var futures []jetstream.PubAckFuture
 		for i := 1; i <= minCalls; i++ {
 			callID := "c" + strconv.Itoa(i)
 			res.Results = append(res.Results, events.ContentBlock{Type: events.BlockToolResult, ToolUseID: callID})
-			body, err := events.Marshal(events.DispositionOut{BatchID: batch, CallID: callID, ToolID: "noop",
+			body, err := events.Marshal(protocol.DispositionOut{BatchID: batch, CallID: callID, ToolID: "noop",
 				Disposition: events.DispositionExecuted, Phase: events.PhaseCompleted, Attempt: 1})
 			if err != nil {
 				fail(err)

@@ -213,8 +213,8 @@ func lastSeq(ctx context.Context, js jetstream.JetStream, stream string) (uint64
 }
 
 // batchOf returns the submission of a batch of n calls of tool.
-func batchOf(runID string, step int64, tool string, n int) *events.Submit {
-	s := &events.Submit{RunID: runID, ThreadID: "t-" + runID, Step: step, Assistant: events.Message{ID: fmt.Sprintf("m%d", step)}}
+func batchOf(runID string, step int64, tool string, n int) *protocol.Submit {
+	s := &protocol.Submit{RunID: runID, ThreadID: "t-" + runID, Step: step, Assistant: events.Message{ID: fmt.Sprintf("m%d", step)}}
 	for i := 0; i < n; i++ {
 		s.Assistant.Content = append(s.Assistant.Content, events.ContentBlock{Type: events.BlockToolUse,
 			ID: fmt.Sprintf("c%d", i+1), Name: tool, Input: events.MustJSON(fmt.Sprintf(`{"i":%d}`, i))})
@@ -326,7 +326,7 @@ func (w *runWatch) awaitResults(ctx context.Context, batchID string, calls int) 
 		}
 		switch kind := strings.TrimPrefix(m.Subject(), w.base); kind {
 		case client.KindResults:
-			var res events.ResultsOut
+			var res protocol.ResultsOut
 			if err := events.Unmarshal(m.Data(), &res); err != nil {
 				return fmt.Errorf("batch %s: results: %w", batchID, err)
 			}
@@ -344,11 +344,11 @@ func (w *runWatch) awaitResults(ctx context.Context, batchID string, calls int) 
 			}
 			return nil
 		case client.KindRejected:
-			var rej events.RejectedOut
+			var rej protocol.RejectedOut
 			_ = events.Unmarshal(m.Data(), &rej)
 			return fmt.Errorf("batch %s rejected: %s: %s", batchID, rej.Code, rej.Reason)
 		case client.KindEnded:
-			var end events.EndedOut
+			var end protocol.EndedOut
 			_ = events.Unmarshal(m.Data(), &end)
 			return fmt.Errorf("run of batch %s ended: %s", batchID, end.Cause)
 		}

@@ -68,7 +68,7 @@ func genBatch(r *genRun, at time.Time) ([][]events.Event, error) {
 		commits = append(commits, evs)
 		return nil
 	}
-	if err := decide(aggregate.Submit{Submit: s, Tools: tools, SnapshotID: "cat-0123456789abcdef", At: at}); err != nil {
+	if err := decide(aggregate.Submit{Submission: s.Submission(), Tools: tools, SnapshotID: "cat-0123456789abcdef", At: at}); err != nil {
 		return nil, err
 	}
 	for i := 1; i <= 4; i++ {

@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/toolbatch/toolbatch/client"
-	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Profile is the size of a schedule's workload and crashes.
@@ -168,7 +168,7 @@ func Run(ctx context.Context, bins Binaries, p Profile, seed int64, dir, shared 
 	workCtx, stopWork := context.WithCancel(ctx)
 	defer stopWork()
 	for i, s := range specs {
-		runners[i] = &runner{c: cl, seed: seed, spec: s, timeout: p.BatchTimeout, answered: map[string]bool{}, results: map[string]*events.ResultsOut{}}
+		runners[i] = &runner{c: cl, seed: seed, spec: s, timeout: p.BatchTimeout, answered: map[string]bool{}, results: map[string]*protocol.ResultsOut{}}
 		wg.Add(1)
 		go func() { defer wg.Done(); runners[i].run(workCtx) }()
 	}

@@ -160,7 +160,7 @@ type fold struct {
 func foldEvents(r *recorded) *fold {
 	f := &fold{calls: map[string]*callInfo{}, batches: map[string]bool{}, completedOK: map[string]int{}}
 	for _, rec := range r.events {
-		runID, _ := names.RunOf(protocol.Events, rec.Subject)
+		runID, _ := names.RunOf(protocol.EventsFamily, rec.Subject)
 		evs, err := events.DecodeCommit(rec.Data, rec.Headers[protocol.HeaderEvent])
 		if err != nil {
 			f.failures = append(f.failures, fmt.Sprintf("events seq %d: undecodable commit: %v", rec.Seq, err))
@@ -266,11 +266,11 @@ func checkSchedule(rec *recorded, vs []audit.Violation, f *fold, effects map[str
 	// Nothing accepted was lost: every batch NATS acknowledged was accepted by
 	// the engine, and every accepted batch has exactly one results message.
 	results := map[string]int{}
-	resultsOf := map[string]*events.ResultsOut{}
+	resultsOf := map[string]*protocol.ResultsOut{}
 	for _, r := range rec.out {
 		switch {
 		case strings.HasSuffix(r.Subject, ".results"):
-			var res events.ResultsOut
+			var res protocol.ResultsOut
 			if err := events.Unmarshal(r.Data, &res); err != nil {
 				failures = append(failures, fmt.Sprintf("out seq %d %s: undecodable: %v", r.Seq, r.Subject, err))
 				continue

@@ -26,7 +26,7 @@ func commit(t *testing.T, seq uint64, run string, evs ...events.Event) audit.Rec
 
 func resultsRecord(t *testing.T, seq uint64, run, batchID string, callIDs ...string) audit.Record {
 	t.Helper()
-	res := events.ResultsOut{BatchID: batchID, Step: 1}
+	res := protocol.ResultsOut{BatchID: batchID, Step: 1}
 	for _, id := range callIDs {
 		res.Results = append(res.Results, events.TextOutput(id, "ok").ToolResultBlock())
 	}
@@ -40,7 +40,7 @@ func resultsRecord(t *testing.T, seq uint64, run, batchID string, callIDs ...str
 // scenario is one batch of two sandbox calls: c1 never_replay, c2
 // replay_safe; both claimed once (c2 also as attempt 2) and completed.
 func scenario(t *testing.T) (*recorded, []batchSpec) {
-	s := &events.Submit{RunID: "r1", ThreadID: "t", Step: 1, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{
+	s := &protocol.Submit{RunID: "r1", ThreadID: "t", Step: 1, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{
 		{Type: events.BlockToolUse, ID: "c1", Name: toolSBNever, Input: events.MustJSON(`{}`)},
 		{Type: events.BlockToolUse, ID: "c2", Name: toolSBReplay, Input: events.MustJSON(`{}`)}}}}
 	sandbox := func(mode events.Mode) events.Descriptor {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // TestRefusedRedeliveryKeepsRunAlive is the regression test of an engine
@@ -52,7 +53,7 @@ func TestRefusedRedeliveryKeepsRunAlive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &events.Submit{RunID: "stranded", ThreadID: "t", Step: 1, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{
+	s := &protocol.Submit{RunID: "stranded", ThreadID: "t", Step: 1, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{
 		{Type: events.BlockToolUse, ID: "c1", Name: toolAsk, Input: events.MustJSON(`{}`)},
 		{Type: events.BlockToolUse, ID: "c2", Name: toolSleepNR, Input: events.MustJSON(`{"duration":"4s"}`)},
 		{Type: events.BlockToolUse, ID: "c3", Name: toolSleepNR, Input: events.MustJSON(`{"duration":"4s"}`)}}}}

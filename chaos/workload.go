@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Timing of the clients.
@@ -28,7 +29,7 @@ const (
 
 // batchSpec is one batch of the workload.
 type batchSpec struct {
-	submit *events.Submit
+	submit *protocol.Submit
 }
 
 // runSpec is one run of the workload: batches submitted one after another.
@@ -90,7 +91,7 @@ func workload(seed int64, p Profile) []runSpec {
 		step := int64(0)
 		for b := 0; b < n; b++ {
 			step += 1 + int64(r.Intn(2)) // steps may skip
-			s := &events.Submit{RunID: id, ThreadID: "thread-" + id, Step: step,
+			s := &protocol.Submit{RunID: id, ThreadID: "thread-" + id, Step: step,
 				Assistant: events.Message{ID: fmt.Sprintf("msg-%d", step)}}
 			s.Assistant.Content = append(s.Assistant.Content, events.TextBlock(fmt.Sprintf("batch %d of %s", step, id)))
 			calls := 1 + r.Intn(p.MaxCalls)
@@ -136,8 +137,8 @@ type runner struct {
 
 	mu       sync.Mutex
 	failures []string
-	results  map[string]*events.ResultsOut // by batch id
-	pending  string                        // the batch acknowledged and awaited
+	results  map[string]*protocol.ResultsOut // by batch id
+	pending  string                          // the batch acknowledged and awaited
 	resumes  int
 }
 
@@ -185,7 +186,7 @@ func (r *runner) run(ctx context.Context) {
 
 // submit publishes the batch until NATS acknowledges it (a retry carries the
 // same Nats-Msg-Id; the engine also ignores an identical resubmission).
-func (r *runner) submit(ctx context.Context, s *events.Submit) bool {
+func (r *runner) submit(ctx context.Context, s *protocol.Submit) bool {
 	for {
 		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
 		err := r.c.Submit(pctx, s)
@@ -209,7 +210,7 @@ func (r *runner) submit(ctx context.Context, s *events.Submit) bool {
 // tickets on the way: approve confirmations, send the client's result. A
 // scheduled action is left to the engine's timer. The watch is started
 // again whenever it fails or stays silent.
-func (r *runner) await(ctx context.Context, b batchSpec) (*events.ResultsOut, error) {
+func (r *runner) await(ctx context.Context, b batchSpec) (*protocol.ResultsOut, error) {
 	batchID := b.submit.BatchID()
 	dctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
@@ -270,7 +271,7 @@ func (r *runner) await(ctx context.Context, b batchSpec) (*events.ResultsOut, er
 
 // answer resolves a ticket as a user would, after a short pause, and
 // retries the resume until NATS acknowledges it.
-func (r *runner) answer(ctx context.Context, t events.AwaitingOut) error {
+func (r *runner) answer(ctx context.Context, t protocol.AwaitingOut) error {
 	var send func(context.Context) error
 	switch t.Reason {
 	case events.WaitPermission:
@@ -309,7 +310,7 @@ func (r *runner) answer(ctx context.Context, t events.AwaitingOut) error {
 // checkResults checks one results message as the client sees it: one
 // tool_result per tool_use, in model order; the client's result verbatim;
 // nothing blocked (the driver approves every confirmation).
-func (r *runner) checkResults(b batchSpec, res *events.ResultsOut) bool {
+func (r *runner) checkResults(b batchSpec, res *protocol.ResultsOut) bool {
 	calls := b.submit.Calls()
 	batchID := b.submit.BatchID()
 	if len(res.Results) != len(calls) {

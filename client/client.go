@@ -34,12 +34,12 @@ var (
 
 // Out message kinds: the last token of <prefix>.out.<run_id>.<kind>.
 const (
-	KindDisposition = protocol.OutDisposition // events.DispositionOut
-	KindResults     = protocol.OutResults     // events.ResultsOut
-	KindAwaiting    = protocol.OutAwaiting    // events.AwaitingOut: a ticket
-	KindRejected    = protocol.OutRejected    // events.RejectedOut: a submission refused
-	KindRefused     = protocol.OutRefused     // events.RefusedOut: a resume or control refused
-	KindEnded       = protocol.OutEnded       // events.EndedOut
+	KindDisposition = protocol.OutDisposition // protocol.DispositionOut
+	KindResults     = protocol.OutResults     // protocol.ResultsOut
+	KindAwaiting    = protocol.OutAwaiting    // protocol.AwaitingOut: a ticket
+	KindRejected    = protocol.OutRejected    // protocol.RejectedOut: a submission refused
+	KindRefused     = protocol.OutRefused     // protocol.RefusedOut: a resume or control refused
+	KindEnded       = protocol.OutEnded       // protocol.EndedOut
 )
 
 // Errors of the client. Domain refusals found before publishing are
@@ -147,7 +147,7 @@ func (c *Client) Limits() events.Limits { return c.limits }
 // A nil error means the engine will read the batch, not that it accepted
 // it: acceptance shows as dispositions and results, refusal on .rejected
 // (see WaitResults).
-func (c *Client) Submit(ctx context.Context, s *events.Submit) error {
+func (c *Client) Submit(ctx context.Context, s *protocol.Submit) error {
 	if s == nil {
 		return events.Refuse(events.CodeUndecodable, "submit: nil submission")
 	}
@@ -159,7 +159,7 @@ func (c *Client) Submit(ctx context.Context, s *events.Submit) error {
 		return events.Refuse(events.CodeUndecodable, "submit: encode: %v", err)
 	}
 	// The engine's own decoder is the final word on what it will accept.
-	if _, err := events.DecodeSubmit(body, false, c.limits); err != nil {
+	if _, err := protocol.DecodeSubmit(body, false, c.limits); err != nil {
 		return err
 	}
 	msgID := fmt.Sprintf("%s/%d/%s", s.RunID, s.Step, s.Digest()[:16])
@@ -168,19 +168,19 @@ func (c *Client) Submit(ctx context.Context, s *events.Submit) error {
 
 // Approve answers a permission (or scheduled action) ticket with allow,
 // attributed to principal when it is not empty (see Resume).
-func (c *Client) Approve(ctx context.Context, t events.AwaitingOut, principal, note string) error {
+func (c *Client) Approve(ctx context.Context, t protocol.AwaitingOut, principal, note string) error {
 	return c.Resume(ctx, resumeFor(t, events.ResumeResult{Kind: events.ResultPermission, Allow: true, Note: note}), principal)
 }
 
 // Deny answers a permission (or scheduled action) ticket with deny and a
 // reason, attributed to principal when it is not empty (see Resume).
-func (c *Client) Deny(ctx context.Context, t events.AwaitingOut, principal, reason string) error {
+func (c *Client) Deny(ctx context.Context, t protocol.AwaitingOut, principal, reason string) error {
 	return c.Resume(ctx, resumeFor(t, events.ResumeResult{Kind: events.ResultPermission, Allow: false, Reason: reason}), principal)
 }
 
 // ToolResult answers an external_result ticket (a client-executed tool)
 // with the tool's output. An output without a call id gets the ticket's.
-func (c *Client) ToolResult(ctx context.Context, t events.AwaitingOut, out events.Output) error {
+func (c *Client) ToolResult(ctx context.Context, t protocol.AwaitingOut, out events.Output) error {
 	if out.CallID == "" {
 		out.CallID = t.CallID
 	}
@@ -188,14 +188,14 @@ func (c *Client) ToolResult(ctx context.Context, t events.AwaitingOut, out event
 }
 
 // Input answers a delegation ticket with input text for the child run.
-func (c *Client) Input(ctx context.Context, t events.AwaitingOut, text string) error {
+func (c *Client) Input(ctx context.Context, t protocol.AwaitingOut, text string) error {
 	return c.Resume(ctx, resumeFor(t, events.ResumeResult{Kind: events.ResultInput, Text: text}), "")
 }
 
 // resumeFor returns a resume answering ticket t with result, carrying the
 // ticket's ids so that the engine can check them.
-func resumeFor(t events.AwaitingOut, result events.ResumeResult) *events.Resume {
-	return &events.Resume{
+func resumeFor(t protocol.AwaitingOut, result events.ResumeResult) *protocol.Resume {
+	return &protocol.Resume{
 		CorrelationID: t.CorrelationID,
 		RunID:         t.RunID,
 		ThreadID:      t.ThreadID,
@@ -217,7 +217,7 @@ func resumeFor(t events.AwaitingOut, result events.ResumeResult) *events.Resume 
 //
 // A nil error means the engine will read the resume; whether it applied it
 // shows on the run's out messages (.refused when it did not).
-func (c *Client) Resume(ctx context.Context, r *events.Resume, principal string) error {
+func (c *Client) Resume(ctx context.Context, r *protocol.Resume, principal string) error {
 	if r == nil {
 		return events.Refuse(events.CodeUndecodable, "resume: nil resume")
 	}
@@ -235,7 +235,7 @@ func (c *Client) Resume(ctx context.Context, r *events.Resume, principal string)
 	if err != nil {
 		return events.Refuse(events.CodeUndecodable, "resume: encode: %v", err)
 	}
-	if _, err := events.DecodeResume(body, false, c.limits); err != nil {
+	if _, err := protocol.DecodeResume(body, false, c.limits); err != nil {
 		return err
 	}
 	msgID := fmt.Sprintf("resume/%s/%s/%s/%t/%s",
@@ -245,24 +245,24 @@ func (c *Client) Resume(ctx context.Context, r *events.Resume, principal string)
 
 // Cancel asks the engine to cancel the run, on <prefix>.control.<run_id>.
 func (c *Client) Cancel(ctx context.Context, runID, reason string) error {
-	return c.control(ctx, runID, events.Control{Action: events.ControlCancel, Reason: reason})
+	return c.control(ctx, runID, protocol.Control{Action: protocol.ControlCancel, Reason: reason})
 }
 
 // Interrupt asks the engine to interrupt the run, on
 // <prefix>.control.<run_id>.
 func (c *Client) Interrupt(ctx context.Context, runID, reason string) error {
-	return c.control(ctx, runID, events.Control{Action: events.ControlInterrupt, Reason: reason})
+	return c.control(ctx, runID, protocol.Control{Action: protocol.ControlInterrupt, Reason: reason})
 }
 
 // Perform asks the engine to perform a scheduled action now: correlationID
 // is its ticket's.
 func (c *Client) Perform(ctx context.Context, runID, correlationID string) error {
-	return c.control(ctx, runID, events.Control{Action: events.ControlPerform, CorrelationID: correlationID})
+	return c.control(ctx, runID, protocol.Control{Action: protocol.ControlPerform, CorrelationID: correlationID})
 }
 
 // control checks and publishes a control message. Its Nats-Msg-Id is
 // control/<run_id>/<action>/<correlation_id>, so a retry is deduplicated.
-func (c *Client) control(ctx context.Context, runID string, ctl events.Control) error {
+func (c *Client) control(ctx context.Context, runID string, ctl protocol.Control) error {
 	if !events.ValidRunID(runID) {
 		return events.Refuse(events.CodeInvalidID, "control: run_id %q must match [A-Za-z0-9_-]{1,64}", runID)
 	}
@@ -270,7 +270,7 @@ func (c *Client) control(ctx context.Context, runID string, ctl events.Control) 
 	if err != nil {
 		return events.Refuse(events.CodeUndecodable, "control: encode: %v", err)
 	}
-	if _, err := events.DecodeControl(body, false); err != nil {
+	if _, err := protocol.DecodeControl(body, false); err != nil {
 		return err
 	}
 	msgID := fmt.Sprintf("control/%s/%s/%s", runID, ctl.Action, ctl.CorrelationID)

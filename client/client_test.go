@@ -14,6 +14,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // env is an embedded JetStream server with the two streams the engine would
@@ -142,8 +143,8 @@ func (e *env) publishRaw(t *testing.T, ctx context.Context, subject string, body
 }
 
 // submission returns a batch of echo calls with the given call ids.
-func submission(runID string, step int64, callIDs ...string) *events.Submit {
-	s := &events.Submit{RunID: runID, ThreadID: "thread-1", Step: step,
+func submission(runID string, step int64, callIDs ...string) *protocol.Submit {
+	s := &protocol.Submit{RunID: runID, ThreadID: "thread-1", Step: step,
 		Assistant: events.Message{ID: "msg-1", Content: []events.ContentBlock{events.TextBlock("calling tools")}}}
 	for _, id := range callIDs {
 		s.Assistant.Content = append(s.Assistant.Content, events.ContentBlock{
@@ -153,8 +154,8 @@ func submission(runID string, step int64, callIDs ...string) *events.Submit {
 	return s
 }
 
-func ticket(reason events.WaitKind) events.AwaitingOut {
-	return events.AwaitingOut{
+func ticket(reason events.WaitKind) protocol.AwaitingOut {
+	return protocol.AwaitingOut{
 		CorrelationID: "corr-1", RunID: "run-1", ThreadID: "thread-1", BatchID: "run-1/0",
 		CallID: "call-1", ToolID: "send_mail", Arguments: events.MustJSON(`{"to":"a@example.com"}`),
 		Reason: reason, SnapshotID: "snap-1", Deadline: "2030-01-01T00:00:00Z",
@@ -186,7 +187,7 @@ func TestSubmitPublishesAndDeduplicates(t *testing.T) {
 	if got := m.Header.Get(jetstream.MsgIDHeader); got != wantID {
 		t.Fatalf("Nats-Msg-Id %q, want %q", got, wantID)
 	}
-	got, err := events.DecodeSubmit(m.Data, false, lim)
+	got, err := protocol.DecodeSubmit(m.Data, false, lim)
 	if err != nil {
 		t.Fatalf("decode published submit: %v", err)
 	}
@@ -238,7 +239,7 @@ func TestSubmitRefusedLocally(t *testing.T) {
 	cases := []struct {
 		name string
 		c    *client.Client
-		s    *events.Submit
+		s    *protocol.Submit
 		code events.Code
 	}{
 		{"duplicate call id", e.c, submission("run-1", 0, "call-1", "call-1"), events.CodeDuplicateCallID},
@@ -276,10 +277,10 @@ func TestResumePublishes(t *testing.T) {
 	lim := events.DefaultLimits()
 	perm := ticket(events.WaitPermission)
 
-	decode := func(t *testing.T, subject string) (*events.Resume, string) {
+	decode := func(t *testing.T, subject string) (*protocol.Resume, string) {
 		t.Helper()
 		m := e.last(t, ctx, subject)
-		r, err := events.DecodeResume(m.Data, false, lim)
+		r, err := protocol.DecodeResume(m.Data, false, lim)
 		if err != nil {
 			t.Fatalf("decode resume on %s: %v", subject, err)
 		}
@@ -348,7 +349,7 @@ func TestResumePublishes(t *testing.T) {
 	}
 
 	// The general form, with another principal.
-	res := &events.Resume{CorrelationID: "corr-1", RunID: "run-1", ThreadID: "thread-1", CallID: "call-1", SnapshotID: "snap-1",
+	res := &protocol.Resume{CorrelationID: "corr-1", RunID: "run-1", ThreadID: "thread-1", CallID: "call-1", SnapshotID: "snap-1",
 		Result: events.ResumeResult{Kind: events.ResultPermission, Allow: true}}
 	if err := e.c.Resume(ctx, res, "bob_2"); err != nil {
 		t.Fatalf("resume: %v", err)
@@ -362,7 +363,7 @@ func TestResumePublishes(t *testing.T) {
 	badRun := perm
 	badRun.RunID = "run>"
 	wantRefusal(t, e.c.Approve(ctx, badRun, "", ""), events.CodeInvalidID)
-	wantRefusal(t, e.c.Resume(ctx, &events.Resume{CorrelationID: "c", RunID: "run-1", ThreadID: "t"}, ""), events.CodeUndecodable)
+	wantRefusal(t, e.c.Resume(ctx, &protocol.Resume{CorrelationID: "c", RunID: "run-1", ThreadID: "t"}, ""), events.CodeUndecodable)
 	big := events.TextOutput("call-1", strings.Repeat("x", events.DefaultMaxOutputBytes))
 	wantRefusal(t, e.c.ToolResult(ctx, ext, big), events.CodeLimitExceeded)
 	if n := e.inboxMsgs(t, ctx); n != before {
@@ -374,10 +375,10 @@ func TestControlPublishes(t *testing.T) {
 	ctx := testContext(t)
 	e := newEnv(t, ctx, client.DefaultPrefix)
 
-	check := func(t *testing.T, want events.Control, wantID string) {
+	check := func(t *testing.T, want protocol.Control, wantID string) {
 		t.Helper()
 		m := e.last(t, ctx, "toolbatch.control.run-1")
-		got, err := events.DecodeControl(m.Data, false)
+		got, err := protocol.DecodeControl(m.Data, false)
 		if err != nil {
 			t.Fatalf("decode control: %v", err)
 		}
@@ -392,17 +393,17 @@ func TestControlPublishes(t *testing.T) {
 	if err := e.c.Perform(ctx, "run-1", "corr-7"); err != nil {
 		t.Fatalf("perform: %v", err)
 	}
-	check(t, events.Control{Action: events.ControlPerform, CorrelationID: "corr-7"}, "control/run-1/perform/corr-7")
+	check(t, protocol.Control{Action: protocol.ControlPerform, CorrelationID: "corr-7"}, "control/run-1/perform/corr-7")
 
 	if err := e.c.Interrupt(ctx, "run-1", "user pressed stop"); err != nil {
 		t.Fatalf("interrupt: %v", err)
 	}
-	check(t, events.Control{Action: events.ControlInterrupt, Reason: "user pressed stop"}, "control/run-1/interrupt/")
+	check(t, protocol.Control{Action: protocol.ControlInterrupt, Reason: "user pressed stop"}, "control/run-1/interrupt/")
 
 	if err := e.c.Cancel(ctx, "run-1", "no longer needed"); err != nil {
 		t.Fatalf("cancel: %v", err)
 	}
-	check(t, events.Control{Action: events.ControlCancel, Reason: "no longer needed"}, "control/run-1/cancel/")
+	check(t, protocol.Control{Action: protocol.ControlCancel, Reason: "no longer needed"}, "control/run-1/cancel/")
 
 	// A retried cancel is deduplicated.
 	before := e.inboxMsgs(t, ctx)
@@ -446,7 +447,7 @@ func TestPrefix(t *testing.T) {
 	}
 	e.last(t, ctx, "acme.tb.resume.run-1.alice")
 
-	e.publishOut(t, ctx, "acme.tb.out.run-1.results", &events.ResultsOut{BatchID: "run-1/0"})
+	e.publishOut(t, ctx, "acme.tb.out.run-1.results", &protocol.ResultsOut{BatchID: "run-1/0"})
 	res, err := e.c.WaitResults(ctx, "run-1", "run-1/0")
 	if err != nil || res.BatchID != "run-1/0" {
 		t.Fatalf("wait results with a prefix: %+v, %v", res, err)
@@ -482,20 +483,20 @@ func TestWatchDecodesEveryKind(t *testing.T) {
 	ctx := testContext(t)
 	e := newEnv(t, ctx, client.DefaultPrefix)
 
-	disp := &events.DispositionOut{BatchID: "run-1/0", CallID: "call-1", ToolID: "echo",
+	disp := &protocol.DispositionOut{BatchID: "run-1/0", CallID: "call-1", ToolID: "echo",
 		Disposition: events.DispositionExecuted, Phase: events.PhaseCompleted, Attempt: 1}
-	await := func() *events.AwaitingOut { a := ticket(events.WaitPermission); return &a }()
-	results := &events.ResultsOut{BatchID: "run-1/0", Step: 0,
+	await := func() *protocol.AwaitingOut { a := ticket(events.WaitPermission); return &a }()
+	results := &protocol.ResultsOut{BatchID: "run-1/0", Step: 0,
 		Results: []events.ContentBlock{events.TextOutput("call-1", `{"text":"hi"}`).ToolResultBlock()},
 		State: []events.Command{{Scope: events.ScopeRun, Key: "k", Merge: events.MergeDisjoint,
 			Action: events.ActionSet, Value: events.MustJSON(`{"a":1}`)}}}
-	rejected := &events.RejectedOut{BatchID: "run-1/1", Code: events.CodeBatchOpen, Reason: "batch run-1/0 is open"}
-	refused := &events.RefusedOut{CorrelationID: "corr-1", Code: events.CodeExpired, Reason: "too late"}
-	ended := &events.EndedOut{Cause: events.EndCancelled, Reason: "bye"}
+	rejected := &protocol.RejectedOut{BatchID: "run-1/1", Code: events.CodeBatchOpen, Reason: "batch run-1/0 is open"}
+	refused := &protocol.RefusedOut{CorrelationID: "corr-1", Code: events.CodeExpired, Reason: "too late"}
+	ended := &protocol.EndedOut{Cause: events.EndCancelled, Reason: "bye"}
 
 	// Before the watch starts: these must not be missed.
 	e.publishOut(t, ctx, "toolbatch.out.run-1.disposition", disp)
-	e.publishOut(t, ctx, "toolbatch.out.run-2.results", &events.ResultsOut{BatchID: "run-2/0"}) // another run
+	e.publishOut(t, ctx, "toolbatch.out.run-2.results", &protocol.ResultsOut{BatchID: "run-2/0"}) // another run
 	e.publishOut(t, ctx, "toolbatch.out.run-1.awaiting", await)
 
 	w, err := e.c.Watch(ctx, "run-1")
@@ -564,7 +565,7 @@ func TestWatchReportsUndecodable(t *testing.T) {
 	for _, b := range bad {
 		e.publishRaw(t, ctx, b.subject, []byte(b.body))
 	}
-	good := &events.ResultsOut{BatchID: "run-1/0"}
+	good := &protocol.ResultsOut{BatchID: "run-1/0"}
 	e.publishOut(t, ctx, "toolbatch.out.run-1.results", good)
 
 	w, err := e.c.Watch(ctx, "run-1")
@@ -601,11 +602,11 @@ func TestWaitResults(t *testing.T) {
 	ctx := testContext(t)
 	e := newEnv(t, ctx, client.DefaultPrefix)
 
-	e.publishOut(t, ctx, "toolbatch.out.run-1.results", &events.ResultsOut{BatchID: "run-1/0", Step: 0})
-	e.publishOut(t, ctx, "toolbatch.out.run-1.disposition", &events.DispositionOut{BatchID: "run-1/1", CallID: "c"})
-	e.publishOut(t, ctx, "toolbatch.out.run-1.rejected", &events.RejectedOut{BatchID: "run-1/2", Code: events.CodeBatchOpen})
-	e.publishOut(t, ctx, "toolbatch.out.run-1.rejected", &events.RejectedOut{Code: events.CodeUndecodable}) // names no batch
-	want := &events.ResultsOut{BatchID: "run-1/1", Step: 1,
+	e.publishOut(t, ctx, "toolbatch.out.run-1.results", &protocol.ResultsOut{BatchID: "run-1/0", Step: 0})
+	e.publishOut(t, ctx, "toolbatch.out.run-1.disposition", &protocol.DispositionOut{BatchID: "run-1/1", CallID: "c"})
+	e.publishOut(t, ctx, "toolbatch.out.run-1.rejected", &protocol.RejectedOut{BatchID: "run-1/2", Code: events.CodeBatchOpen})
+	e.publishOut(t, ctx, "toolbatch.out.run-1.rejected", &protocol.RejectedOut{Code: events.CodeUndecodable}) // names no batch
+	want := &protocol.ResultsOut{BatchID: "run-1/1", Step: 1,
 		Results: []events.ContentBlock{events.TextOutput("call-1", "one").ToolResultBlock()}}
 	e.publishOut(t, ctx, "toolbatch.out.run-1.results", want)
 
@@ -619,7 +620,7 @@ func TestWaitResults(t *testing.T) {
 
 	// Waiting before the results exist.
 	type answer struct {
-		res *events.ResultsOut
+		res *protocol.ResultsOut
 		err error
 	}
 	done := make(chan answer, 1)
@@ -627,7 +628,7 @@ func TestWaitResults(t *testing.T) {
 		res, err := e.c.WaitResults(ctx, "run-1", "run-1/3")
 		done <- answer{res, err}
 	}()
-	e.publishOut(t, ctx, "toolbatch.out.run-1.results", &events.ResultsOut{BatchID: "run-1/3", Step: 3})
+	e.publishOut(t, ctx, "toolbatch.out.run-1.results", &protocol.ResultsOut{BatchID: "run-1/3", Step: 3})
 	a := <-done
 	if a.err != nil || a.res.BatchID != "run-1/3" || a.res.Step != 3 {
 		t.Fatalf("wait results published later: %+v, %v", a.res, a.err)
@@ -638,9 +639,9 @@ func TestWaitResultsRejected(t *testing.T) {
 	ctx := testContext(t)
 	e := newEnv(t, ctx, client.DefaultPrefix)
 
-	e.publishOut(t, ctx, "toolbatch.out.run-1.results", &events.ResultsOut{BatchID: "run-1/0"})
+	e.publishOut(t, ctx, "toolbatch.out.run-1.results", &protocol.ResultsOut{BatchID: "run-1/0"})
 	e.publishOut(t, ctx, "toolbatch.out.run-1.rejected",
-		&events.RejectedOut{BatchID: "run-1/1", Code: events.CodeStepNotAfterLast, Reason: "step 1 is not after 4"})
+		&protocol.RejectedOut{BatchID: "run-1/1", Code: events.CodeStepNotAfterLast, Reason: "step 1 is not after 4"})
 
 	res, err := e.c.WaitResults(ctx, "run-1", "run-1/1")
 	if res != nil || !errors.Is(err, client.ErrRejected) {
@@ -652,8 +653,8 @@ func TestWaitResultsRejected(t *testing.T) {
 	}
 
 	// A step rejected once and accepted later: the results win.
-	e.publishOut(t, ctx, "toolbatch.out.run-1.rejected", &events.RejectedOut{BatchID: "run-1/2", Code: events.CodeBatchOpen})
-	e.publishOut(t, ctx, "toolbatch.out.run-1.results", &events.ResultsOut{BatchID: "run-1/2", Step: 2})
+	e.publishOut(t, ctx, "toolbatch.out.run-1.rejected", &protocol.RejectedOut{BatchID: "run-1/2", Code: events.CodeBatchOpen})
+	e.publishOut(t, ctx, "toolbatch.out.run-1.results", &protocol.ResultsOut{BatchID: "run-1/2", Step: 2})
 	res, err = e.c.WaitResults(ctx, "run-1", "run-1/2")
 	if err != nil || res.BatchID != "run-1/2" {
 		t.Fatalf("wait results of a resubmitted step: %+v, %v", res, err)
@@ -664,8 +665,8 @@ func TestWaitResultsRunEnded(t *testing.T) {
 	ctx := testContext(t)
 	e := newEnv(t, ctx, client.DefaultPrefix)
 
-	e.publishOut(t, ctx, "toolbatch.out.run-1.results", &events.ResultsOut{BatchID: "run-1/0"})
-	e.publishOut(t, ctx, "toolbatch.out.run-1.ended", &events.EndedOut{Cause: events.EndInterrupted, Reason: "stop"})
+	e.publishOut(t, ctx, "toolbatch.out.run-1.results", &protocol.ResultsOut{BatchID: "run-1/0"})
+	e.publishOut(t, ctx, "toolbatch.out.run-1.ended", &protocol.EndedOut{Cause: events.EndInterrupted, Reason: "stop"})
 
 	res, err := e.c.WaitResults(ctx, "run-1", "run-1/1")
 	if res != nil || !errors.Is(err, client.ErrRunEnded) {

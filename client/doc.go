@@ -31,7 +31,7 @@
 //	c, err := client.New(nc) // client.WithPrefix("toolbatch") to match --prefix
 //	if err != nil { ... }
 //
-//	s := &events.Submit{
+//	s := &protocol.Submit{
 //		RunID: "run-1", ThreadID: "thread-1", Step: 0,
 //		Assistant: events.Message{ID: "msg-1", Content: []events.ContentBlock{
 //			{Type: events.BlockToolUse, ID: "call-1", Name: "echo", Input: events.MustJSON(`{"text":"hi"}`)},

@@ -23,12 +23,12 @@ type Message struct {
 	// after this one when it was delivered: 0 means the watch had caught up.
 	Pending uint64
 
-	Disposition *events.DispositionOut
-	Results     *events.ResultsOut
-	Awaiting    *events.AwaitingOut
-	Rejected    *events.RejectedOut
-	Refused     *events.RefusedOut
-	Ended       *events.EndedOut
+	Disposition *protocol.DispositionOut
+	Results     *protocol.ResultsOut
+	Awaiting    *protocol.AwaitingOut
+	Rejected    *protocol.RejectedOut
+	Refused     *protocol.RefusedOut
+	Ended       *protocol.EndedOut
 }
 
 // DecodeError is an out message this client cannot read: an unexpected
@@ -53,7 +53,7 @@ func (e *DecodeError) Unwrap() []error { return []error{ErrUndecodable, e.Err} }
 // publishing the batch's results. It wraps ErrRunEnded.
 type EndedError struct {
 	RunID string
-	Ended events.EndedOut
+	Ended protocol.EndedOut
 }
 
 // Error implements error.
@@ -174,22 +174,22 @@ func (w *Watch) decode(m jetstream.Msg) (Message, error) {
 	)
 	switch kind {
 	case KindDisposition:
-		msg.Disposition = new(events.DispositionOut)
+		msg.Disposition = new(protocol.DispositionOut)
 		target = msg.Disposition
 	case KindResults:
-		msg.Results = new(events.ResultsOut)
+		msg.Results = new(protocol.ResultsOut)
 		target = msg.Results
 	case KindAwaiting:
-		msg.Awaiting = new(events.AwaitingOut)
+		msg.Awaiting = new(protocol.AwaitingOut)
 		target = msg.Awaiting
 	case KindRejected:
-		msg.Rejected = new(events.RejectedOut)
+		msg.Rejected = new(protocol.RejectedOut)
 		target = msg.Rejected
 	case KindRefused:
-		msg.Refused = new(events.RefusedOut)
+		msg.Refused = new(protocol.RefusedOut)
 		target = msg.Refused
 	case KindEnded:
-		msg.Ended = new(events.EndedOut)
+		msg.Ended = new(protocol.EndedOut)
 		target = msg.Ended
 	default:
 		return fail(fmt.Errorf("unknown kind %q", kind))
@@ -237,7 +237,7 @@ func (w *Watch) decode(m jetstream.Msg) (Message, error) {
 // resubmission.) A rejection without a batch id (an undecodable body) names
 // no batch and is ignored; an unreadable message is returned as its
 // *DecodeError. It waits until ctx is done.
-func (c *Client) WaitResults(ctx context.Context, runID, batchID string) (*events.ResultsOut, error) {
+func (c *Client) WaitResults(ctx context.Context, runID, batchID string) (*protocol.ResultsOut, error) {
 	w, err := c.watch(ctx, runID,
 		c.outSubject(runID, KindResults), c.outSubject(runID, KindRejected), c.outSubject(runID, KindEnded))
 	if err != nil {

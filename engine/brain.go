@@ -76,21 +76,6 @@ var Builtins = map[string]Builtin{
 	}},
 }
 
-// BrainRequest is sent to a host brain service on <prefix>.brain.<tool_id>.
-type BrainRequest struct {
-	CallID      string         `msgpack:"call_id" json:"call_id"`
-	ToolID      string         `msgpack:"tool_id" json:"tool_id"`
-	Arguments   events.RawJSON `msgpack:"arguments" json:"arguments"`
-	OperationID string         `msgpack:"operation_id" json:"operation_id"`
-	Attempt     int            `msgpack:"attempt" json:"attempt"`
-}
-
-// BrainReply is a host brain service's answer: an output, or an error.
-type BrainReply struct {
-	Output *events.Output    `msgpack:"output,omitempty" json:"output,omitempty"`
-	Error  *events.ToolError `msgpack:"error,omitempty" json:"error,omitempty"`
-}
-
 // DefaultBrainTimeout bounds a host brain service call.
 const DefaultBrainTimeout = 60 * time.Second
 
@@ -119,7 +104,7 @@ func (b *brainExecutor) invoke(ctx context.Context, cat *catalog.Catalog, inv in
 		}
 		return o
 	}
-	body, err := events.Marshal(BrainRequest{CallID: inv.callID, ToolID: inv.toolID, Arguments: inv.arguments,
+	body, err := events.Marshal(protocol.BrainRequest{CallID: inv.callID, ToolID: inv.toolID, Arguments: inv.arguments,
 		OperationID: inv.operationID, Attempt: inv.attempt})
 	if err != nil {
 		o.err = &events.ToolError{Kind: events.ErrorExecution, Message: err.Error()}
@@ -136,7 +121,7 @@ func (b *brainExecutor) invoke(ctx context.Context, cat *catalog.Catalog, inv in
 		o.lost = true
 		return o
 	}
-	var r BrainReply
+	var r protocol.BrainReply
 	if err := events.Unmarshal(reply.Data, &r); err != nil || (r.Output == nil) == (r.Error == nil) {
 		o.err = &events.ToolError{Kind: events.ErrorExecution, Message: "malformed reply from the brain service"}
 		return o

@@ -17,6 +17,7 @@ import (
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // startServer starts an embedded nats-server with JetStream storing in dir.
@@ -101,8 +102,8 @@ func newClient(t *testing.T, url string) *client.Client {
 	return c
 }
 
-func submitOf(runID string, step int64, calls ...string) *events.Submit {
-	s := &events.Submit{RunID: runID, ThreadID: "t1", Step: step, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{events.TextBlock("let me check")}}}
+func submitOf(runID string, step int64, calls ...string) *protocol.Submit {
+	s := &protocol.Submit{RunID: runID, ThreadID: "t1", Step: step, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{events.TextBlock("let me check")}}}
 	for i := 0; i+1 < len(calls); i += 2 {
 		in, err := events.CanonicalJSON([]byte(calls[i+1]))
 		if err != nil {
@@ -120,7 +121,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-func resultTexts(r *events.ResultsOut) []string {
+func resultTexts(r *protocol.ResultsOut) []string {
 	var out []string
 	for _, b := range r.Results {
 		o := events.Output{Content: b.Content, IsError: b.IsError}
@@ -328,7 +329,7 @@ gate:
 		t.Fatal(err)
 	}
 	defer w.Stop()
-	var ticket *events.AwaitingOut
+	var ticket *protocol.AwaitingOut
 	var disp []string
 	for ticket == nil {
 		m, err := w.Next(ctx)
@@ -354,7 +355,7 @@ gate:
 	if err := c.Approve(ctx, *ticket, "bob", "again"); err != nil {
 		t.Fatal(err)
 	}
-	var results *events.ResultsOut
+	var results *protocol.ResultsOut
 	refused := false
 	for results == nil || !refused {
 		m, err := w.Next(ctx)
@@ -523,9 +524,9 @@ gate:
 	// lookup answers with its arguments; counter stages state.
 	var mu sync.Mutex
 	calls := map[string]int{}
-	serve := func(tool string, reply func(req engine.BrainRequest) engine.BrainReply) {
+	serve := func(tool string, reply func(req protocol.BrainRequest) protocol.BrainReply) {
 		_, err := nc.Subscribe("toolbatch.brain."+tool, func(m *nats.Msg) {
-			var req engine.BrainRequest
+			var req protocol.BrainRequest
 			if err := events.Unmarshal(m.Data, &req); err != nil {
 				t.Errorf("brain request: %v", err)
 				return
@@ -540,15 +541,15 @@ gate:
 			t.Fatal(err)
 		}
 	}
-	serve("lookup", func(req engine.BrainRequest) engine.BrainReply {
+	serve("lookup", func(req protocol.BrainRequest) protocol.BrainReply {
 		o := events.TextOutput(req.CallID, "found "+string(req.Arguments))
-		return engine.BrainReply{Output: &o}
+		return protocol.BrainReply{Output: &o}
 	})
-	serve("counter", func(req engine.BrainRequest) engine.BrainReply {
+	serve("counter", func(req protocol.BrainRequest) protocol.BrainReply {
 		o := events.TextOutput(req.CallID, "counted")
 		o.State = []events.Command{{Scope: events.ScopeRun, Key: "count", Merge: events.MergeDisjoint, Action: events.ActionSet,
 			Value: events.MustJSON(fmt.Sprint(req.Attempt + 1))}}
-		return engine.BrainReply{Output: &o}
+		return protocol.BrainReply{Output: &o}
 	})
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -720,7 +721,7 @@ tools:
 	started := make(chan struct{}, 16)
 	release := make(chan struct{})
 	var cancels []string
-	reply := func(m *nats.Msg, r engine.DelegateReply) {
+	reply := func(m *nats.Msg, r protocol.DelegateReply) {
 		body, _ := events.Marshal(r)
 		_ = m.Respond(body)
 	}
@@ -729,7 +730,7 @@ tools:
 	// children can overlap.
 	if _, err := nc.Subscribe("toolbatch.delegate.research", func(m *nats.Msg) {
 		go func() {
-			var req engine.DelegateRequest
+			var req protocol.DelegateRequest
 			if err := events.Unmarshal(m.Data, &req); err != nil {
 				t.Errorf("delegate request: %v", err)
 				return
@@ -743,27 +744,27 @@ tools:
 			mu.Lock()
 			inFlight--
 			mu.Unlock()
-			reply(m, engine.DelegateReply{Status: engine.DelegationEnded, Text: "report on " + string(req.Arguments)})
+			reply(m, protocol.DelegateReply{Status: protocol.DelegationEnded, Text: "report on " + string(req.Arguments)})
 		}()
 	}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := nc.Subscribe("toolbatch.delegate.interview", func(m *nats.Msg) {
-		var req engine.DelegateRequest
+		var req protocol.DelegateRequest
 		if err := events.Unmarshal(m.Data, &req); err != nil {
 			t.Errorf("delegate request: %v", err)
 			return
 		}
 		switch req.Op {
-		case engine.DelegateStart:
-			reply(m, engine.DelegateReply{Status: engine.DelegationAwaiting, Text: "which year?"})
-		case engine.DelegateResume:
-			reply(m, engine.DelegateReply{Status: engine.DelegationEnded, Text: "answered with " + req.Input})
-		case engine.DelegateCancel:
+		case protocol.DelegateStart:
+			reply(m, protocol.DelegateReply{Status: protocol.DelegationAwaiting, Text: "which year?"})
+		case protocol.DelegateResume:
+			reply(m, protocol.DelegateReply{Status: protocol.DelegationEnded, Text: "answered with " + req.Input})
+		case protocol.DelegateCancel:
 			mu.Lock()
 			cancels = append(cancels, req.DelegationID)
 			mu.Unlock()
-			reply(m, engine.DelegateReply{Status: engine.DelegationCanceled})
+			reply(m, protocol.DelegateReply{Status: protocol.DelegationCanceled})
 		}
 	}); err != nil {
 		t.Fatal(err)
@@ -869,20 +870,20 @@ tools:
 	refused := 0
 	var cancelled []string
 	if _, err := nc.Subscribe("toolbatch.delegate.interview", func(m *nats.Msg) {
-		var req engine.DelegateRequest
+		var req protocol.DelegateRequest
 		if err := events.Unmarshal(m.Data, &req); err != nil {
 			t.Errorf("delegate request: %v", err)
 			return
 		}
-		r := engine.DelegateReply{Status: engine.DelegationAwaiting, Text: "which year?"}
-		if req.Op == engine.DelegateCancel {
+		r := protocol.DelegateReply{Status: protocol.DelegationAwaiting, Text: "which year?"}
+		if req.Op == protocol.DelegateCancel {
 			mu.Lock()
 			if accept {
 				cancelled = append(cancelled, fmt.Sprintf("%s attempt %d of %s/%s", req.DelegationID, req.Attempt, req.RunID, req.CallID))
-				r = engine.DelegateReply{Status: engine.DelegationCanceled}
+				r = protocol.DelegateReply{Status: protocol.DelegationCanceled}
 			} else {
 				refused++
-				r = engine.DelegateReply{Status: engine.DelegationError, Message: "not now"}
+				r = protocol.DelegateReply{Status: protocol.DelegationError, Message: "not now"}
 			}
 			mu.Unlock()
 		}
@@ -925,7 +926,7 @@ tools:
 	}
 }
 
-func waitTicket(t *testing.T, ctx context.Context, c *client.Client, runID, batchID string) events.AwaitingOut {
+func waitTicket(t *testing.T, ctx context.Context, c *client.Client, runID, batchID string) protocol.AwaitingOut {
 	t.Helper()
 	m := watchRun(t, ctx, c, runID).until("waiting for a ticket of "+batchID, func(m client.Message) bool {
 		return m.Awaiting != nil && m.Awaiting.BatchID == batchID

@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // TestMessagesReachTheOwner: with two engines, a message of a run that
@@ -74,7 +75,7 @@ func TestMessagesReachTheOwner(t *testing.T) {
 	}
 	for i := 0; i < runs; i++ {
 		run := fmt.Sprintf("fw%d", i)
-		s := &events.Submit{RunID: run, ThreadID: "t1", Step: 1, Assistant: events.Message{ID: "m",
+		s := &protocol.Submit{RunID: run, ThreadID: "t1", Step: 1, Assistant: events.Message{ID: "m",
 			Content: []events.ContentBlock{{Type: events.BlockToolUse, ID: "c1", Name: "echo", Input: events.MustJSON(`{"text":"hi"}`)}}}}
 		if err := c.Submit(ctx, s); err != nil {
 			t.Fatal(err)

@@ -14,29 +14,6 @@ import (
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
-// GateRequest is sent to the optional external gate service on
-// <prefix>.gate.
-type GateRequest struct {
-	RunID      string         `msgpack:"run_id" json:"run_id"`
-	BatchID    string         `msgpack:"batch_id" json:"batch_id"`
-	CallID     string         `msgpack:"call_id" json:"call_id"`
-	ToolID     string         `msgpack:"tool_id" json:"tool_id"`
-	Arguments  events.RawJSON `msgpack:"arguments" json:"arguments"`
-	SnapshotID string         `msgpack:"snapshot_id" json:"snapshot_id"`
-}
-
-// GateReply is the external gate's decision. It may only restrict: allow
-// passes the call on.
-type GateReply struct {
-	Outcome events.GateOutcome `msgpack:"outcome" json:"outcome"`
-	Reason  string             `msgpack:"reason,omitempty" json:"reason,omitempty"`
-	Output  *events.Output     `msgpack:"output,omitempty" json:"output,omitempty"`
-	// DeadlineMS bounds a require_confirmation ticket; DueMS delays a
-	// schedule (milliseconds from now).
-	DeadlineMS int64 `msgpack:"deadline_ms,omitempty" json:"deadline_ms,omitempty"`
-	DueMS      int64 `msgpack:"due_ms,omitempty" json:"due_ms,omitempty"`
-}
-
 type gateChain struct {
 	nc    *nats.Conn
 	names protocol.Names
@@ -107,7 +84,7 @@ func fromPolicy(callID string, pd catalog.Decision) aggregate.Decision {
 // decides the catalog's on_timeout outcome.
 func (g *gateChain) external(ctx context.Context, run *aggregate.Run, b *aggregate.Batch, c *aggregate.Call, ext catalog.External, now time.Time) aggregate.Decision {
 	d := aggregate.Decision{CallID: c.CallID, Outcome: events.GateAllow, Stage: events.StageExternal, Rule: "external"}
-	body, err := events.Marshal(GateRequest{RunID: run.RunID, BatchID: b.ID, CallID: c.CallID, ToolID: c.ToolID,
+	body, err := events.Marshal(protocol.GateRequest{RunID: run.RunID, BatchID: b.ID, CallID: c.CallID, ToolID: c.ToolID,
 		Arguments: c.Arguments, SnapshotID: b.SnapshotID})
 	if err != nil {
 		d.Outcome, d.Reason = events.GateBlock, "gate request: "+err.Error()
@@ -127,7 +104,7 @@ func (g *gateChain) external(ctx context.Context, run *aggregate.Run, b *aggrega
 		}
 		return d
 	}
-	var r GateReply
+	var r protocol.GateReply
 	if err := events.Unmarshal(msg.Data, &r); err != nil {
 		d.Outcome, d.Reason = events.GateBlock, "external gate: malformed reply"
 		return d

@@ -166,7 +166,7 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 		return err
 	}
 	seq := meta.Sequence.Stream
-	runID, ok := p.e.names.RunOf(protocol.Events, m.Subject())
+	runID, ok := p.e.names.RunOf(protocol.EventsFamily, m.Subject())
 	if !ok {
 		p.e.log.Warn().Str(fieldSubject, m.Subject()).Msg("projector: a commit on a subject that names no run: terminated")
 		return m.TermWithReason("not a run's events subject: " + m.Subject())

@@ -52,9 +52,6 @@ const (
 	WorkerTTL = 30 * time.Second
 )
 
-// Timer actions of sandbox calls.
-const timerDispatchDeadline = "dispatch_deadline"
-
 // lease is what the engine knows of a claimed attempt's owner.
 type lease struct {
 	attempt  int
@@ -64,7 +61,7 @@ type lease struct {
 
 // dispatch publishes a sandbox attempt's job.
 func (e *Engine) dispatch(ctx context.Context, inv invocation) error {
-	body, err := events.Marshal(events.Dispatch{BatchID: inv.batchID, RunID: inv.runID, CallID: inv.callID, ToolID: inv.toolID,
+	body, err := events.Marshal(protocol.Dispatch{BatchID: inv.batchID, RunID: inv.runID, CallID: inv.callID, ToolID: inv.toolID,
 		Arguments: inv.arguments, Attempt: inv.attempt, OperationID: inv.operationID})
 	if err != nil {
 		return err
@@ -115,14 +112,14 @@ const DefaultDispatchDeadline = 30 * time.Second
 // shard, so that it is decided in order with the run's other work.
 func (e *Engine) serveWorkers() ([]*nats.Subscription, error) {
 	var subs []*nats.Subscription
-	for _, fam := range []protocol.Family{protocol.Claim, protocol.Heartbeat} {
+	for _, fam := range []protocol.Family{protocol.ClaimFamily, protocol.HeartbeatFamily} {
 		kind := fam.Name
 		// Every engine receives every request; only the run's owner answers.
 		sub, err := e.nc.Subscribe(e.names.Subject(fam), func(m *nats.Msg) {
 			var op string
 			var w work
 			var err error
-			if fam.Name == protocol.Claim.Name {
+			if fam.Name == protocol.ClaimFamily.Name {
 				cr := &claimReq{req: m}
 				err, op, w = events.Unmarshal(m.Data, &cr.body), cr.body.OperationID, cr
 			} else {
@@ -131,7 +128,7 @@ func (e *Engine) serveWorkers() ([]*nats.Subscription, error) {
 			}
 			runID, _, _, ok := splitOperationID(op)
 			if err != nil || !ok {
-				respond(m, events.ClaimReply{Reason: fmt.Sprintf("undecodable %s request", kind)})
+				respond(m, protocol.ClaimReply{Reason: fmt.Sprintf("undecodable %s request", kind)})
 				return
 			}
 			e.shardOf(runID).post(item{runID: runID, work: w})
@@ -144,7 +141,7 @@ func (e *Engine) serveWorkers() ([]*nats.Subscription, error) {
 	return subs, nil
 }
 
-func respond(m *nats.Msg, r events.ClaimReply) {
+func respond(m *nats.Msg, r protocol.ClaimReply) {
 	body, err := events.Marshal(r)
 	if err == nil {
 		_ = m.Respond(body)
@@ -165,7 +162,7 @@ func (s *shard) onClaim(ctx context.Context, rs *runState, cr *claimReq) error {
 	req := cr.body
 	_, batchID, callID, _ := splitOperationID(req.OperationID)
 	if b := rs.run.OpenBatch(); b == nil || b.ID != batchID {
-		respond(cr.req, events.ClaimReply{Reason: "the batch is not open"})
+		respond(cr.req, protocol.ClaimReply{Reason: "the batch is not open"})
 		return nil
 	}
 	leaseMS := s.e.cfg.Lease.Milliseconds()
@@ -175,12 +172,12 @@ func (s *shard) onClaim(ctx context.Context, rs *runState, cr *claimReq) error {
 		return err // answered busy: the worker gives the job back
 	}
 	if err != nil {
-		respond(cr.req, events.ClaimReply{Reason: err.Error()})
+		respond(cr.req, protocol.ClaimReply{Reason: err.Error()})
 		return nil
 	}
 	rs.leases[callID] = lease{attempt: req.Attempt, token: token, deadline: time.Now().Add(s.e.cfg.Lease)}
 	delete(rs.unclaimed, callID)
-	respond(cr.req, events.ClaimReply{Granted: true, ClaimToken: token, LeaseMS: leaseMS})
+	respond(cr.req, protocol.ClaimReply{Granted: true, ClaimToken: token, LeaseMS: leaseMS})
 	return nil
 }
 
@@ -189,17 +186,17 @@ func (s *shard) onHeartbeat(rs *runState, hr *heartbeatReq) error {
 	hb := hr.body
 	_, batchID, callID, _ := splitOperationID(hb.OperationID)
 	if err := rs.run.CheckHeartbeat(batchID, callID, hb.Attempt, hb.ClaimToken); err != nil {
-		respond(hr.req, events.ClaimReply{Reason: "the claim is not current"})
+		respond(hr.req, protocol.ClaimReply{Reason: "the claim is not current"})
 		return nil
 	}
 	rs.leases[callID] = lease{attempt: hb.Attempt, token: hb.ClaimToken, deadline: time.Now().Add(s.e.cfg.Lease)}
-	respond(hr.req, events.ClaimReply{Granted: true, ClaimToken: hb.ClaimToken, LeaseMS: s.e.cfg.Lease.Milliseconds()})
+	respond(hr.req, protocol.ClaimReply{Granted: true, ClaimToken: hb.ClaimToken, LeaseMS: s.e.cfg.Lease.Milliseconds()})
 	return nil
 }
 
 // onResult applies a worker's result, or records it as refused.
 func (s *shard) onResult(ctx context.Context, rs *runState, in *inboxMsg) error {
-	res, err := events.DecodeResult(in.msg.Data(), s.e.cfg.Limits)
+	res, err := protocol.DecodeResult(in.msg.Data(), s.e.cfg.Limits)
 	if err != nil {
 		// A result that names its attempt but whose outcome is malformed
 		// (an invalid staged command, an oversized output) completes the
@@ -214,7 +211,7 @@ func (s *shard) onResult(ctx context.Context, rs *runState, in *inboxMsg) error 
 			s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("undecodable result: terminated")
 			return in.msg.TermWithReason("undecodable result: " + err.Error())
 		}
-		res = &events.Result{OperationID: head.OperationID, Attempt: head.Attempt, ClaimToken: head.ClaimToken,
+		res = &protocol.Result{OperationID: head.OperationID, Attempt: head.Attempt, ClaimToken: head.ClaimToken,
 			Error: &events.ToolError{Kind: events.ErrorExecution, Message: "malformed result from the worker: " + err.Error()}}
 	}
 	_, batchID, callID, ok := splitOperationID(res.OperationID)

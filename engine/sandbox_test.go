@@ -50,36 +50,36 @@ tools:
 	if err != nil {
 		t.Fatal(err)
 	}
-	next := func() events.Dispatch {
+	next := func() protocol.Dispatch {
 		t.Helper()
 		m, err := cons.Next(jetstream.FetchMaxWait(10 * time.Second))
 		if err != nil {
 			t.Fatalf("no dispatch: %v", err)
 		}
 		_ = m.Ack()
-		var d events.Dispatch
+		var d protocol.Dispatch
 		if err := events.Unmarshal(m.Data(), &d); err != nil {
 			t.Fatal(err)
 		}
 		return d
 	}
-	request := func(subject string, v any) events.ClaimReply {
+	request := func(subject string, v any) protocol.ClaimReply {
 		t.Helper()
 		body, _ := events.Marshal(v)
 		m, err := nc.Request(subject, body, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var r events.ClaimReply
+		var r protocol.ClaimReply
 		if err := events.Unmarshal(m.Data, &r); err != nil {
 			t.Fatal(err)
 		}
 		return r
 	}
-	result := func(d events.Dispatch, token, text string) {
+	result := func(d protocol.Dispatch, token, text string) {
 		t.Helper()
 		o := events.TextOutput(d.CallID, text)
-		body, _ := events.Marshal(events.Result{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: token, Output: &o})
+		body, _ := events.Marshal(protocol.Result{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: token, Output: &o})
 		m := nats.NewMsg("toolbatch.result." + d.RunID)
 		m.Data = body
 		if _, err := js.PublishMsg(ctx, m); err != nil {
@@ -94,12 +94,12 @@ tools:
 	if d1.Attempt != 1 || d1.OperationID != "fence/1/c1" {
 		t.Fatalf("dispatch %+v", d1)
 	}
-	g1 := request("toolbatch.api.claim", events.ClaimRequest{OperationID: d1.OperationID, Attempt: 1, WorkerID: "old"})
+	g1 := request("toolbatch.api.claim", protocol.ClaimRequest{OperationID: d1.OperationID, Attempt: 1, WorkerID: "old"})
 	if !g1.Granted || g1.ClaimToken == "" {
 		t.Fatalf("first claim: %+v", g1)
 	}
 	// The same attempt again (a redelivered dispatch) is refused.
-	if g := request("toolbatch.api.claim", events.ClaimRequest{OperationID: d1.OperationID, Attempt: 1, WorkerID: "other"}); g.Granted {
+	if g := request("toolbatch.api.claim", protocol.ClaimRequest{OperationID: d1.OperationID, Attempt: 1, WorkerID: "other"}); g.Granted {
 		t.Fatalf("second claim of attempt 1 granted: %+v", g)
 	}
 	// No heartbeat: the lease runs out and attempt 2 is dispatched.
@@ -107,10 +107,10 @@ tools:
 	if d2.Attempt != 2 {
 		t.Fatalf("redispatch %+v", d2)
 	}
-	if hb := request("toolbatch.api.heartbeat", events.Heartbeat{OperationID: d1.OperationID, Attempt: 1, ClaimToken: g1.ClaimToken, WorkerID: "old"}); hb.Granted {
+	if hb := request("toolbatch.api.heartbeat", protocol.Heartbeat{OperationID: d1.OperationID, Attempt: 1, ClaimToken: g1.ClaimToken, WorkerID: "old"}); hb.Granted {
 		t.Fatalf("heartbeat of a lost claim granted: %+v", hb)
 	}
-	g2 := request("toolbatch.api.claim", events.ClaimRequest{OperationID: d2.OperationID, Attempt: 2, WorkerID: "new"})
+	g2 := request("toolbatch.api.claim", protocol.ClaimRequest{OperationID: d2.OperationID, Attempt: 2, WorkerID: "new"})
 	if !g2.Granted {
 		t.Fatalf("claim of attempt 2: %+v", g2)
 	}

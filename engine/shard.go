@@ -38,12 +38,12 @@ type inboxMsg struct {
 // bodies.
 type claimReq struct {
 	req  *nats.Msg
-	body events.ClaimRequest
+	body protocol.ClaimRequest
 }
 
 type heartbeatReq struct {
 	req  *nats.Msg
-	body events.Heartbeat
+	body protocol.Heartbeat
 }
 
 func (w *inboxMsg) kindName() string      { return w.kind }
@@ -243,7 +243,7 @@ func (s *shard) handle(runCtx context.Context, it item) {
 			_ = m.NakWithDelay(time.Second)
 		}
 		if req := it.request(); req != nil {
-			respond(req, events.ClaimReply{Reason: ReasonBusy})
+			respond(req, protocol.ClaimReply{Reason: ReasonBusy})
 		}
 		if o := done; o != nil {
 			// Not recorded: keep the outcome and try again.
@@ -274,7 +274,7 @@ func busyDelay(m jetstream.Msg, ackWait time.Duration) time.Duration {
 }
 
 // ReasonBusy answers a claim the engine could not decide now: try again.
-const ReasonBusy = events.ReasonBusy
+const ReasonBusy = protocol.ReasonBusy
 
 // busy gives an item back when another engine owns its run, or the owners
 // bucket cannot be reached.
@@ -291,7 +291,7 @@ func (s *shard) busy(it item, err error) {
 		// Back soon: the owner may release the run in a moment.
 		_ = in.msg.NakWithDelay(busyDelay(in.msg, s.e.cfg.AckWait))
 	case it.request() != nil && !errors.Is(err, ErrNotOwner):
-		respond(it.request(), events.ClaimReply{Reason: ReasonBusy})
+		respond(it.request(), protocol.ClaimReply{Reason: ReasonBusy})
 	}
 	// A claim or heartbeat of a run another engine owns is answered by it.
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Timers are JetStream message schedules, not goroutines: when a ticket
@@ -31,23 +32,6 @@ import (
 // cancel is delivered even when the engine that ended the run dies right
 // after its commit.
 
-// Timer actions.
-const (
-	timerExpire      = "expire"
-	timerPerform     = "perform"
-	timerCancelChild = "cancel_child"
-)
-
-// timerFire is the body of a schedule and of the message it fires.
-type timerFire struct {
-	Action        string `msgpack:"action"`
-	CorrelationID string `msgpack:"correlation_id"`
-	CallID        string `msgpack:"call_id,omitempty"` // dispatch deadlines, children to cancel
-	Attempt       int    `msgpack:"attempt,omitempty"`
-	ToolID        string `msgpack:"tool_id,omitempty"`      // children to cancel
-	OperationID   string `msgpack:"operation_id,omitempty"` // children to cancel: the delegation id
-}
-
 // scheduleTimers publishes the schedules of the tickets a commit created.
 func (e *Engine) scheduleTimers(ctx context.Context, runID string, evs []events.Event) error {
 	for _, ev := range evs {
@@ -57,12 +41,12 @@ func (e *Engine) scheduleTimers(ctx context.Context, runID string, evs []events.
 		}
 		t := a.Ticket
 		if t.Deadline != nil {
-			if err := e.schedule(ctx, runID, timerFire{Action: timerExpire, CorrelationID: t.CorrelationID}, *t.Deadline); err != nil {
+			if err := e.schedule(ctx, runID, protocol.TimerFire{Action: protocol.TimerExpire, CorrelationID: t.CorrelationID}, *t.Deadline); err != nil {
 				return err
 			}
 		}
 		if t.Due != nil {
-			if err := e.schedule(ctx, runID, timerFire{Action: timerPerform, CorrelationID: t.CorrelationID}, *t.Due); err != nil {
+			if err := e.schedule(ctx, runID, protocol.TimerFire{Action: protocol.TimerPerform, CorrelationID: t.CorrelationID}, *t.Due); err != nil {
 				return err
 			}
 		}
@@ -75,7 +59,7 @@ func (e *Engine) scheduleTimers(ctx context.Context, runID string, evs []events.
 // commit again after a crash) a duplicate the stream drops.
 func (e *Engine) publishCancels(ctx context.Context, runID string, children []aggregate.ChildCancel) error {
 	for _, c := range children {
-		body, err := events.Marshal(timerFire{Action: timerCancelChild, CallID: c.CallID, Attempt: c.Attempt, ToolID: c.ToolID, OperationID: c.OperationID})
+		body, err := events.Marshal(protocol.TimerFire{Action: protocol.TimerCancelChild, CallID: c.CallID, Attempt: c.Attempt, ToolID: c.ToolID, OperationID: c.OperationID})
 		if err != nil {
 			return err
 		}
@@ -91,7 +75,7 @@ func (e *Engine) publishCancels(ctx context.Context, runID string, children []ag
 
 // schedule publishes one schedule. Schedules have a one-second resolution:
 // the time is rounded up, so a timer never fires before its time.
-func (e *Engine) schedule(ctx context.Context, runID string, f timerFire, at time.Time) error {
+func (e *Engine) schedule(ctx context.Context, runID string, f protocol.TimerFire, at time.Time) error {
 	body, err := events.Marshal(f)
 	if err != nil {
 		return err

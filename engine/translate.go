@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Translation: each inbox message, timer fire and executor outcome becomes
@@ -24,7 +25,7 @@ func isJSON(m jetstream.Msg) bool {
 
 func (s *shard) onSubmit(ctx context.Context, rs *runState, in *inboxMsg) error {
 	now := s.e.cfg.Now()
-	sub, err := events.DecodeSubmit(in.msg.Data(), isJSON(in.msg), s.e.cfg.Limits)
+	sub, err := protocol.DecodeSubmit(in.msg.Data(), isJSON(in.msg), s.e.cfg.Limits)
 	if err == nil && sub.RunID != rs.id {
 		err = events.Refuse(events.CodeInvalidID, "body run_id %q differs from the subject's %q", sub.RunID, rs.id)
 	}
@@ -46,7 +47,7 @@ func (s *shard) onSubmit(ctx context.Context, rs *runState, in *inboxMsg) error 
 			}
 			tools[i] = d
 		}
-		cmd = aggregate.Submit{Submit: sub, Tools: tools, SnapshotID: cat.SnapshotID(),
+		cmd = aggregate.Submit{Submission: sub.Submission(), Tools: tools, SnapshotID: cat.SnapshotID(),
 			MaxPayload: int(s.e.nc.MaxPayload()), SubmissionBytes: len(in.msg.Data()), At: now}
 	}
 	evs, err := s.decide(ctx, rs, cmd)
@@ -87,14 +88,14 @@ func (s *shard) ticketCapability(ctx context.Context, rs *runState, correlationI
 }
 
 func (s *shard) onResume(ctx context.Context, rs *runState, in *inboxMsg) error {
-	res, err := events.DecodeResume(in.msg.Data(), isJSON(in.msg), s.e.cfg.Limits)
+	res, err := protocol.DecodeResume(in.msg.Data(), isJSON(in.msg), s.e.cfg.Limits)
 	if err == nil && in.principal != "" && !events.ValidRunID(in.principal) {
 		err = events.Refuse(events.CodeInvalidID, "principal %q must match [A-Za-z0-9_-]{1,64}", in.principal)
 	}
 	if err != nil {
 		return s.refuse(ctx, rs, in.msg, "", err)
 	}
-	_, err = s.decide(ctx, rs, aggregate.Resume{Resume: res, Principal: in.principal,
+	_, err = s.decide(ctx, rs, aggregate.Resume{Answer: res.Answer(), Principal: in.principal,
 		Capability: s.ticketCapability(ctx, rs, res.CorrelationID), At: s.e.cfg.Now()})
 	if err != nil {
 		if _, refused := events.CodeOf(err); refused {
@@ -107,16 +108,16 @@ func (s *shard) onResume(ctx context.Context, rs *runState, in *inboxMsg) error 
 }
 
 func (s *shard) onControl(ctx context.Context, rs *runState, in *inboxMsg) error {
-	c, err := events.DecodeControl(in.msg.Data(), isJSON(in.msg))
+	c, err := protocol.DecodeControl(in.msg.Data(), isJSON(in.msg))
 	if err != nil {
 		return s.refuse(ctx, rs, in.msg, "", err)
 	}
 	now := s.e.cfg.Now()
 	var cmd aggregate.Command
 	switch c.Action {
-	case events.ControlCancel:
+	case protocol.ControlCancel:
 		cmd = aggregate.End{Cause: events.EndCancelled, Reason: c.Reason, At: now}
-	case events.ControlInterrupt:
+	case protocol.ControlInterrupt:
 		cmd = aggregate.End{Cause: events.EndInterrupted, Reason: c.Reason, At: now}
 	default: // perform
 		cmd = aggregate.Perform{CorrelationID: c.CorrelationID, Capability: s.ticketCapability(ctx, rs, c.CorrelationID), At: now}
@@ -143,7 +144,7 @@ func (s *shard) refuse(ctx context.Context, rs *runState, m jetstream.Msg, corre
 	if !ok {
 		code = events.CodeUndecodable
 	}
-	body, merr := events.Marshal(events.RefusedOut{CorrelationID: correlationID, Code: code, Reason: reason})
+	body, merr := events.Marshal(protocol.RefusedOut{CorrelationID: correlationID, Code: code, Reason: reason})
 	if merr != nil {
 		return merr
 	}
@@ -162,30 +163,30 @@ func (s *shard) refuse(ctx context.Context, rs *runState, m jetstream.Msg, corre
 
 // onTimer resolves a ticket whose deadline or due time came.
 func (s *shard) onTimer(ctx, runCtx context.Context, rs *runState, in *inboxMsg) error {
-	var f timerFire
+	var f protocol.TimerFire
 	if err := events.Unmarshal(in.msg.Data(), &f); err != nil {
 		s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("undecodable timer: terminated")
 		return in.msg.TermWithReason("undecodable timer: " + err.Error())
 	}
-	if f.Action == timerCancelChild {
+	if f.Action == protocol.TimerCancelChild {
 		// Nothing of the run changes: the child's service is told, and the
 		// fire is acknowledged once it has answered.
-		s.e.cancelChild(runCtx, in.msg, DelegateRequest{Op: DelegateCancel, DelegationID: f.OperationID, RunID: rs.id,
+		s.e.cancelChild(runCtx, in.msg, protocol.DelegateRequest{Op: protocol.DelegateCancel, DelegationID: f.OperationID, RunID: rs.id,
 			CallID: f.CallID, ToolID: f.ToolID, Attempt: f.Attempt})
 		return nil
 	}
 	now := s.e.cfg.Now()
 	var cmd aggregate.Command
 	switch f.Action {
-	case timerExpire:
+	case protocol.TimerExpire:
 		cmd = aggregate.Expire{CorrelationID: f.CorrelationID, At: now}
-	case timerDispatchDeadline:
+	case protocol.TimerDispatchDeadline:
 		// Scheduled by engines before deadlines were watched in memory.
 		if err := s.onDispatchDeadline(ctx, rs, f.CallID, f.Attempt); err != nil {
 			return err
 		}
 		return s.settle(rs, in.msg)
-	case timerPerform:
+	case protocol.TimerPerform:
 		cmd = aggregate.Perform{CorrelationID: f.CorrelationID, Timer: true, Capability: s.ticketCapability(ctx, rs, f.CorrelationID), At: now}
 	default:
 		return in.msg.TermWithReason("unknown timer action " + f.Action)
@@ -196,7 +197,7 @@ func (s *shard) onTimer(ctx, runCtx context.Context, rs *runState, in *inboxMsg)
 		// Our clock is behind the server's: try again a little later.
 		t := rs.run.Ticket()
 		at := now.Add(time.Second)
-		if t != nil && f.Action == timerExpire && t.Deadline != nil {
+		if t != nil && f.Action == protocol.TimerExpire && t.Deadline != nil {
 			at = *t.Deadline
 		} else if t != nil && t.Due != nil {
 			at = *t.Due

@@ -58,13 +58,13 @@ func (rw *runWatch) until(what string, found func(client.Message) bool) client.M
 	}
 }
 
-func dispositionText(d *events.DispositionOut) string {
+func dispositionText(d *protocol.DispositionOut) string {
 	return fmt.Sprintf("%s:%s:%s", d.CallID, d.Disposition, d.Phase)
 }
 
 // park reads the messages of one park: a disposition per call, then the
 // ticket.
-func (rw *runWatch) park(what string) ([]string, events.AwaitingOut) {
+func (rw *runWatch) park(what string) ([]string, protocol.AwaitingOut) {
 	rw.t.Helper()
 	var disp []string
 	for {
@@ -82,7 +82,7 @@ func (rw *runWatch) park(what string) ([]string, events.AwaitingOut) {
 
 // results reads the messages of a finalized batch: a disposition per call,
 // then the results.
-func (rw *runWatch) results(what string) ([]string, *events.ResultsOut) {
+func (rw *runWatch) results(what string) ([]string, *protocol.ResultsOut) {
 	rw.t.Helper()
 	var disp []string
 	for {
@@ -382,13 +382,13 @@ gate:
 	_, tk := w.park("the confirmation")
 	before := lastCommit(t, ctx, js, "rf")
 
-	resume := func(change func(r *events.Resume)) *events.Resume {
-		r := &events.Resume{CorrelationID: tk.CorrelationID, RunID: tk.RunID, ThreadID: tk.ThreadID, CallID: tk.CallID,
+	resume := func(change func(r *protocol.Resume)) *protocol.Resume {
+		r := &protocol.Resume{CorrelationID: tk.CorrelationID, RunID: tk.RunID, ThreadID: tk.ThreadID, CallID: tk.CallID,
 			SnapshotID: tk.SnapshotID, Result: events.ResumeResult{Kind: events.ResultPermission, Allow: true}}
 		change(r)
 		return r
 	}
-	send := func(r *events.Resume, principal string) {
+	send := func(r *protocol.Resume, principal string) {
 		t.Helper()
 		if err := c.Resume(ctx, r, principal); err != nil {
 			t.Fatal(err)
@@ -401,7 +401,7 @@ gate:
 		send func()
 	}{
 		{"a correlation id never issued", events.CodeUnknownCorrelation, "never-issued", func() {
-			send(resume(func(r *events.Resume) { r.CorrelationID = "never-issued" }), "")
+			send(resume(func(r *protocol.Resume) { r.CorrelationID = "never-issued" }), "")
 		}},
 		{"a body naming another run", events.CodeWrongRun, tk.CorrelationID, func() {
 			// client.Resume derives the subject from the body's run_id, so a
@@ -412,13 +412,13 @@ gate:
 			})
 		}},
 		{"another thread", events.CodeWrongThread, tk.CorrelationID, func() {
-			send(resume(func(r *events.Resume) { r.ThreadID = "t9" }), "")
+			send(resume(func(r *protocol.Resume) { r.ThreadID = "t9" }), "")
 		}},
 		{"another snapshot", events.CodeWrongSnapshot, tk.CorrelationID, func() {
-			send(resume(func(r *events.Resume) { r.SnapshotID = "cat-0000000000000000" }), "")
+			send(resume(func(r *protocol.Resume) { r.SnapshotID = "cat-0000000000000000" }), "")
 		}},
 		{"another call", events.CodeWrongCall, tk.CorrelationID, func() {
-			send(resume(func(r *events.Resume) { r.CallID = "c2" }), "")
+			send(resume(func(r *protocol.Resume) { r.CallID = "c2" }), "")
 		}},
 		{"a tool_result for a permission ticket", events.CodeWrongResultKind, tk.CorrelationID, func() {
 			if err := c.ToolResult(ctx, tk, events.TextOutput("", "done")); err != nil {
@@ -554,14 +554,14 @@ gate:
 	// report is a host service that counts its executions.
 	var reports atomic.Int32
 	if _, err := nc.Subscribe("toolbatch.brain.report", func(m *nats.Msg) {
-		var req engine.BrainRequest
+		var req protocol.BrainRequest
 		if err := events.Unmarshal(m.Data, &req); err != nil {
 			t.Errorf("brain request: %v", err)
 			return
 		}
 		reports.Add(1)
 		o := events.TextOutput(req.CallID, "report for "+string(req.Arguments))
-		body, _ := events.Marshal(engine.BrainReply{Output: &o})
+		body, _ := events.Marshal(protocol.BrainReply{Output: &o})
 		_ = m.Respond(body)
 	}); err != nil {
 		t.Fatal(err)
@@ -674,7 +674,7 @@ tools:
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
 	if _, err := nc.Subscribe("toolbatch.brain.lookup", func(m *nats.Msg) {
-		var req engine.BrainRequest
+		var req protocol.BrainRequest
 		if err := events.Unmarshal(m.Data, &req); err != nil {
 			t.Errorf("brain request: %v", err)
 			return
@@ -688,7 +688,7 @@ tools:
 				<-release
 			}
 			o := events.TextOutput(req.CallID, "found "+string(req.Arguments))
-			body, _ := events.Marshal(engine.BrainReply{Output: &o})
+			body, _ := events.Marshal(protocol.BrainReply{Output: &o})
 			_ = m.Respond(body)
 		}()
 	}); err != nil {

@@ -97,8 +97,8 @@ func Unmarshal(b []byte, v any) (err error) {
 	if r.Len() != 0 {
 		return fmt.Errorf("%w: %d trailing bytes", ErrMalformed, r.Len())
 	}
-	if vb, ok := v.(interface{ validBlocks() error }); ok {
-		return vb.validBlocks()
+	if vb, ok := v.(interface{ CheckBlocks() error }); ok {
+		return vb.CheckBlocks()
 	}
 	return nil
 }

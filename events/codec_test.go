@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // unregistered is an event type that is not in the registry.
@@ -114,7 +115,7 @@ func TestNilContentBlock(t *testing.T) {
 		}
 	})
 	t.Run("Unmarshal ResultsOut", func(t *testing.T) {
-		var out events.ResultsOut
+		var out protocol.ResultsOut
 		if err := events.Unmarshal(mustMsgpack(t, doc{"batch_id": "run_1/1", "results": []any{nil}}), &out); err == nil {
 			t.Fatalf("Unmarshal accepted results [nil] as %s", show(out))
 		}

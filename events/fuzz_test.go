@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Fuzz targets for every decoder. Each is seeded with the golden fixtures
@@ -191,7 +192,7 @@ func FuzzDecodeSubmit(f *testing.F) {
 	addBoth(f, mp, js)
 	lim := events.DefaultLimits()
 	f.Fuzz(func(t *testing.T, b []byte, isJSON bool) {
-		s, err := events.DecodeSubmit(b, isJSON, lim)
+		s, err := protocol.DecodeSubmit(b, isJSON, lim)
 		if err != nil {
 			if s != nil && s.Validate(lim) == nil {
 				t.Fatalf("DecodeSubmit returned a valid submission with an error: %v", err)
@@ -211,7 +212,7 @@ func FuzzDecodeSubmit(f *testing.F) {
 		if err != nil {
 			t.Fatalf("a decoded submission does not encode: %v", err)
 		}
-		s2, err := events.DecodeSubmit(enc, false, lim)
+		s2, err := protocol.DecodeSubmit(enc, false, lim)
 		if err != nil {
 			t.Fatalf("a re-encoded submission does not decode: %v", err)
 		}
@@ -228,7 +229,7 @@ func FuzzDecodeSubmit(f *testing.F) {
 		if err != nil {
 			t.Fatalf("a decoded submission does not encode as JSON: %v", err)
 		}
-		s3, err := events.DecodeSubmit(j, true, lim)
+		s3, err := protocol.DecodeSubmit(j, true, lim)
 		if err != nil {
 			t.Fatalf("a re-encoded JSON submission does not decode: %v\n%s", err, j)
 		}
@@ -243,7 +244,7 @@ func FuzzDecodeResume(f *testing.F) {
 	addBoth(f, mp, js)
 	lim := events.DefaultLimits()
 	f.Fuzz(func(t *testing.T, b []byte, isJSON bool) {
-		r, err := events.DecodeResume(b, isJSON, lim)
+		r, err := protocol.DecodeResume(b, isJSON, lim)
 		if err != nil {
 			if r != nil {
 				t.Fatalf("DecodeResume returned a resume and an error: %v", err)
@@ -258,7 +259,7 @@ func FuzzDecodeResume(f *testing.F) {
 		if err != nil {
 			t.Fatalf("a decoded resume does not encode: %v", err)
 		}
-		r2, err := events.DecodeResume(enc, false, lim)
+		r2, err := protocol.DecodeResume(enc, false, lim)
 		if err != nil {
 			t.Fatalf("a re-encoded resume does not decode: %v", err)
 		}
@@ -272,7 +273,7 @@ func FuzzDecodeResume(f *testing.F) {
 		if err != nil {
 			t.Fatalf("a decoded resume does not encode as JSON: %v", err)
 		}
-		r3, err := events.DecodeResume(j, true, lim)
+		r3, err := protocol.DecodeResume(j, true, lim)
 		if err != nil {
 			t.Fatalf("a re-encoded JSON resume does not decode: %v\n%s", err, j)
 		}
@@ -287,7 +288,7 @@ func FuzzDecodeControl(f *testing.F) {
 	js = append(js, []byte(`{"action":"cancel"}`), []byte(`{"action":"interrupt","reason":"r"}`), []byte(`{"action":"perform"}`))
 	addBoth(f, mp, js)
 	f.Fuzz(func(t *testing.T, b []byte, isJSON bool) {
-		c, err := events.DecodeControl(b, isJSON)
+		c, err := protocol.DecodeControl(b, isJSON)
 		if err != nil {
 			if c != nil {
 				t.Fatalf("DecodeControl returned a control and an error: %v", err)
@@ -302,7 +303,7 @@ func FuzzDecodeControl(f *testing.F) {
 		if err != nil {
 			t.Fatalf("a decoded control does not encode: %v", err)
 		}
-		c2, err := events.DecodeControl(enc, false)
+		c2, err := protocol.DecodeControl(enc, false)
 		if err != nil {
 			t.Fatalf("a re-encoded control does not decode: %v", err)
 		}
@@ -316,7 +317,7 @@ func FuzzDecodeControl(f *testing.F) {
 		if err != nil {
 			t.Fatalf("a decoded control does not encode as JSON: %v", err)
 		}
-		c3, err := events.DecodeControl(j, true)
+		c3, err := protocol.DecodeControl(j, true)
 		if err != nil {
 			t.Fatalf("a re-encoded JSON control does not decode: %v\n%s", err, j)
 		}
@@ -339,7 +340,7 @@ func FuzzDecodeResult(f *testing.F) {
 	}
 	lim := events.DefaultLimits()
 	f.Fuzz(func(t *testing.T, b []byte) {
-		r, err := events.DecodeResult(b, lim)
+		r, err := protocol.DecodeResult(b, lim)
 		if err != nil {
 			if r != nil {
 				t.Fatalf("DecodeResult returned a result and an error: %v", err)
@@ -347,7 +348,7 @@ func FuzzDecodeResult(f *testing.F) {
 			if code, ok := events.CodeOf(err); ok && code == events.CodeLimitExceeded {
 				return
 			}
-			if !errors.Is(err, events.ErrMalformed) && !errors.Is(err, events.ErrResultShape) {
+			if !errors.Is(err, events.ErrMalformed) && !errors.Is(err, protocol.ErrResultShape) {
 				t.Fatalf("error is neither ErrMalformed, ErrResultShape nor limit_exceeded: %v", err)
 			}
 			return
@@ -356,7 +357,7 @@ func FuzzDecodeResult(f *testing.F) {
 		if err != nil {
 			t.Fatalf("a decoded result does not encode: %v", err)
 		}
-		r2, err := events.DecodeResult(enc, lim)
+		r2, err := protocol.DecodeResult(enc, lim)
 		if err != nil {
 			t.Fatalf("a re-encoded result does not decode: %v", err)
 		}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Golden fixtures pin the log and wire formats. Each event type and wire
@@ -189,22 +190,22 @@ type wireFixture struct {
 }
 
 func decodeSubmit(b []byte, isJSON bool) (any, error) {
-	return events.DecodeSubmit(b, isJSON, events.DefaultLimits())
+	return protocol.DecodeSubmit(b, isJSON, events.DefaultLimits())
 }
 
 func decodeResume(b []byte, isJSON bool) (any, error) {
-	return events.DecodeResume(b, isJSON, events.DefaultLimits())
+	return protocol.DecodeResume(b, isJSON, events.DefaultLimits())
 }
 
 func decodeControl(b []byte, isJSON bool) (any, error) {
-	return events.DecodeControl(b, isJSON)
+	return protocol.DecodeControl(b, isJSON)
 }
 
 func decodeResult(b []byte, isJSON bool) (any, error) {
 	if isJSON {
 		return nil, errors.New("a result has no JSON form")
 	}
-	return events.DecodeResult(b, events.DefaultLimits())
+	return protocol.DecodeResult(b, events.DefaultLimits())
 }
 
 func newOf[T any]() func() any { return func() any { return new(T) } }
@@ -214,45 +215,45 @@ func newOf[T any]() func() any { return func() any { return new(T) } }
 func wireFixtures() []wireFixture {
 	tk := ticket()
 	return []wireFixture{
-		{name: "submit", newValue: newOf[events.Submit](), decode: decodeSubmit, hasJSON: true,
-			sample: &events.Submit{RunID: "run_7f3a", ThreadID: "thread_42", Step: 3, Assistant: assistant(), Narrowing: events.NarrowingDenyAll}},
-		{name: "resume_permission", newValue: newOf[events.Resume](), decode: decodeResume, hasJSON: true,
-			sample: &events.Resume{CorrelationID: "corr_9b1", RunID: "run_7f3a", ThreadID: "thread_42", CallID: "toolu_02", SnapshotID: "snap_0003",
+		{name: "submit", newValue: newOf[protocol.Submit](), decode: decodeSubmit, hasJSON: true,
+			sample: &protocol.Submit{RunID: "run_7f3a", ThreadID: "thread_42", Step: 3, Assistant: assistant(), Narrowing: events.NarrowingDenyAll}},
+		{name: "resume_permission", newValue: newOf[protocol.Resume](), decode: decodeResume, hasJSON: true,
+			sample: &protocol.Resume{CorrelationID: "corr_9b1", RunID: "run_7f3a", ThreadID: "thread_42", CallID: "toolu_02", SnapshotID: "snap_0003",
 				Result: events.ResumeResult{Kind: events.ResultPermission, Allow: true, Note: "approved by on-call", Reason: "low risk"}}},
-		{name: "resume_tool_result", newValue: newOf[events.Resume](), decode: decodeResume, hasJSON: true,
-			sample: &events.Resume{CorrelationID: "corr_9b1", RunID: "run_7f3a", ThreadID: "thread_42", CallID: "toolu_02", SnapshotID: "snap_0003",
+		{name: "resume_tool_result", newValue: newOf[protocol.Resume](), decode: decodeResume, hasJSON: true,
+			sample: &protocol.Resume{CorrelationID: "corr_9b1", RunID: "run_7f3a", ThreadID: "thread_42", CallID: "toolu_02", SnapshotID: "snap_0003",
 				Result: events.ResumeResult{Kind: events.ResultToolResult, Output: outputPtr()}}},
-		{name: "resume_input", newValue: newOf[events.Resume](), decode: decodeResume, hasJSON: true,
-			sample: &events.Resume{CorrelationID: "corr_9b1", RunID: "run_7f3a", ThreadID: "thread_42", CallID: "toolu_02", SnapshotID: "snap_0003",
+		{name: "resume_input", newValue: newOf[protocol.Resume](), decode: decodeResume, hasJSON: true,
+			sample: &protocol.Resume{CorrelationID: "corr_9b1", RunID: "run_7f3a", ThreadID: "thread_42", CallID: "toolu_02", SnapshotID: "snap_0003",
 				Result: events.ResumeResult{Kind: events.ResultInput, Text: "use the staging host"}}},
-		{name: "control", newValue: newOf[events.Control](), decode: decodeControl, hasJSON: true,
-			sample: &events.Control{Action: events.ControlPerform, CorrelationID: "corr_9b1", Reason: "maintenance window open"}},
-		{name: "dispatch", newValue: newOf[events.Dispatch](),
-			sample: &events.Dispatch{BatchID: "run_7f3a/3", RunID: "run_7f3a", CallID: "toolu_01", ToolID: "read_file",
+		{name: "control", newValue: newOf[protocol.Control](), decode: decodeControl, hasJSON: true,
+			sample: &protocol.Control{Action: protocol.ControlPerform, CorrelationID: "corr_9b1", Reason: "maintenance window open"}},
+		{name: "dispatch", newValue: newOf[protocol.Dispatch](),
+			sample: &protocol.Dispatch{BatchID: "run_7f3a/3", RunID: "run_7f3a", CallID: "toolu_01", ToolID: "read_file",
 				Arguments: events.MustJSON(goldenValue), Attempt: 2, OperationID: "run_7f3a/3/toolu_01"}},
-		{name: "claim_request", newValue: newOf[events.ClaimRequest](),
-			sample: &events.ClaimRequest{OperationID: "run_7f3a/3/toolu_01", Attempt: 2, WorkerID: "worker-a1"}},
-		{name: "claim_reply", newValue: newOf[events.ClaimReply](),
-			sample: &events.ClaimReply{Granted: true, ClaimToken: "claim_5e2", LeaseMS: 30000, Reason: "granted on first claim"}},
-		{name: "heartbeat", newValue: newOf[events.Heartbeat](),
-			sample: &events.Heartbeat{OperationID: "run_7f3a/3/toolu_01", Attempt: 2, ClaimToken: "claim_5e2", WorkerID: "worker-a1"}},
-		{name: "result_output", newValue: newOf[events.Result](), decode: decodeResult, allowZero: []string{"Error"},
-			sample: &events.Result{OperationID: "run_7f3a/3/toolu_01", Attempt: 2, ClaimToken: "claim_5e2", Output: outputPtr()}},
-		{name: "result_error", newValue: newOf[events.Result](), decode: decodeResult, allowZero: []string{"Output"},
-			sample: &events.Result{OperationID: "run_7f3a/3/toolu_01", Attempt: 2, ClaimToken: "claim_5e2",
+		{name: "claim_request", newValue: newOf[protocol.ClaimRequest](),
+			sample: &protocol.ClaimRequest{OperationID: "run_7f3a/3/toolu_01", Attempt: 2, WorkerID: "worker-a1"}},
+		{name: "claim_reply", newValue: newOf[protocol.ClaimReply](),
+			sample: &protocol.ClaimReply{Granted: true, ClaimToken: "claim_5e2", LeaseMS: 30000, Reason: "granted on first claim"}},
+		{name: "heartbeat", newValue: newOf[protocol.Heartbeat](),
+			sample: &protocol.Heartbeat{OperationID: "run_7f3a/3/toolu_01", Attempt: 2, ClaimToken: "claim_5e2", WorkerID: "worker-a1"}},
+		{name: "result_output", newValue: newOf[protocol.Result](), decode: decodeResult, allowZero: []string{"Error"},
+			sample: &protocol.Result{OperationID: "run_7f3a/3/toolu_01", Attempt: 2, ClaimToken: "claim_5e2", Output: outputPtr()}},
+		{name: "result_error", newValue: newOf[protocol.Result](), decode: decodeResult, allowZero: []string{"Output"},
+			sample: &protocol.Result{OperationID: "run_7f3a/3/toolu_01", Attempt: 2, ClaimToken: "claim_5e2",
 				Error: &events.ToolError{Kind: events.ErrorInvalidArguments, Message: "path must be absolute"}}},
-		{name: "disposition_out", newValue: newOf[events.DispositionOut](),
-			sample: &events.DispositionOut{BatchID: "run_7f3a/3", CallID: "toolu_01", ToolID: "read_file",
+		{name: "disposition_out", newValue: newOf[protocol.DispositionOut](),
+			sample: &protocol.DispositionOut{BatchID: "run_7f3a/3", CallID: "toolu_01", ToolID: "read_file",
 				Disposition: events.DispositionPendingBuiltin, Phase: events.PhaseExecuting, Attempt: 2}},
-		{name: "results_out", newValue: newOf[events.ResultsOut](),
-			sample: &events.ResultsOut{BatchID: "run_7f3a/3", Step: 3, Results: resultBlocks(), State: commands()}},
-		{name: "awaiting_out", newValue: newOf[events.AwaitingOut](), sample: ptr(tk.Out())},
-		{name: "rejected_out", newValue: newOf[events.RejectedOut](),
-			sample: &events.RejectedOut{BatchID: "run_7f3a/4", Code: events.CodeLimitExceeded, Reason: "129 calls in one batch, at most 128"}},
-		{name: "refused_out", newValue: newOf[events.RefusedOut](),
-			sample: &events.RefusedOut{CorrelationID: "corr_9b1", Code: events.CodeWrongSnapshot, Reason: "snapshot snap_0002 is not snap_0003"}},
-		{name: "ended_out", newValue: newOf[events.EndedOut](),
-			sample: &events.EndedOut{Cause: events.EndCancelled, Reason: "user pressed stop"}},
+		{name: "results_out", newValue: newOf[protocol.ResultsOut](),
+			sample: &protocol.ResultsOut{BatchID: "run_7f3a/3", Step: 3, Results: resultBlocks(), State: commands()}},
+		{name: "awaiting_out", newValue: newOf[protocol.AwaitingOut](), sample: ptr(protocol.Awaiting(tk))},
+		{name: "rejected_out", newValue: newOf[protocol.RejectedOut](),
+			sample: &protocol.RejectedOut{BatchID: "run_7f3a/4", Code: events.CodeLimitExceeded, Reason: "129 calls in one batch, at most 128"}},
+		{name: "refused_out", newValue: newOf[protocol.RefusedOut](),
+			sample: &protocol.RefusedOut{CorrelationID: "corr_9b1", Code: events.CodeWrongSnapshot, Reason: "snapshot snap_0002 is not snap_0003"}},
+		{name: "ended_out", newValue: newOf[protocol.EndedOut](),
+			sample: &protocol.EndedOut{Cause: events.EndCancelled, Reason: "user pressed stop"}},
 	}
 }
 
@@ -555,7 +556,7 @@ func TestGoldenCoverage(t *testing.T) {
 	for _, fx := range wireFixtures() {
 		check(fx.name, fx.sample, fx.allowZero)
 		if fx.name == "resume_tool_result" {
-			if r := fx.sample.(*events.Resume); r.Result.Output != nil {
+			if r := fx.sample.(*protocol.Resume); r.Result.Output != nil {
 				check(fx.name+".Result.Output", r.Result.Output, nil)
 			}
 		}

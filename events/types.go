@@ -306,3 +306,46 @@ func TextOutput(callID, text string) Output {
 func (o Output) ToolResultBlock() ContentBlock {
 	return ContentBlock{Type: BlockToolResult, ToolUseID: o.CallID, Content: o.Content, IsError: o.IsError}
 }
+
+// ToolUse is one call of an assistant message, read from a tool_use block.
+type ToolUse struct {
+	CallID    string
+	ToolID    string
+	Arguments RawJSON
+}
+
+// ToolUses returns the message's calls: its tool_use blocks, in order.
+func (m Message) ToolUses() []ToolUse {
+	var out []ToolUse
+	for _, b := range m.Content {
+		if b.Type == BlockToolUse {
+			out = append(out, ToolUse{CallID: b.ID, ToolID: b.Name, Arguments: b.Input})
+		}
+	}
+	return out
+}
+
+// Submission is a batch as a client submitted it (package protocol decodes
+// the submit message): what BatchSubmitted records of it before the calls'
+// descriptors are pinned, and the content digest that recognises an
+// identical resubmission.
+type Submission struct {
+	RunID     string
+	ThreadID  string
+	Step      int64
+	Assistant Message
+	Narrowing string
+	Digest    string
+}
+
+// Answer is a resume as a client sent it (package protocol decodes the
+// resume message): the ticket it names and its result. CallID and
+// SnapshotID are checked when not empty.
+type Answer struct {
+	CorrelationID string
+	RunID         string
+	ThreadID      string
+	CallID        string
+	SnapshotID    string
+	Result        ResumeResult
+}

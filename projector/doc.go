@@ -38,5 +38,8 @@
 // events (no event records them); the engine publishes them directly, and
 // they are outside this projection.
 //
-// Imports: aggregate, events.
+// What it derives are protocol's out messages (their types, not any NATS
+// IO: the package stays pure).
+//
+// Imports: aggregate, events, protocol.
 package projector

@@ -7,6 +7,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Errors of the projection.
@@ -31,11 +32,11 @@ const (
 // one payload is set: the one of its Kind.
 type Output struct {
 	Kind        string
-	Disposition *events.DispositionOut
-	Results     *events.ResultsOut
-	Awaiting    *events.AwaitingOut
-	Ended       *events.EndedOut
-	Rejected    *events.RejectedOut
+	Disposition *protocol.DispositionOut
+	Results     *protocol.ResultsOut
+	Awaiting    *protocol.AwaitingOut
+	Ended       *protocol.EndedOut
+	Rejected    *protocol.RejectedOut
 }
 
 // Subject returns the subject suffix of the output (its kind): the last
@@ -122,13 +123,13 @@ func outputs(r *aggregate.Run, e events.Event) []Output {
 	case *events.CallAwaiting:
 		out := dispositionOutputs(r)
 		if t := r.Ticket(); t != nil {
-			a := t.Out()
+			a := protocol.Awaiting(*t)
 			out = append(out, Output{Kind: KindAwaiting, Awaiting: &a})
 		}
 		return out
 	case *events.BatchFinalized:
 		out := dispositionOutputs(r)
-		res := &events.ResultsOut{
+		res := &protocol.ResultsOut{
 			BatchID: ev.BatchID,
 			Step:    ev.Step,
 			Results: append([]events.ContentBlock{}, ev.Results...),
@@ -136,9 +137,9 @@ func outputs(r *aggregate.Run, e events.Event) []Output {
 		}
 		return append(out, Output{Kind: KindResults, Results: res})
 	case *events.RunEnded:
-		return []Output{{Kind: KindEnded, Ended: &events.EndedOut{Cause: ev.Cause, Reason: ev.Reason}}}
+		return []Output{{Kind: KindEnded, Ended: &protocol.EndedOut{Cause: ev.Cause, Reason: ev.Reason}}}
 	case *events.BatchRejected:
-		return []Output{{Kind: KindRejected, Rejected: &events.RejectedOut{BatchID: ev.BatchID, Code: ev.Code, Reason: ev.Reason}}}
+		return []Output{{Kind: KindRejected, Rejected: &protocol.RejectedOut{BatchID: ev.BatchID, Code: ev.Code, Reason: ev.Reason}}}
 	default:
 		return nil
 	}
@@ -157,14 +158,14 @@ func dispositionOutputs(r *aggregate.Run) []Output {
 // batch (open or finalized), in model order, by the rule of contract.md §5:
 // derived from the committed ticket, not from call phases. It returns nil
 // when the run has no batch.
-func Dispositions(r *aggregate.Run) []events.DispositionOut {
+func Dispositions(r *aggregate.Run) []protocol.DispositionOut {
 	if r == nil || r.Batch == nil {
 		return nil
 	}
 	b := r.Batch
-	out := make([]events.DispositionOut, len(b.Calls))
+	out := make([]protocol.DispositionOut, len(b.Calls))
 	for i, c := range b.Calls {
-		out[i] = events.DispositionOut{
+		out[i] = protocol.DispositionOut{
 			BatchID:     b.ID,
 			CallID:      c.CallID,
 			ToolID:      c.ToolID,

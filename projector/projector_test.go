@@ -12,6 +12,7 @@ import (
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/projector"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 const (
@@ -99,7 +100,7 @@ func (h *harness) next(want string) {
 
 func (h *harness) submit(step int64, tools ...events.Descriptor) []projector.Output {
 	h.t.Helper()
-	return h.do(aggregate.Submit{Submit: submission(step, len(tools)), Tools: tools, SnapshotID: "snap-1", At: h.tick()})
+	return h.do(aggregate.Submit{Submission: submission(step, len(tools)).Submission(), Tools: tools, SnapshotID: "snap-1", At: h.tick()})
 }
 
 func (h *harness) gate(callID string, dec aggregate.Decision) []projector.Output {
@@ -124,19 +125,19 @@ func (h *harness) complete(callID string, attempt int, text string) []projector.
 
 func (h *harness) resume(correlationID string, res events.ResumeResult, capability events.Capability) []projector.Output {
 	h.t.Helper()
-	return h.do(aggregate.Resume{Resume: &events.Resume{CorrelationID: correlationID, RunID: runID, ThreadID: threadID, Result: res},
+	return h.do(aggregate.Resume{Answer: events.Answer{CorrelationID: correlationID, RunID: runID, ThreadID: threadID, Result: res},
 		Principal: "alice", Capability: capability, At: h.tick()})
 }
 
 // submission returns a submission at step with n tool_use blocks c1..cn
 // naming tools t1..tn, after a text block.
-func submission(step int64, n int) *events.Submit {
+func submission(step int64, n int) *protocol.Submit {
 	content := []events.ContentBlock{events.TextBlock("let me do that")}
 	for i := 1; i <= n; i++ {
 		content = append(content, events.ContentBlock{Type: events.BlockToolUse, ID: fmt.Sprintf("c%d", i),
 			Name: fmt.Sprintf("t%d", i), Input: events.MustJSON(fmt.Sprintf(`{"n":%d}`, i))})
 	}
-	return &events.Submit{RunID: runID, ThreadID: threadID, Step: step,
+	return &protocol.Submit{RunID: runID, ThreadID: threadID, Step: step,
 		Assistant: events.Message{ID: fmt.Sprintf("msg-%d", step), Content: content}}
 }
 
@@ -465,7 +466,7 @@ func TestRejectedSubmission(t *testing.T) {
 	h.submit(2, brainTool)
 
 	s := submission(3, 1)
-	_, evs, err := aggregate.Decide(h.run, aggregate.Submit{Submit: s, Tools: []events.Descriptor{brainTool}, At: h.tick()})
+	_, evs, err := aggregate.Decide(h.run, aggregate.Submit{Submission: s.Submission(), Tools: []events.Descriptor{brainTool}, At: h.tick()})
 	if err != nil || len(evs) != 1 {
 		t.Fatalf("submit while a batch is open: got %v %v, want its rejection", evs, err)
 	}
@@ -620,11 +621,11 @@ func TestDispositionsWithoutBatch(t *testing.T) {
 // own payload; a missing payload is an error, not an empty message.
 func TestOutputSubjectAndEncode(t *testing.T) {
 	outs := []projector.Output{
-		{Kind: projector.KindDisposition, Disposition: &events.DispositionOut{CallID: "c1"}},
-		{Kind: projector.KindResults, Results: &events.ResultsOut{BatchID: "b"}},
-		{Kind: projector.KindAwaiting, Awaiting: &events.AwaitingOut{CorrelationID: "x"}},
-		{Kind: projector.KindEnded, Ended: &events.EndedOut{Cause: events.EndInterrupted}},
-		{Kind: projector.KindRejected, Rejected: &events.RejectedOut{Code: events.CodeRunEnded}},
+		{Kind: projector.KindDisposition, Disposition: &protocol.DispositionOut{CallID: "c1"}},
+		{Kind: projector.KindResults, Results: &protocol.ResultsOut{BatchID: "b"}},
+		{Kind: projector.KindAwaiting, Awaiting: &protocol.AwaitingOut{CorrelationID: "x"}},
+		{Kind: projector.KindEnded, Ended: &protocol.EndedOut{Cause: events.EndInterrupted}},
+		{Kind: projector.KindRejected, Rejected: &protocol.RejectedOut{Code: events.CodeRunEnded}},
 	}
 	for _, o := range outs {
 		if o.Subject() != o.Kind {

@@ -9,8 +9,15 @@
 // stream that stores it, so that a permission table for each role can be
 // computed from Families with Names.Pattern.
 //
-// It may import events and the NATS client; nothing of toolbatch imports
-// it back except the programs and the shell packages.
+// It also holds every wire message with its strict decoder (wire.go):
+// submit, resume, control, dispatch, claim, heartbeat, result and the out
+// messages, and the messages of the services the engine calls (gate,
+// brain, delegate) and of its timers. Decoders refuse with the codes of
+// package events, since the log records refusals.
+//
+// The pure core does not import it: the aggregate reads a submission and a
+// resume as events.Submission and events.Answer. The projector imports it
+// for the out messages' types only.
 //
 // Imports: events, github.com/nats-io/nats.go.
 package protocol

@@ -61,30 +61,30 @@ type Family struct {
 
 // The subject families.
 var (
-	Events   = Family{"events", []string{"events", TokRunID}, StreamEvents}
-	Submit   = Family{"submit", []string{"submit", TokRunID}, StreamInbox}
-	Resume   = Family{"resume", []string{"resume", TokRunID}, StreamInbox}
-	ResumeAs = Family{"resume_as", []string{"resume", TokRunID, TokPrincipal}, StreamInbox}
-	Control  = Family{"control", []string{"control", TokRunID}, StreamInbox}
-	Result   = Family{"result", []string{"result", TokRunID}, StreamInbox}
-	Dispatch = Family{"dispatch", []string{"dispatch", TokPool, TokToolID}, StreamDispatch}
-	Out      = Family{"out", []string{"out", TokRunID, TokKind}, StreamOut}
-	TimerAt  = Family{"timer_at", []string{"timer", "at", TokRunID, TokAction, TokCorrelationID}, StreamTimers}
-	// TimerFire is where the server publishes a schedule when it is due.
-	TimerFire = Family{"timer_fire", []string{"timer", "fire", TokRunID}, StreamTimers}
-	Claim     = Family{"claim", []string{"api", "claim"}, ""}
-	Heartbeat = Family{"heartbeat", []string{"api", "heartbeat"}, ""}
-	Gate      = Family{"gate", []string{"gate"}, ""}
-	Brain     = Family{"brain", []string{"brain", TokToolID}, ""}
-	Delegate  = Family{"delegate", []string{"delegate", TokToolID}, ""}
-	// Forward carries the messages other engines forward to the owner of
+	EventsFamily   = Family{"events", []string{"events", TokRunID}, StreamEvents}
+	SubmitFamily   = Family{"submit", []string{"submit", TokRunID}, StreamInbox}
+	ResumeFamily   = Family{"resume", []string{"resume", TokRunID}, StreamInbox}
+	ResumeAsFamily = Family{"resume_as", []string{"resume", TokRunID, TokPrincipal}, StreamInbox}
+	ControlFamily  = Family{"control", []string{"control", TokRunID}, StreamInbox}
+	ResultFamily   = Family{"result", []string{"result", TokRunID}, StreamInbox}
+	DispatchFamily = Family{"dispatch", []string{"dispatch", TokPool, TokToolID}, StreamDispatch}
+	OutFamily      = Family{"out", []string{"out", TokRunID, TokKind}, StreamOut}
+	TimerAtFamily  = Family{"timer_at", []string{"timer", "at", TokRunID, TokAction, TokCorrelationID}, StreamTimers}
+	// TimerFireFamily is where the server publishes a schedule when it is due.
+	TimerFireFamily = Family{"timer_fire", []string{"timer", "fire", TokRunID}, StreamTimers}
+	ClaimFamily     = Family{"claim", []string{"api", "claim"}, ""}
+	HeartbeatFamily = Family{"heartbeat", []string{"api", "heartbeat"}, ""}
+	GateFamily      = Family{"gate", []string{"gate"}, ""}
+	BrainFamily     = Family{"brain", []string{"brain", TokToolID}, ""}
+	DelegateFamily  = Family{"delegate", []string{"delegate", TokToolID}, ""}
+	// ForwardFamily carries the messages other engines forward to the owner of
 	// their run (engine internal).
-	Forward = Family{"forward", []string{"engine", TokEngineID, "forward"}, ""}
+	ForwardFamily = Family{"forward", []string{"engine", TokEngineID, "forward"}, ""}
 )
 
 // Families lists every subject family, in the order of docs/protocol.md.
-var Families = []Family{Events, Submit, Resume, ResumeAs, Control, Result, Dispatch, Out,
-	TimerAt, TimerFire, Claim, Heartbeat, Gate, Brain, Delegate, Forward}
+var Families = []Family{EventsFamily, SubmitFamily, ResumeFamily, ResumeAsFamily, ControlFamily, ResultFamily, DispatchFamily, OutFamily,
+	TimerAtFamily, TimerFireFamily, ClaimFamily, HeartbeatFamily, GateFamily, BrainFamily, DelegateFamily, ForwardFamily}
 
 // Out kinds: the last token of an out subject.
 const (
@@ -224,46 +224,46 @@ func (n Names) WorkersBucket() string  { return n.BucketName(BucketWorkers) }
 func (n Names) OwnersBucket() string   { return n.BucketName(BucketOwners) }
 
 // Subjects of the families, by name.
-func (n Names) Events(runID string) string    { return n.Subject(Events, runID) }
-func (n Names) Submit(runID string) string    { return n.Subject(Submit, runID) }
-func (n Names) Resume(runID string) string    { return n.Subject(Resume, runID) }
-func (n Names) Control(runID string) string   { return n.Subject(Control, runID) }
-func (n Names) Result(runID string) string    { return n.Subject(Result, runID) }
-func (n Names) Out(runID, kind string) string { return n.Subject(Out, runID, kind) }
-func (n Names) Brain(toolID string) string    { return n.Subject(Brain, toolID) }
-func (n Names) Gate() string                  { return n.Subject(Gate) }
-func (n Names) Delegate(toolID string) string { return n.Subject(Delegate, toolID) }
+func (n Names) Events(runID string) string    { return n.Subject(EventsFamily, runID) }
+func (n Names) Submit(runID string) string    { return n.Subject(SubmitFamily, runID) }
+func (n Names) Resume(runID string) string    { return n.Subject(ResumeFamily, runID) }
+func (n Names) Control(runID string) string   { return n.Subject(ControlFamily, runID) }
+func (n Names) Result(runID string) string    { return n.Subject(ResultFamily, runID) }
+func (n Names) Out(runID, kind string) string { return n.Subject(OutFamily, runID, kind) }
+func (n Names) Brain(toolID string) string    { return n.Subject(BrainFamily, toolID) }
+func (n Names) Gate() string                  { return n.Subject(GateFamily) }
+func (n Names) Delegate(toolID string) string { return n.Subject(DelegateFamily, toolID) }
 func (n Names) Dispatch(pool, toolID string) string {
-	return n.Subject(Dispatch, pool, toolID)
+	return n.Subject(DispatchFamily, pool, toolID)
 }
 
 // ResumeAs is a resume published as principal (attributed approvals).
 func (n Names) ResumeAs(runID, principal string) string {
-	return n.Subject(ResumeAs, runID, principal)
+	return n.Subject(ResumeAsFamily, runID, principal)
 }
 
 // TimerAt is the subject of a ticket's schedule in the timers stream.
 func (n Names) TimerAt(runID, action, correlationID string) string {
-	return n.Subject(TimerAt, runID, action, correlationID)
+	return n.Subject(TimerAtFamily, runID, action, correlationID)
 }
 
 // TimerFire is where a run's schedules fire.
-func (n Names) TimerFire(runID string) string { return n.Subject(TimerFire, runID) }
+func (n Names) TimerFire(runID string) string { return n.Subject(TimerFireFamily, runID) }
 
 // Claim and Heartbeat are the engine's request/reply subjects for workers.
-func (n Names) Claim() string     { return n.Subject(Claim) }
-func (n Names) Heartbeat() string { return n.Subject(Heartbeat) }
+func (n Names) Claim() string     { return n.Subject(ClaimFamily) }
+func (n Names) Heartbeat() string { return n.Subject(HeartbeatFamily) }
 
 // Forward is where other engines forward the messages of the runs an
 // engine owns (core NATS, engine internal).
-func (n Names) Forward(engineID string) string { return n.Subject(Forward, engineID) }
+func (n Names) Forward(engineID string) string { return n.Subject(ForwardFamily, engineID) }
 
 // RunOut is the filter of every out subject of a run.
-func (n Names) RunOut(runID string) string { return n.Subject(Out, runID, ">") }
+func (n Names) RunOut(runID string) string { return n.Subject(OutFamily, runID, ">") }
 
 // OutKind returns the run id and kind of an out subject.
 func (n Names) OutKind(subject string) (runID, kind string, ok bool) {
-	vals, ok := n.Match(Out, subject)
+	vals, ok := n.Match(OutFamily, subject)
 	if !ok {
 		return "", "", false
 	}
@@ -286,8 +286,8 @@ func (n Names) InboxKind(subject string) (kind, runID, principal string, ok bool
 	for _, k := range []struct {
 		f    Family
 		kind string
-	}{{Submit, KindSubmit}, {Resume, KindResume}, {ResumeAs, KindResume}, {Control, KindControl},
-		{Result, KindResult}, {TimerFire, KindTimer}} {
+	}{{SubmitFamily, KindSubmit}, {ResumeFamily, KindResume}, {ResumeAsFamily, KindResume}, {ControlFamily, KindControl},
+		{ResultFamily, KindResult}, {TimerFireFamily, KindTimer}} {
 		if vals, ok := n.Match(k.f, subject); ok {
 			if len(vals) == 2 {
 				principal = vals[1]

@@ -19,7 +19,7 @@ func TestLayout(t *testing.T) {
 		{n.Dispatch("default", "build"), "toolbatch.dispatch.default.build"},
 		{n.Out("r1", OutResults), "toolbatch.out.r1.results"},
 		{n.RunOut("r1"), "toolbatch.out.r1.>"},
-		{n.Subject(Out, ">"), "toolbatch.out.>"},
+		{n.Subject(OutFamily, ">"), "toolbatch.out.>"},
 		{n.TimerAt("r1", "expire", "c1"), "toolbatch.timer.at.r1.expire.c1"},
 		{n.TimerFire("r1"), "toolbatch.timer.fire.r1"},
 		{n.Claim(), "toolbatch.api.claim"},
@@ -28,8 +28,8 @@ func TestLayout(t *testing.T) {
 		{n.Brain("echo"), "toolbatch.brain.echo"},
 		{n.Delegate("child"), "toolbatch.delegate.child"},
 		{n.Forward("e1"), "toolbatch.engine.e1.forward"},
-		{n.Pattern(ResumeAs), "toolbatch.resume.*.*"},
-		{n.Pattern(Gate), "toolbatch.gate"},
+		{n.Pattern(ResumeAsFamily), "toolbatch.resume.*.*"},
+		{n.Pattern(GateFamily), "toolbatch.gate"},
 		{n.EventsStream(), "TOOLBATCH_EVENTS"},
 		{n.InboxStream(), "TOOLBATCH_INBOX"},
 		{n.DispatchStream(), "TOOLBATCH_DISPATCH"},
@@ -91,7 +91,7 @@ func TestMatch(t *testing.T) {
 	if run, kind, ok := n.OutKind("acme.tb.out.r1.results"); !ok || run != "r1" || kind != OutResults {
 		t.Errorf("OutKind = %q %q %v", run, kind, ok)
 	}
-	if _, ok := n.RunOf(Events, "acme.tb.events."); ok {
+	if _, ok := n.RunOf(EventsFamily, "acme.tb.events."); ok {
 		t.Error("an empty run token matched")
 	}
 	// Every family's subject matches itself.

@@ -103,7 +103,7 @@ func NewHistory(prefix string, startsLate bool) *History {
 // Add folds one commit, a message of the events stream, in stream order.
 func (h *History) Add(m *Message) {
 	r := m.Record
-	runID, ok := protocol.Names{Prefix: h.prefix}.RunOf(protocol.Events, r.Subject)
+	runID, ok := protocol.Names{Prefix: h.prefix}.RunOf(protocol.EventsFamily, r.Subject)
 	if !ok || runID == "" {
 		h.strays = append(h.strays, noteItem(r.Seq, r.Time, fmt.Sprintf("subject %q is not a run's events subject", r.Subject)))
 		return

@@ -110,7 +110,7 @@ func subjectFilter(prefix string, which Stream, run string) string {
 	case run != "":
 		return n.RunOut(run)
 	default:
-		return n.Subject(protocol.Out, ">")
+		return n.Subject(protocol.OutFamily, ">")
 	}
 }
 

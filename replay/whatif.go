@@ -93,7 +93,7 @@ func (d Decision) String() string {
 // CallGated is re-evaluated.
 func (w *WhatIf) Add(m *Message) {
 	r := m.Record
-	runID, _ := protocol.Names{Prefix: w.prefix}.RunOf(protocol.Events, r.Subject)
+	runID, _ := protocol.Names{Prefix: w.prefix}.RunOf(protocol.EventsFamily, r.Subject)
 	evs, err := m.Commit()
 	if err != nil {
 		w.skipped = append(w.skipped, fmt.Sprintf("seq %d: %v", r.Seq, err))

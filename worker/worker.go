@@ -221,20 +221,20 @@ loop:
 
 // handle claims, runs and reports one job.
 func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
-	var d events.Dispatch
+	var d protocol.Dispatch
 	if err := events.Unmarshal(m.Data(), &d); err != nil {
 		w.log.Warn().Err(err).Str("subject", m.Subject()).Msg("undecodable dispatch: terminated")
 		_ = m.TermWithReason("undecodable dispatch: " + err.Error())
 		return
 	}
 	log := w.log.With().Str("run_id", d.RunID).Str("call_id", d.CallID).Int("attempt", d.Attempt).Logger()
-	reply, err := w.request(w.names().Claim(), events.ClaimRequest{OperationID: d.OperationID, Attempt: d.Attempt, WorkerID: w.cfg.WorkerID})
+	reply, err := w.request(w.names().Claim(), protocol.ClaimRequest{OperationID: d.OperationID, Attempt: d.Attempt, WorkerID: w.cfg.WorkerID})
 	if err != nil {
 		log.Warn().Err(err).Msg("claim unanswered: job given back")
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
-	if !reply.Granted && reply.Reason == events.ReasonBusy {
+	if !reply.Granted && reply.Reason == protocol.ReasonBusy {
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
@@ -260,8 +260,8 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 				return
 			case <-tick.C:
 				_ = m.InProgress()
-				r, err := w.request(w.names().Heartbeat(), events.Heartbeat{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, WorkerID: w.cfg.WorkerID})
-				if err == nil && !r.Granted && r.Reason != events.ReasonBusy {
+				r, err := w.request(w.names().Heartbeat(), protocol.Heartbeat{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, WorkerID: w.cfg.WorkerID})
+				if err == nil && !r.Granted && r.Reason != protocol.ReasonBusy {
 					log.Warn().Str("reason", r.Reason).Msg("claim lost: stopping the tool")
 					stopTool()
 					return
@@ -272,7 +272,7 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 	res := w.runner.Run(toolCtx, sandbox.Call{ToolID: d.ToolID, CallID: d.CallID, OperationID: d.OperationID, Attempt: d.Attempt, Arguments: d.Arguments})
 	stopTool()
 	<-beatDone
-	result := events.Result{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, Output: res.Output, Error: res.Err}
+	result := protocol.Result{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, Output: res.Output, Error: res.Err}
 	if result.Output == nil && result.Error == nil {
 		result.Error = &events.ToolError{Kind: events.ErrorExecution, Message: "the tool reported nothing"}
 	}
@@ -301,8 +301,8 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 	log.Debug().Msg("done")
 }
 
-func (w *Worker) request(subject string, v any) (events.ClaimReply, error) {
-	var r events.ClaimReply
+func (w *Worker) request(subject string, v any) (protocol.ClaimReply, error) {
+	var r protocol.ClaimReply
 	body, err := events.Marshal(v)
 	if err != nil {
 		return r, err

@@ -19,6 +19,7 @@ import (
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/testproc"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // These tests build the engine binary, start it as a process with its
@@ -178,7 +179,7 @@ func TestKillNineLosesNothing(t *testing.T) {
 			defer wg.Done()
 			run := fmt.Sprintf("k%d", r)
 			for s := int64(1); s <= steps; s++ {
-				sub := &events.Submit{RunID: run, ThreadID: "t", Step: s, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{
+				sub := &protocol.Submit{RunID: run, ThreadID: "t", Step: s, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{
 					{Type: events.BlockToolUse, ID: "c1", Name: "echo", Input: events.MustJSON(fmt.Sprintf(`{"s":%d}`, s))},
 					{Type: events.BlockToolUse, ID: "c2", Name: "sleep", Input: events.MustJSON(`{"duration":"30ms"}`)},
 					{Type: events.BlockToolUse, ID: "c3", Name: "echo", Input: events.MustJSON(`{}`)},
@@ -254,7 +255,7 @@ func TestKillNineLosesNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var r events.ResultsOut
+		var r protocol.ResultsOut
 		if err := events.Unmarshal(m.Data(), &r); err != nil {
 			t.Fatal(err)
 		}

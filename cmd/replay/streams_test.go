@@ -136,7 +136,7 @@ var tools = map[string]events.Descriptor{
 
 // submit builds a Submit command; each call is "id name {json}".
 func submit(runID string, step int64, at time.Time, calls ...string) aggregate.Submit {
-	s := &events.Submit{RunID: runID, ThreadID: "thread-" + runID, Step: step,
+	s := &protocol.Submit{RunID: runID, ThreadID: "thread-" + runID, Step: step,
 		Assistant: events.Message{ID: fmt.Sprintf("msg-%s-%d", runID, step), Content: []events.ContentBlock{events.TextBlock("working on it")}}}
 	var ds []events.Descriptor
 	for _, c := range calls {
@@ -144,7 +144,7 @@ func submit(runID string, step int64, at time.Time, calls ...string) aggregate.S
 		s.Assistant.Content = append(s.Assistant.Content, events.ContentBlock{Type: events.BlockToolUse, ID: f[0], Name: f[1], Input: events.MustJSON(f[2])})
 		ds = append(ds, tools[f[1]])
 	}
-	return aggregate.Submit{Submit: s, Tools: ds, SnapshotID: "cat-0123456789abcdef", At: at}
+	return aggregate.Submit{Submission: s.Submission(), Tools: ds, SnapshotID: "cat-0123456789abcdef", At: at}
 }
 
 func gate(call string, outcome events.GateOutcome, stage, rule string, at time.Time) aggregate.Gate {
@@ -197,9 +197,9 @@ func goodStream(rc *recorder, replayed bool) seqs {
 	ask := gate("c3", events.GateRequireConfirmation, events.StagePolicy, "gate.rules[0]", rc.at())
 	ask.Decisions[0].CorrelationID, ask.Decisions[0].Deadline = "ticket-deploy", &deadline
 	rc.do("r1", ask)
-	rc.do("r2", aggregate.Resume{Principal: "client-app", At: rc.at(), Resume: &events.Resume{CorrelationID: "ticket-client",
+	rc.do("r2", aggregate.Resume{Principal: "client-app", At: rc.at(), Answer: events.Answer{CorrelationID: "ticket-client",
 		RunID: "r2", ThreadID: "thread-r2", Result: events.ResumeResult{Kind: events.ResultToolResult, Output: text("c2", "blue")}}})
-	rc.do("r1", aggregate.Resume{Principal: "alice", Capability: events.CapNonRecoverable, At: rc.at(), Resume: &events.Resume{
+	rc.do("r1", aggregate.Resume{Principal: "alice", Capability: events.CapNonRecoverable, At: rc.at(), Answer: events.Answer{
 		CorrelationID: "ticket-deploy", RunID: "r1", ThreadID: "thread-r1", Result: events.ResumeResult{Kind: events.ResultPermission, Allow: true, Note: "ship it"}}})
 	s.finalR1 = rc.do("r1", aggregate.Complete{CallID: "c3", Attempt: 1, Output: text("c3", "deployed"), At: rc.at()})
 	// A second step 1 with other calls is refused, and recorded.
@@ -299,7 +299,7 @@ var streamCases = []streamCase{
 			rc, _ := good(t)
 			out := append([]audit.Record{}, rc.out...)
 			last := len(out) - 1 // r1/2's results
-			var res events.ResultsOut
+			var res protocol.ResultsOut
 			if err := events.Unmarshal(out[last].Data, &res); err != nil {
 				t.Fatal(err)
 			}

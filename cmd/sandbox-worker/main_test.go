@@ -16,6 +16,7 @@ import (
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/testproc"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // These tests run the engine and several sandbox-worker processes, built
@@ -151,8 +152,8 @@ func (c *cluster) effectLines(t *testing.T) map[string][]string {
 	return out
 }
 
-func batch(run string, step int64, tools ...string) *events.Submit {
-	s := &events.Submit{RunID: run, ThreadID: "t", Step: step, Assistant: events.Message{ID: "m"}}
+func batch(run string, step int64, tools ...string) *protocol.Submit {
+	s := &protocol.Submit{RunID: run, ThreadID: "t", Step: step, Assistant: events.Message{ID: "m"}}
 	for i, tool := range tools {
 		s.Assistant.Content = append(s.Assistant.Content, events.ContentBlock{Type: events.BlockToolUse,
 			ID: fmt.Sprintf("c%d", i+1), Name: tool, Input: events.MustJSON(fmt.Sprintf(`{"i":%d}`, i))})
@@ -160,7 +161,7 @@ func batch(run string, step int64, tools ...string) *events.Submit {
 	return s
 }
 
-func texts(r *events.ResultsOut) []string {
+func texts(r *protocol.ResultsOut) []string {
 	var out []string
 	for _, b := range r.Results {
 		out = append(out, events.DescribeOutput(events.Output{Content: b.Content, IsError: b.IsError}))

@@ -160,7 +160,7 @@ func cmdSubmit(args []string, stdin io.Reader, stdout io.Writer) error {
 	if len(body) > maxBody {
 		return failf("rejected %s: body is larger than %d bytes", events.CodeLimitExceeded, maxBody)
 	}
-	sub, err := events.DecodeSubmit(body, true, events.DefaultLimits())
+	sub, err := protocol.DecodeSubmit(body, true, events.DefaultLimits())
 	if err != nil {
 		return rejected(err)
 	}
@@ -189,7 +189,7 @@ func cmdSubmit(args []string, stdin io.Reader, stdout io.Writer) error {
 	if !*wait {
 		return nil
 	}
-	var res *events.ResultsOut
+	var res *protocol.ResultsOut
 	if accepted != "" && accepted != sub.Digest() {
 		err = waitRejection(ctx, cl, sub.RunID, sub.BatchID())
 	} else {
@@ -374,7 +374,7 @@ func cmdAnswer(cmd string, args []string) error {
 // returns the ticket with the correlation id. It fails when the run has no
 // such ticket, or when a later out message shows that the ticket is no
 // longer open (another ticket, the batch's results, the run's end).
-func findTicket(ctx context.Context, nc *nats.Conn, cl *client.Client, runID, corr string) (*events.AwaitingOut, error) {
+func findTicket(ctx context.Context, nc *nats.Conn, cl *client.Client, runID, corr string) (*protocol.AwaitingOut, error) {
 	// Watch waits for messages; a run without any ticket would make it wait
 	// until the timeout, so look first.
 	js, err := jetstream.New(nc)
@@ -401,7 +401,7 @@ func findTicket(ctx context.Context, nc *nats.Conn, cl *client.Client, runID, co
 	}
 	defer w.Stop()
 	var (
-		ticket *events.AwaitingOut
+		ticket *protocol.AwaitingOut
 		closed string // why the ticket is no longer open
 	)
 	for {

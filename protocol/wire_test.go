@@ -1,4 +1,4 @@
-package events_test
+package protocol_test
 
 import (
 	"encoding/json"
@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Documents for the decoder tables: generic maps that each case changes and
@@ -253,7 +254,7 @@ func TestDecodeSubmit(t *testing.T) {
 				lim = events.DefaultLimits()
 			}
 			both(t, tt.body, tt.isJSON, func(t *testing.T, b []byte, isJSON bool) {
-				s, err := events.DecodeSubmit(b, isJSON, lim)
+				s, err := protocol.DecodeSubmit(b, isJSON, lim)
 				checkCode(t, err, tt.want)
 				// A submission returned with a refusal is the one that failed
 				// validation, so that the refusal can name its batch.
@@ -277,7 +278,7 @@ func TestDecodeSubmitJSONEqualsMsgpack(t *testing.T) {
 		doc{"type": "json", "value": doc{"b": 1.0, "a": []any{1.5, "x", nil}}},
 		toolUse("call_2", "write_file", doc{"path": "/tmp/y", "n": 2}),
 	))
-	want := &events.Submit{
+	want := &protocol.Submit{
 		RunID: "run_1", ThreadID: "thread_1", Step: 1, Narrowing: events.NarrowingDenyAll,
 		Assistant: events.Message{ID: "msg_1", Content: []events.ContentBlock{
 			events.TextBlock("reading"),
@@ -289,11 +290,11 @@ func TestDecodeSubmitJSONEqualsMsgpack(t *testing.T) {
 			{Type: events.BlockToolUse, ID: "call_2", Name: "write_file", Input: events.MustJSON(`{"n":2,"path":"/tmp/y"}`)},
 		}},
 	}
-	fromJSON, err := events.DecodeSubmit(mustJSON(t, d), true, events.DefaultLimits())
+	fromJSON, err := protocol.DecodeSubmit(mustJSON(t, d), true, events.DefaultLimits())
 	if err != nil {
 		t.Fatalf("decode JSON: %v", err)
 	}
-	fromMsgpack, err := events.DecodeSubmit(mustMsgpack(t, d), false, events.DefaultLimits())
+	fromMsgpack, err := protocol.DecodeSubmit(mustMsgpack(t, d), false, events.DefaultLimits())
 	if err != nil {
 		t.Fatalf("decode msgpack: %v", err)
 	}
@@ -392,7 +393,7 @@ func TestDecodeResume(t *testing.T) {
 				lim = events.DefaultLimits()
 			}
 			both(t, tt.body, tt.isJSON, func(t *testing.T, b []byte, isJSON bool) {
-				r, err := events.DecodeResume(b, isJSON, lim)
+				r, err := protocol.DecodeResume(b, isJSON, lim)
 				checkCode(t, err, tt.want)
 				if err != nil && r != nil {
 					t.Fatalf("a refusal also returned a resume")
@@ -407,7 +408,7 @@ func TestDecodeResumeJSONEqualsMsgpack(t *testing.T) {
 		o["is_error"] = true
 		o["state"] = append(o["state"].([]any), doc{"scope": "shared", "key": "lock", "merge": "exclusive", "action": "remove"})
 	})
-	want := &events.Resume{CorrelationID: "corr_1", RunID: "run_1", ThreadID: "thread_1", CallID: "call_1", SnapshotID: "snap_1",
+	want := &protocol.Resume{CorrelationID: "corr_1", RunID: "run_1", ThreadID: "thread_1", CallID: "call_1", SnapshotID: "snap_1",
 		Result: events.ResumeResult{Kind: events.ResultToolResult, Output: &events.Output{
 			CallID: "call_1", Content: []events.ContentBlock{events.TextBlock("done")}, IsError: true,
 			State: []events.Command{
@@ -415,11 +416,11 @@ func TestDecodeResumeJSONEqualsMsgpack(t *testing.T) {
 				{Scope: events.ScopeShared, Key: "lock", Merge: events.MergeExclusive, Action: events.ActionRemove},
 			},
 		}}}
-	fromJSON, err := events.DecodeResume(mustJSON(t, d), true, events.DefaultLimits())
+	fromJSON, err := protocol.DecodeResume(mustJSON(t, d), true, events.DefaultLimits())
 	if err != nil {
 		t.Fatalf("decode JSON: %v", err)
 	}
-	fromMsgpack, err := events.DecodeResume(mustMsgpack(t, d), false, events.DefaultLimits())
+	fromMsgpack, err := protocol.DecodeResume(mustMsgpack(t, d), false, events.DefaultLimits())
 	if err != nil {
 		t.Fatalf("decode msgpack: %v", err)
 	}
@@ -437,13 +438,13 @@ func TestDecodeControl(t *testing.T) {
 		body   body
 		isJSON bool
 		want   events.Code
-		result events.Control // when valid
+		result protocol.Control // when valid
 	}{
-		{name: "cancel", body: body{doc: doc{"action": "cancel"}}, result: events.Control{Action: events.ControlCancel}},
+		{name: "cancel", body: body{doc: doc{"action": "cancel"}}, result: protocol.Control{Action: protocol.ControlCancel}},
 		{name: "interrupt with reason", body: body{doc: doc{"action": "interrupt", "reason": "user"}},
-			result: events.Control{Action: events.ControlInterrupt, Reason: "user"}},
+			result: protocol.Control{Action: protocol.ControlInterrupt, Reason: "user"}},
 		{name: "perform", body: body{doc: doc{"action": "perform", "correlation_id": "corr_1"}},
-			result: events.Control{Action: events.ControlPerform, CorrelationID: "corr_1"}},
+			result: protocol.Control{Action: protocol.ControlPerform, CorrelationID: "corr_1"}},
 
 		{name: "perform without correlation_id", body: body{doc: doc{"action": "perform"}}, want: events.CodeUndecodable},
 		{name: "perform with an empty correlation_id", body: body{doc: doc{"action": "perform", "correlation_id": ""}}, want: events.CodeUndecodable},
@@ -461,7 +462,7 @@ func TestDecodeControl(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			both(t, tt.body, tt.isJSON, func(t *testing.T, b []byte, isJSON bool) {
-				c, err := events.DecodeControl(b, isJSON)
+				c, err := protocol.DecodeControl(b, isJSON)
 				checkCode(t, err, tt.want)
 				if err != nil {
 					if c != nil {
@@ -492,8 +493,8 @@ func TestDecodeResult(t *testing.T) {
 	}{
 		{name: "output", body: base(func(d doc) { d["output"] = outputDoc() })},
 		{name: "error", body: base(func(d doc) { d["error"] = doc{"kind": "execution", "message": "boom"} })},
-		{name: "both", body: base(func(d doc) { d["output"] = outputDoc(); d["error"] = doc{"kind": "execution"} }), wantErr: events.ErrResultShape},
-		{name: "neither", body: base(func(d doc) {}), wantErr: events.ErrResultShape},
+		{name: "both", body: base(func(d doc) { d["output"] = outputDoc(); d["error"] = doc{"kind": "execution"} }), wantErr: protocol.ErrResultShape},
+		{name: "neither", body: base(func(d doc) {}), wantErr: protocol.ErrResultShape},
 		{name: "garbage", body: []byte{0xc1}, wantErr: events.ErrMalformed},
 		{name: "array32 of 2^32-1", body: []byte{0xdd, 0xff, 0xff, 0xff, 0xff}, wantErr: events.ErrMalformed},
 		{name: "trailing byte", body: append(base(func(d doc) { d["error"] = doc{"kind": "execution"} }), 0), wantErr: events.ErrMalformed},
@@ -508,7 +509,7 @@ func TestDecodeResult(t *testing.T) {
 			if lim == (events.Limits{}) {
 				lim = events.DefaultLimits()
 			}
-			r, err := events.DecodeResult(tt.body, lim)
+			r, err := protocol.DecodeResult(tt.body, lim)
 			if tt.wantErr == nil {
 				if err != nil {
 					t.Fatalf("DecodeResult: %v", err)
@@ -538,11 +539,11 @@ func TestDecodeResultChecksCommands(t *testing.T) {
 		t.Run(fmt.Sprint(c), func(t *testing.T) {
 			o := outputDoc()
 			o["state"] = []any{c}
-			if _, err := events.DecodeResume(mustMsgpack(t, toolResultDoc(func(out doc) { out["state"] = []any{c} })), false, events.DefaultLimits()); err == nil {
+			if _, err := protocol.DecodeResume(mustMsgpack(t, toolResultDoc(func(out doc) { out["state"] = []any{c} })), false, events.DefaultLimits()); err == nil {
 				t.Fatalf("DecodeResume accepted command %v", c)
 			}
 			body := mustMsgpack(t, doc{"operation_id": "run_1/1/call_1", "attempt": 1, "claim_token": "tok", "output": o})
-			if _, err := events.DecodeResult(body, events.DefaultLimits()); err == nil {
+			if _, err := protocol.DecodeResult(body, events.DefaultLimits()); err == nil {
 				t.Fatalf("DecodeResult accepted command %v", c)
 			}
 		})

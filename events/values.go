@@ -1,0 +1,301 @@
+package events
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"regexp"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// BatchID returns the id of a run's batch at step.
+func BatchID(runID string, step int64) string { return fmt.Sprintf("%s/%d", runID, step) }
+
+// OperationID returns <run_id>/<step>/<call_id>, the idempotency key every
+// executor of the call receives, identical on every attempt.
+func OperationID(batchID, callID string) string { return batchID + "/" + callID }
+
+var (
+	idPattern     = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	callIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+)
+
+// ValidRunID reports whether id is a valid run_id (also the rule for tool_id).
+func ValidRunID(id string) bool { return idPattern.MatchString(id) }
+
+// ValidToolID reports whether id is a valid tool_id.
+func ValidToolID(id string) bool { return idPattern.MatchString(id) }
+
+// ValidCallID reports whether id is a valid call_id (also the rule for
+// thread_id, correlation_id and worker_id).
+func ValidCallID(id string) bool { return callIDPattern.MatchString(id) }
+
+// decodeGeneric decodes a body into a generic value.
+func decodeGeneric(body []byte, isJSON bool) (v any, err error) {
+	if isJSON {
+		v, err = jsonToValue(body)
+		if err != nil {
+			return nil, undecodablef("body is not valid JSON: %v", err)
+		}
+		return v, nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			v, err = nil, undecodablef("body is not valid msgpack: %v", r)
+		}
+	}()
+	if err := checkShape(body); err != nil {
+		return nil, undecodablef("body is not valid msgpack: %v", err)
+	}
+	rd := bytes.NewReader(body)
+	v, err = decodeValue(msgpack.NewDecoder(rd), 0)
+	if err != nil {
+		return nil, undecodablef("body is not valid msgpack: %v", err)
+	}
+	if rd.Len() != 0 {
+		return nil, undecodablef("body has %d trailing bytes", rd.Len())
+	}
+	return v, nil
+}
+
+// ResultKind is the kind of a resume's result.
+type ResultKind string
+
+// Resume result kinds.
+const (
+	ResultPermission ResultKind = "permission" // permission and scheduled tickets
+	ResultToolResult ResultKind = "tool_result"
+	ResultInput      ResultKind = "input" // delegation only
+)
+
+// ResumeResult is what a resume answers: a permission, a client's tool
+// result, or input for a delegated child.
+type ResumeResult struct {
+	Kind   ResultKind
+	Allow  bool    // permission
+	Note   string  // permission: a note on approval
+	Reason string  // permission: a reason on denial
+	Output *Output // tool_result
+	Text   string  // input
+}
+
+func (r ResumeResult) fields() []field {
+	switch r.Kind {
+	case ResultPermission:
+		fs := []field{{"kind", string(r.Kind)}, {"allow", r.Allow}}
+		if r.Note != "" {
+			fs = append(fs, field{"note", r.Note})
+		}
+		if r.Reason != "" {
+			fs = append(fs, field{"reason", r.Reason})
+		}
+		return fs
+	case ResultToolResult:
+		return []field{{"kind", string(r.Kind)}, {"output", r.Output}}
+	default:
+		return []field{{"kind", string(r.Kind)}, {"text", r.Text}}
+	}
+}
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (r ResumeResult) EncodeMsgpack(enc *msgpack.Encoder) error { return encodeFields(enc, r.fields()) }
+
+// DecodeMsgpack implements msgpack.CustomDecoder.
+func (r *ResumeResult) DecodeMsgpack(dec *msgpack.Decoder) error {
+	v, err := decodeValue(dec, 0)
+	if err != nil {
+		return err
+	}
+	res, err := parseResumeResult(v, "result")
+	if err != nil {
+		return err
+	}
+	*r = res
+	return nil
+}
+
+// MarshalJSON implements json.Marshaler.
+func (r ResumeResult) MarshalJSON() ([]byte, error) { return marshalFields(r.fields()) }
+
+func parseResumeResult(v any, path string) (ResumeResult, error) {
+	m, err := object(v, path)
+	if err != nil {
+		return ResumeResult{}, err
+	}
+	kind, err := str(m, "kind", path, true)
+	if err != nil {
+		return ResumeResult{}, err
+	}
+	r := ResumeResult{Kind: ResultKind(kind)}
+	switch r.Kind {
+	case ResultPermission:
+		if err := only(m, path, "kind", "allow", "note", "reason"); err != nil {
+			return r, err
+		}
+		if b, ok := m["allow"].(bool); !ok {
+			return r, undecodablef("%s.allow: want true or false", path)
+		} else {
+			r.Allow = b
+		}
+		if r.Allow, err = boolean(m, "allow", path); err != nil {
+			return r, err
+		}
+		if r.Note, err = str(m, "note", path, false); err != nil {
+			return r, err
+		}
+		r.Reason, err = str(m, "reason", path, false)
+	case ResultToolResult:
+		if err := only(m, path, "kind", "output"); err != nil {
+			return r, err
+		}
+		var o Output
+		o, err = parseOutput(m["output"], path+".output")
+		r.Output = &o
+	case ResultInput:
+		if err := only(m, path, "kind", "text"); err != nil {
+			return r, err
+		}
+		r.Text, err = str(m, "text", path, true)
+	default:
+		return r, undecodablef("%s.kind: %q is not permission, tool_result or input", path, kind)
+	}
+	return r, err
+}
+
+func parseOutput(v any, path string) (Output, error) {
+	m, err := object(v, path)
+	if err != nil {
+		return Output{}, err
+	}
+	if err := only(m, path, "call_id", "content", "is_error", "state"); err != nil {
+		return Output{}, err
+	}
+	var o Output
+	if o.CallID, err = str(m, "call_id", path, true); err != nil {
+		return o, err
+	}
+	if o.Content, err = parseBlocks(m["content"], path+".content"); err != nil {
+		return o, err
+	}
+	if o.IsError, err = boolean(m, "is_error", path); err != nil {
+		return o, err
+	}
+	if st, ok := m["state"]; ok && st != nil {
+		arr, ok := st.([]any)
+		if !ok {
+			return o, undecodablef("%s.state: want an array of commands, got %s", path, kindOf(st))
+		}
+		for i, e := range arr {
+			c, err := parseCommand(e, fmt.Sprintf("%s.state[%d]", path, i))
+			if err != nil {
+				return o, err
+			}
+			o.State = append(o.State, c)
+		}
+	}
+	return o, nil
+}
+
+func parseCommand(v any, path string) (Command, error) {
+	m, err := object(v, path)
+	if err != nil {
+		return Command{}, err
+	}
+	if err := only(m, path, "scope", "key", "merge", "action", "value"); err != nil {
+		return Command{}, err
+	}
+	var c Command
+	var s string
+	if s, err = str(m, "scope", path, true); err != nil {
+		return c, err
+	}
+	c.Scope = Scope(s)
+	if c.Key, err = str(m, "key", path, true); err != nil {
+		return c, err
+	}
+	if s, err = str(m, "merge", path, true); err != nil {
+		return c, err
+	}
+	c.Merge = Merge(s)
+	if s, err = str(m, "action", path, true); err != nil {
+		return c, err
+	}
+	c.Action = Action(s)
+	if c.Action == ActionSet {
+		if c.Value, err = valueToJSON(m["value"]); err != nil {
+			return c, undecodablef("%s.value: %v", path, err)
+		}
+	}
+	return c, c.Validate()
+}
+
+// Validate checks a staged command's enumerations and key.
+func (c Command) Validate() error {
+	switch c.Scope {
+	case ScopeRun, ScopeThread, ScopeShared:
+	default:
+		return undecodablef("command scope %q is not run, thread or shared", c.Scope)
+	}
+	switch c.Merge {
+	case MergeDisjoint, MergeCommutative, MergeExclusive:
+	default:
+		return undecodablef("command merge %q is not disjoint, commutative or exclusive", c.Merge)
+	}
+	switch c.Action {
+	case ActionSet, ActionRemove:
+	default:
+		return undecodablef("command action %q is not set or remove", c.Action)
+	}
+	if c.Key == "" || len(c.Key) > 256 {
+		return undecodablef("command key must be 1 to 256 bytes")
+	}
+	return nil
+}
+
+// OutputSize returns the size of an output as canonical JSON, the measure
+// of the output limit.
+func OutputSize(o Output) int {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(o); err != nil {
+		return math.MaxInt // what cannot be measured does not fit
+	}
+	return buf.Len() - 1 // the encoder's newline
+}
+
+// CheckBlocks checks that every content block has a known type (the msgpack
+// library decodes a nil block as a zero block without asking the block's own
+// decoder) and every staged command is valid.
+func (o Output) CheckBlocks() error {
+	for i, c := range o.State {
+		if err := c.Validate(); err != nil {
+			return fmt.Errorf("state[%d]: %w", i, err)
+		}
+	}
+	return checkBlocks(o.Content)
+}
+
+// CheckBlocks checks that every block has a known type.
+func CheckBlocks(bs []ContentBlock) error { return checkBlocks(bs) }
+
+func checkBlocks(bs []ContentBlock) error {
+	for i, b := range bs {
+		switch b.Type {
+		case BlockText, BlockToolUse, BlockJSON:
+		case BlockImage:
+			if b.Source == nil {
+				return fmt.Errorf("%w: content[%d]: image without a source", ErrMalformed, i)
+			}
+		case BlockToolResult:
+			if err := checkBlocks(b.Content); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("%w: content[%d]: block type %q", ErrMalformed, i, b.Type)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,412 @@
+package protocol
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// Wire messages are msgpack maps with snake_case keys (events.Marshal and
+// events.Unmarshal); submit, resume and control also decode from JSON.
+// Decoding what a client sends is strict: unknown fields and fields that
+// try to choose placement or recovery are refused with a protocol code
+// (events.Code), and every input limit is checked (events.Limits). The
+// refusal codes are events' because the log records them (BatchRejected).
+
+// Submit is a batch submission on <prefix>.submit.<run_id>: the model's
+// assistant message, whose tool_use blocks in order are the calls.
+type Submit struct {
+	RunID     string         `msgpack:"run_id" json:"run_id"`
+	ThreadID  string         `msgpack:"thread_id" json:"thread_id"`
+	Step      int64          `msgpack:"step" json:"step"`
+	Assistant events.Message `msgpack:"assistant" json:"assistant"`
+	Narrowing string         `msgpack:"narrowing,omitempty" json:"narrowing,omitempty"`
+}
+
+// Submission returns the submission as the aggregate reads it.
+func (s *Submit) Submission() events.Submission {
+	return events.Submission{RunID: s.RunID, ThreadID: s.ThreadID, Step: s.Step, Assistant: s.Assistant,
+		Narrowing: s.Narrowing, Digest: s.Digest()}
+}
+
+// Calls returns the submission's calls: its tool_use blocks, in order.
+func (s *Submit) Calls() []events.ToolUse { return s.Assistant.ToolUses() }
+
+// BatchID returns <run_id>/<step>.
+func (s *Submit) BatchID() string { return events.BatchID(s.RunID, s.Step) }
+
+// Digest returns a content hash of the submission; an identical resubmission
+// has the same digest.
+func (s *Submit) Digest() string {
+	b, err := events.Marshal(s)
+	if err != nil {
+		// A decoded submission always encodes; this is a programming error.
+		panic(fmt.Sprintf("protocol: encode submit for digest: %v", err))
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// forbiddenFields may never be in a submission: placement and recovery are
+// the operator's, not the model's.
+var forbiddenFields = []string{"target", "kind", "pool", "recovery", "capability"}
+
+// DecodeSubmit decodes a submission from msgpack, or JSON when isJSON, and
+// validates it against the limits. Every failure is a *events.Refusal with
+// its protocol code; when the body decoded but is not valid, the
+// submission is returned with the refusal, so that the refusal can name its
+// batch.
+func DecodeSubmit(body []byte, isJSON bool, lim events.Limits) (*Submit, error) {
+	m, err := events.DecodeObject(body, isJSON, "submit")
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range forbiddenFields {
+		if m.Has(f) {
+			return nil, events.Refuse(events.CodeForbiddenField, "submit.%s: a submission cannot choose placement or recovery", f)
+		}
+	}
+	if err := m.Only("run_id", "thread_id", "step", "assistant", "narrowing"); err != nil {
+		return nil, err
+	}
+	s := &Submit{}
+	if s.RunID, err = m.String("run_id", true); err != nil {
+		return nil, err
+	}
+	if s.ThreadID, err = m.String("thread_id", true); err != nil {
+		return nil, err
+	}
+	if s.Step, err = m.Int("step", true); err != nil {
+		return nil, err
+	}
+	if s.Narrowing, err = m.String("narrowing", false); err != nil {
+		return nil, err
+	}
+	am, err := m.Object("assistant")
+	if err != nil {
+		return nil, err
+	}
+	if err := am.Only("id", "content"); err != nil {
+		return nil, err
+	}
+	if s.Assistant.ID, err = am.String("id", false); err != nil {
+		return nil, err
+	}
+	if s.Assistant.Content, err = am.Blocks("content"); err != nil {
+		return nil, err
+	}
+	if err := s.Validate(lim); err != nil {
+		return s, err // decoded but not acceptable: the caller may still name its batch
+	}
+	return s, nil
+}
+
+// Validate checks ids, limits, call id uniqueness and arguments. It returns
+// the first problem as a *events.Refusal.
+func (s *Submit) Validate(lim events.Limits) error {
+	if !events.ValidRunID(s.RunID) {
+		return events.Refuse(events.CodeInvalidID, "run_id %q must match [A-Za-z0-9_-]{1,64}", s.RunID)
+	}
+	if !events.ValidCallID(s.ThreadID) {
+		return events.Refuse(events.CodeInvalidID, "thread_id %q must match [A-Za-z0-9_-]{1,128}", s.ThreadID)
+	}
+	if s.Step < 0 {
+		return events.Refuse(events.CodeUndecodable, "step %d must not be negative", s.Step)
+	}
+	switch s.Narrowing {
+	case "", events.NarrowingConfigured, events.NarrowingDenyAll:
+	default:
+		return events.Refuse(events.CodeUndecodable, "narrowing %q must be configured or deny_all", s.Narrowing)
+	}
+	calls := s.Calls()
+	if len(calls) > lim.MaxCalls {
+		return events.Refuse(events.CodeLimitExceeded, "%d calls in one batch, at most %d", len(calls), lim.MaxCalls)
+	}
+	seen := make(map[string]bool, len(calls))
+	for i, c := range calls {
+		if !events.ValidCallID(c.CallID) {
+			return events.Refuse(events.CodeInvalidID, "call %d: call_id %q must match [A-Za-z0-9_-]{1,128}", i, c.CallID)
+		}
+		if !events.ValidToolID(c.ToolID) {
+			return events.Refuse(events.CodeInvalidID, "call %s: tool name %q must match [A-Za-z0-9_-]{1,64}", c.CallID, c.ToolID)
+		}
+		if seen[c.CallID] {
+			return events.Refuse(events.CodeDuplicateCallID, "call_id %q appears twice", c.CallID)
+		}
+		seen[c.CallID] = true
+		if len(c.Arguments) > lim.MaxArgumentBytes {
+			return events.Refuse(events.CodeLimitExceeded, "call %s: arguments are %d bytes, at most %d", c.CallID, len(c.Arguments), lim.MaxArgumentBytes)
+		}
+		if !c.Arguments.IsObjectOrNull() {
+			return events.Refuse(events.CodeUndecodable, "call %s: input must be a JSON object or null", c.CallID)
+		}
+	}
+	return nil
+}
+
+// Resume answers a run's ticket, on <prefix>.resume.<run_id>[.<principal>].
+type Resume struct {
+	CorrelationID string              `msgpack:"correlation_id" json:"correlation_id"`
+	RunID         string              `msgpack:"run_id" json:"run_id"`
+	ThreadID      string              `msgpack:"thread_id" json:"thread_id"`
+	CallID        string              `msgpack:"call_id,omitempty" json:"call_id,omitempty"`
+	SnapshotID    string              `msgpack:"snapshot_id,omitempty" json:"snapshot_id,omitempty"`
+	Result        events.ResumeResult `msgpack:"result" json:"result"`
+}
+
+// Answer returns the resume as the aggregate reads it.
+func (r *Resume) Answer() events.Answer {
+	return events.Answer{CorrelationID: r.CorrelationID, RunID: r.RunID, ThreadID: r.ThreadID,
+		CallID: r.CallID, SnapshotID: r.SnapshotID, Result: r.Result}
+}
+
+// DecodeResume decodes a resume from msgpack, or JSON when isJSON.
+func DecodeResume(body []byte, isJSON bool, lim events.Limits) (*Resume, error) {
+	m, err := events.DecodeObject(body, isJSON, "resume")
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Only("correlation_id", "run_id", "thread_id", "call_id", "snapshot_id", "result"); err != nil {
+		return nil, err
+	}
+	r := &Resume{}
+	if r.CorrelationID, err = m.String("correlation_id", true); err != nil {
+		return nil, err
+	}
+	if r.RunID, err = m.String("run_id", true); err != nil {
+		return nil, err
+	}
+	if r.ThreadID, err = m.String("thread_id", true); err != nil {
+		return nil, err
+	}
+	if r.CallID, err = m.String("call_id", false); err != nil {
+		return nil, err
+	}
+	if r.SnapshotID, err = m.String("snapshot_id", false); err != nil {
+		return nil, err
+	}
+	if r.Result, err = m.ResumeResult("result"); err != nil {
+		return nil, err
+	}
+	switch {
+	case !events.ValidCallID(r.CorrelationID):
+		return nil, events.Refuse(events.CodeInvalidID, "correlation_id %q must match [A-Za-z0-9_-]{1,128}", r.CorrelationID)
+	case !events.ValidRunID(r.RunID):
+		return nil, events.Refuse(events.CodeInvalidID, "run_id %q must match [A-Za-z0-9_-]{1,64}", r.RunID)
+	case !events.ValidCallID(r.ThreadID):
+		return nil, events.Refuse(events.CodeInvalidID, "thread_id %q must match [A-Za-z0-9_-]{1,128}", r.ThreadID)
+	case r.CallID != "" && !events.ValidCallID(r.CallID):
+		return nil, events.Refuse(events.CodeInvalidID, "call_id %q must match [A-Za-z0-9_-]{1,128}", r.CallID)
+	}
+	if r.Result.Output != nil {
+		if n := events.OutputSize(*r.Result.Output); n > lim.MaxOutputBytes {
+			return nil, events.Refuse(events.CodeLimitExceeded, "output is %d bytes, at most %d", n, lim.MaxOutputBytes)
+		}
+	}
+	return r, nil
+}
+
+// ControlAction is what a control message asks.
+type ControlAction string
+
+// Control actions.
+const (
+	ControlCancel    ControlAction = "cancel"
+	ControlInterrupt ControlAction = "interrupt"
+	ControlPerform   ControlAction = "perform"
+)
+
+// Control is a run control message on <prefix>.control.<run_id>.
+type Control struct {
+	Action        ControlAction `msgpack:"action" json:"action"`
+	CorrelationID string        `msgpack:"correlation_id,omitempty" json:"correlation_id,omitempty"`
+	Reason        string        `msgpack:"reason,omitempty" json:"reason,omitempty"`
+}
+
+// DecodeControl decodes a control message from msgpack, or JSON when isJSON.
+func DecodeControl(body []byte, isJSON bool) (*Control, error) {
+	m, err := events.DecodeObject(body, isJSON, "control")
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Only("action", "correlation_id", "reason"); err != nil {
+		return nil, err
+	}
+	c := &Control{}
+	var a string
+	if a, err = m.String("action", true); err != nil {
+		return nil, err
+	}
+	c.Action = ControlAction(a)
+	switch c.Action {
+	case ControlCancel, ControlInterrupt:
+	case ControlPerform:
+		if id, _ := m.String("correlation_id", false); !events.ValidCallID(id) {
+			return nil, events.Undecodablef("control.correlation_id: perform needs the scheduled ticket's correlation_id ([A-Za-z0-9_-]{1,128})")
+		}
+	default:
+		return nil, events.Undecodablef("control.action: %q is not cancel, interrupt or perform", a)
+	}
+	if c.CorrelationID, err = m.String("correlation_id", false); err != nil {
+		return nil, err
+	}
+	if c.Reason, err = m.String("reason", false); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Dispatch is a sandbox job on <prefix>.dispatch.<pool>.<tool_id>, with
+// Nats-Msg-Id <operation_id>/<attempt>.
+type Dispatch struct {
+	BatchID     string         `msgpack:"batch_id" json:"batch_id"`
+	RunID       string         `msgpack:"run_id" json:"run_id"`
+	CallID      string         `msgpack:"call_id" json:"call_id"`
+	ToolID      string         `msgpack:"tool_id" json:"tool_id"`
+	Arguments   events.RawJSON `msgpack:"arguments" json:"arguments"`
+	Attempt     int            `msgpack:"attempt" json:"attempt"`
+	OperationID string         `msgpack:"operation_id" json:"operation_id"`
+}
+
+// ClaimRequest asks for an attempt on <prefix>.api.claim.
+type ClaimRequest struct {
+	OperationID string `msgpack:"operation_id" json:"operation_id"`
+	Attempt     int    `msgpack:"attempt" json:"attempt"`
+	WorkerID    string `msgpack:"worker_id" json:"worker_id"`
+}
+
+// ClaimReply answers a claim: granted with a token and a lease, or refused
+// with a reason.
+type ClaimReply struct {
+	Granted    bool   `msgpack:"granted" json:"granted"`
+	ClaimToken string `msgpack:"claim_token,omitempty" json:"claim_token,omitempty"`
+	LeaseMS    int64  `msgpack:"lease_ms,omitempty" json:"lease_ms,omitempty"`
+	Reason     string `msgpack:"reason,omitempty" json:"reason,omitempty"`
+}
+
+// ReasonBusy in a refused ClaimReply means the engine could not decide
+// now: give the job back and try again later (nothing was granted).
+const ReasonBusy = "engine busy, try again"
+
+// Heartbeat extends a claim's lease on <prefix>.api.heartbeat; the reply is
+// a ClaimReply (granted false when the claim is no longer current).
+type Heartbeat struct {
+	OperationID string `msgpack:"operation_id" json:"operation_id"`
+	Attempt     int    `msgpack:"attempt" json:"attempt"`
+	ClaimToken  string `msgpack:"claim_token" json:"claim_token"`
+	WorkerID    string `msgpack:"worker_id" json:"worker_id"`
+}
+
+// Result reports an attempt's outcome on <prefix>.result.<run_id>: an
+// output or an error, fenced by the claim token.
+type Result struct {
+	OperationID string            `msgpack:"operation_id" json:"operation_id"`
+	Attempt     int               `msgpack:"attempt" json:"attempt"`
+	ClaimToken  string            `msgpack:"claim_token" json:"claim_token"`
+	Output      *events.Output    `msgpack:"output,omitempty" json:"output,omitempty"`
+	Error       *events.ToolError `msgpack:"error,omitempty" json:"error,omitempty"`
+}
+
+// ErrResultShape is returned for a result with both or neither of output and
+// error.
+var ErrResultShape = errors.New("protocol: a result carries exactly one of output and error")
+
+// DecodeResult decodes and checks a result message.
+func DecodeResult(body []byte, lim events.Limits) (*Result, error) {
+	var r Result
+	if err := events.Unmarshal(body, &r); err != nil {
+		return nil, err
+	}
+	if (r.Output == nil) == (r.Error == nil) {
+		return nil, ErrResultShape
+	}
+	if r.Output != nil {
+		if err := r.Output.CheckBlocks(); err != nil {
+			return nil, err
+		}
+		if n := events.OutputSize(*r.Output); n > lim.MaxOutputBytes {
+			return nil, events.Refuse(events.CodeLimitExceeded, "output is %d bytes, at most %d", n, lim.MaxOutputBytes)
+		}
+	}
+	return &r, nil
+}
+
+// DispositionOut is published on <prefix>.out.<run_id>.disposition.
+type DispositionOut struct {
+	BatchID     string             `msgpack:"batch_id" json:"batch_id"`
+	CallID      string             `msgpack:"call_id" json:"call_id"`
+	ToolID      string             `msgpack:"tool_id" json:"tool_id"`
+	Disposition events.Disposition `msgpack:"disposition" json:"disposition"`
+	Phase       events.Phase       `msgpack:"phase" json:"phase"`
+	Attempt     int                `msgpack:"attempt" json:"attempt"`
+}
+
+// ResultsOut is published on <prefix>.out.<run_id>.results, exactly once
+// per batch.
+type ResultsOut struct {
+	BatchID string                `msgpack:"batch_id" json:"batch_id"`
+	Step    int64                 `msgpack:"step" json:"step"`
+	Results []events.ContentBlock `msgpack:"results" json:"results"`
+	State   []events.Command      `msgpack:"state" json:"state"`
+}
+
+// CheckBlocks checks that every result block has a known type
+// (events.Unmarshal calls it).
+func (o *ResultsOut) CheckBlocks() error { return events.CheckBlocks(o.Results) }
+
+// AwaitingOut is published on <prefix>.out.<run_id>.awaiting: the ticket,
+// with deadline and due as RFC 3339 UTC.
+type AwaitingOut struct {
+	CorrelationID string          `msgpack:"correlation_id" json:"correlation_id"`
+	RunID         string          `msgpack:"run_id" json:"run_id"`
+	ThreadID      string          `msgpack:"thread_id" json:"thread_id"`
+	BatchID       string          `msgpack:"batch_id" json:"batch_id"`
+	CallID        string          `msgpack:"call_id" json:"call_id"`
+	ToolID        string          `msgpack:"tool_id" json:"tool_id"`
+	Arguments     events.RawJSON  `msgpack:"arguments" json:"arguments"`
+	Reason        events.WaitKind `msgpack:"reason" json:"reason"`
+	SnapshotID    string          `msgpack:"snapshot_id" json:"snapshot_id"`
+	Deadline      string          `msgpack:"deadline,omitempty" json:"deadline,omitempty"`
+	Due           string          `msgpack:"due,omitempty" json:"due,omitempty"`
+	ActionKind    string          `msgpack:"action_kind,omitempty" json:"action_kind,omitempty"`
+}
+
+// Awaiting returns the ticket as published on .awaiting.
+func Awaiting(t events.Ticket) AwaitingOut {
+	return AwaitingOut{
+		CorrelationID: t.CorrelationID, RunID: t.RunID, ThreadID: t.ThreadID, BatchID: t.BatchID,
+		CallID: t.CallID, ToolID: t.ToolID, Arguments: t.Arguments, Reason: t.Reason,
+		SnapshotID: t.SnapshotID, Deadline: rfc3339(t.Deadline), Due: rfc3339(t.Due), ActionKind: t.ActionKind,
+	}
+}
+
+func rfc3339(t *time.Time) string {
+	if t == nil {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// RejectedOut is published on <prefix>.out.<run_id>.rejected.
+type RejectedOut struct {
+	BatchID string      `msgpack:"batch_id,omitempty" json:"batch_id,omitempty"`
+	Code    events.Code `msgpack:"code" json:"code"`
+	Reason  string      `msgpack:"reason" json:"reason"`
+}
+
+// RefusedOut is published on <prefix>.out.<run_id>.refused.
+type RefusedOut struct {
+	CorrelationID string      `msgpack:"correlation_id,omitempty" json:"correlation_id,omitempty"`
+	Code          events.Code `msgpack:"code" json:"code"`
+	Reason        string      `msgpack:"reason" json:"reason"`
+}
+
+// EndedOut is published on <prefix>.out.<run_id>.ended.
+type EndedOut struct {
+	Cause  events.EndCause `msgpack:"cause" json:"cause"`
+	Reason string          `msgpack:"reason,omitempty" json:"reason,omitempty"`
+}
