@@ -559,3 +559,11 @@ func TestOutputSizeIsCanonical(t *testing.T) {
 		t.Fatalf("OutputSize of 100 'a' is %d, of 100 '<' is %d", p, h)
 	}
 }
+
+func show(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprintf("%#v", v)
+	}
+	return string(b)
+}
