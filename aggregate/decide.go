@@ -571,10 +571,14 @@ func (d *decider) recover(rc Recover) error {
 		if !ok {
 			capability = events.CapNonRecoverable
 		}
-		if err := d.emit(recoverCall(b, c, capability, rc.At)); err != nil {
+		delegation := c.Tool.Kind == events.KindDelegation
+		ev := recoverCall(b, c, capability, rc.At)
+		if err := d.emit(ev); err != nil {
 			return err
 		}
-		if d.run.End != nil {
+		if _, ok := ev.(*events.CallIndeterminate); ok && delegation {
+			// An indeterminate delegation ends the run (advance decides
+			// it): no later call is entered again first.
 			break
 		}
 	}

@@ -203,3 +203,29 @@ func TestNarrowingAndTickets(t *testing.T) {
 		t.Fatalf("perform in an ended run: %v, want not_awaiting", err)
 	}
 }
+
+// TestRecoverStopsAtIndeterminateDelegation: when recovery makes a
+// delegation indeterminate, the run ends; a later call of the batch is not
+// entered again on the way (its attempt would be recorded but never run).
+func TestRecoverStopsAtIndeterminateDelegation(t *testing.T) {
+	del := func(max int) events.Descriptor {
+		return events.Descriptor{Target: events.TargetBrain, Kind: events.KindDelegation, ParallelCompletion: true,
+			Policy: events.Policy{Mode: events.ModeDurableRequest, MaxAttempts: max}}
+	}
+	d := newDecRun(t)
+	s := submitOf(1, "c1", "one", "c2", "two")
+	d.do(aggregate.Submit{Submission: s.Submission(), Tools: []events.Descriptor{del(1), del(3)}, At: decT0})
+	allow := func(id string) aggregate.Decision {
+		return aggregate.Decision{CallID: id, Outcome: events.GateAllow, Stage: events.StageDefault, Capability: events.CapDurableRequest}
+	}
+	d.do(aggregate.Gate{Decisions: []aggregate.Decision{allow("c1"), allow("c2")}, At: decT0})
+	evs := d.do(aggregate.Recover{Capabilities: map[string]events.Capability{"one": events.CapDurableRequest, "two": events.CapDurableRequest}, At: decT0})
+	for _, e := range evs {
+		if ex, ok := e.(*events.CallExecuting); ok {
+			t.Fatalf("recovery entered %s again (attempt %d) although the run ends", ex.CallID, ex.Attempt)
+		}
+	}
+	if d.run.End == nil || d.run.End.Cause != events.EndIndeterminate {
+		t.Fatalf("the run did not end indeterminate: %v", d.run.End)
+	}
+}
