@@ -119,3 +119,15 @@ func (s *shard) settle(rs *runState, m jetstream.Msg) error {
 	rs.held = append(rs.held, m)
 	return nil
 }
+
+// sole returns a decision's event when it is the only one and of type T:
+// a decision that records a refusal (BatchRejected, ResultRefused) is that
+// event alone.
+func sole[T events.Event](evs []events.Event) (T, bool) {
+	var zero T
+	if len(evs) != 1 {
+		return zero, false
+	}
+	ev, ok := evs[0].(T)
+	return ev, ok
+}

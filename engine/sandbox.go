@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -223,16 +222,17 @@ func (s *shard) onResult(ctx context.Context, rs *runState, in *inboxMsg) error 
 	if err != nil && !aggregate.IsDecision(err) {
 		return err // not recorded: the message comes back
 	}
-	if err == nil && len(evs) == 1 {
-		if ref, ok := evs[0].(*events.ResultRefused); ok {
-			err = errors.New(ref.Reason) // fencing: recorded as refused, never applied
-		}
-	}
+	var refused string // why the result is not applied
 	if err != nil {
-		if ferr := s.flush(ctx, rs); ferr != nil {
-			return ferr
+		refused = err.Error() // another batch's, or a call that is gone
+	} else if ref, ok := sole[*events.ResultRefused](evs); ok {
+		refused = ref.Reason // fencing: recorded as refused, never applied
+	}
+	if refused != "" {
+		if err := s.flush(ctx, rs); err != nil {
+			return err
 		}
-		s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, callID).Err(err).Msg("result refused")
+		s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, callID).Str("reason", refused).Msg("result refused")
 		return s.settle(rs, in.msg)
 	}
 	delete(rs.leases, callID)

@@ -54,14 +54,12 @@ func (s *shard) onSubmit(ctx context.Context, rs *runState, in *inboxMsg) error 
 	if err != nil {
 		return err
 	}
-	if len(evs) == 1 {
-		if ev, ok := evs[0].(*events.BatchRejected); ok {
-			if err := s.flush(ctx, rs); err != nil {
-				return err
-			}
-			s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldBatchID, ev.BatchID).Str("code", string(ev.Code)).Str("reason", ev.Reason).Msg("submission rejected")
-			return s.settle(rs, in.msg)
+	if ev, ok := sole[*events.BatchRejected](evs); ok {
+		if err := s.flush(ctx, rs); err != nil {
+			return err
 		}
+		s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldBatchID, ev.BatchID).Str("code", string(ev.Code)).Str("reason", ev.Reason).Msg("submission rejected")
+		return s.settle(rs, in.msg)
 	}
 	rs.held = append(rs.held, in.msg)
 	return nil // handle drives the run
