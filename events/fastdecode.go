@@ -183,38 +183,18 @@ func (d *mp) length(size int) int {
 }
 
 // mapLen reads a map header; nil reads as an empty map (the library
-// decodes a nil struct as the zero struct). Every pair takes at least two
-// bytes, so a longer declared length is refused before anything is
-// allocated for it.
-func (d *mp) mapLen() int {
-	c := d.peek()
-	if d.bad {
-		return 0
-	}
-	d.i++
-	var n int
-	switch {
-	case c&0xf0 == 0x80:
-		n = int(c & 0x0f)
-	case c == 0xde:
-		n = d.length(2)
-	case c == 0xdf:
-		n = d.length(4)
-	case c == 0xc0:
-		return 0
-	default:
-		d.bad = true
-		return 0
-	}
-	if n > (len(d.b)-d.i)/2 {
-		d.bad = true
-		return 0
-	}
-	return n
-}
+// decodes a nil struct as the zero struct).
+func (d *mp) mapLen() int { return d.header(0x80, 0xde, 1, 0) }
 
 // arrayLen reads an array header; -1 is nil.
-func (d *mp) arrayLen() int {
+func (d *mp) arrayLen() int { return d.header(0x90, 0xdc, 0, -1) }
+
+// header reads the header of a map or an array: fix is its fix code's high
+// nibble, code16 its 16-bit code (the 32-bit one follows), and nilLen what
+// nil reads as. Every item takes at least 1<<itemShift bytes (a map's pair
+// two), so a longer declared length is refused before anything is
+// allocated for it.
+func (d *mp) header(fix, code16 byte, itemShift uint, nilLen int) int {
 	c := d.peek()
 	if d.bad {
 		return 0
@@ -222,19 +202,19 @@ func (d *mp) arrayLen() int {
 	d.i++
 	var n int
 	switch {
-	case c&0xf0 == 0x90:
+	case c&0xf0 == fix:
 		n = int(c & 0x0f)
-	case c == 0xdc:
+	case c == code16:
 		n = d.length(2)
-	case c == 0xdd:
+	case c == code16+1:
 		n = d.length(4)
 	case c == 0xc0:
-		return -1
+		return nilLen
 	default:
 		d.bad = true
 		return 0
 	}
-	if n > len(d.b)-d.i {
+	if n > (len(d.b)-d.i)>>itemShift {
 		d.bad = true
 		return 0
 	}
