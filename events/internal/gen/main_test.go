@@ -40,27 +40,23 @@ func TestGeneratedFileIsCurrent(t *testing.T) {
 	}
 }
 
-// TestRefusesUnknownFieldType: a field type gen has no read for stops
-// generation and names the field.
-func TestRefusesUnknownFieldType(t *testing.T) {
-	dir := t.TempDir()
-	src := `package events
-
-type Type string
-
-const TypeThingHappened Type = "ThingHappened"
-
-type ThingHappened struct {
-	Weight float64 ` + "`msgpack:\"weight\"`" + `
-}
-
-func (*ThingHappened) EventType() Type { return TypeThingHappened }
-`
-	if err := os.WriteFile(filepath.Join(dir, "events.go"), []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	_, err := generate(dir)
-	if err == nil || !strings.Contains(err.Error(), "ThingHappened.Weight") {
-		t.Fatalf("generate: %v; want an error naming ThingHappened.Weight", err)
+// TestRefuses: gen stops, naming the cause, on a field type it has no read
+// for, and on a listed symbol field that the package does not have.
+func TestRefuses(t *testing.T) {
+	for field, want := range map[string]string{
+		"Weight float64 `msgpack:\"weight\"`": "ThingHappened.Weight",
+		"Name string `msgpack:\"name\"`":      "is listed as a symbol",
+		"Name string":                         "msgpack tag",
+	} {
+		dir := t.TempDir()
+		src := "package events\n\ntype Type string\n\nconst TypeThingHappened Type = \"ThingHappened\"\n\n" +
+			"type ThingHappened struct {\n\t" + field + "\n}\n\n" +
+			"func (*ThingHappened) EventType() Type { return TypeThingHappened }\n"
+		if err := os.WriteFile(filepath.Join(dir, "events.go"), []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := generate(dir); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("generate with the field %s: %v; want an error naming %s", field, err, want)
+		}
 	}
 }
