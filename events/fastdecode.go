@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -50,34 +49,7 @@ type mp struct {
 // decodeCommitFast decodes a commit body with the fast decoders. It
 // reports false when it cannot: the reflective decoder then decides.
 func decodeCommitFast(body []byte, headerTypes []string, shared *Decoder) ([]Event, bool) {
-	// The field tables' reads take the cursor through a func value, so it
-	// lives on the heap: a Decoder keeps one, DecodeCommit borrows one.
-	var d *mp
-	if shared != nil {
-		d = &shared.cur
-	} else {
-		d = cursors.Get().(*mp)
-		defer cursors.Put(d)
-	}
-	scratch := d.scratch[:0]
-	if cap(scratch) > maxKeptScratch {
-		scratch = nil
-	}
-	*d = mp{b: body, shared: shared, scratch: scratch}
-	evs, ok := d.commit(headerTypes)
-	d.b = nil
-	return evs, ok
-}
-
-// cursors holds the cursors DecodeCommit borrows.
-var cursors = sync.Pool{New: func() any { return new(mp) }}
-
-// maxKeptScratch is the most JSON scratch space a cursor keeps for its next
-// commit.
-const maxKeptScratch = 64 << 10
-
-// commit reads the commit body d holds.
-func (d *mp) commit(headerTypes []string) ([]Event, bool) {
+	d := mp{b: body, shared: shared}
 	n := d.arrayLen()
 	if d.bad || n < 1 || headerTypes != nil && len(headerTypes) != n {
 		return nil, false
@@ -87,18 +59,18 @@ func (d *mp) commit(headerTypes []string) ([]Event, bool) {
 		if d.mapLen() != 3 || string(d.key()) != "type" {
 			return nil, false
 		}
-		ev := d.eventType()
+		typ := d.typeName()
 		if string(d.key()) != "schema_version" || d.int64() != SchemaVersion || string(d.key()) != "data" {
 			return nil, false
 		}
-		if d.bad || headerTypes != nil && headerTypes[i] != string(ev.typ) {
+		if d.bad || headerTypes != nil && headerTypes[i] != string(typ) {
 			return nil, false
 		}
 		if d.i >= len(d.b) || !isMapCode(d.b[d.i]) {
 			return nil, false // the reflective decoder decides what a nil or an array is
 		}
-		e := ev.decode(d)
-		if d.bad || validBlocksOf(e) != nil {
+		e := d.event(typ)
+		if d.bad || e == nil || validBlocksOf(e) != nil {
 			return nil, false
 		}
 		out = append(out, e)
@@ -111,39 +83,24 @@ func (d *mp) commit(headerTypes []string) ([]Event, bool) {
 
 func isMapCode(c byte) bool { return c&0xf0 == 0x80 || c == 0xde || c == 0xdf }
 
-// An eventDecoder is the fast decoder of one event type. The table of
-// them, eventDecoders, is generated (fastdecode_gen.go) from the EventType
-// methods.
-type eventDecoder struct {
-	typ    Type
-	decode func(*mp) Event
-}
-
-// eventType reads an event type and returns its decoder; a type that is
-// not registered sets bad.
-func (d *mp) eventType() *eventDecoder {
+// typeName reads an event type as its registered constant.
+func (d *mp) typeName() Type {
 	b := d.strBytes()
-	for i := range eventDecoders {
-		if string(eventDecoders[i].typ) == string(b) {
-			return &eventDecoders[i]
+	for _, t := range typeList {
+		if string(t) == string(b) {
+			return t
 		}
 	}
 	d.bad = true
-	return nil
+	return ""
 }
 
-// decodeEvent returns the decoder of an event that is the struct T, read
-// by the table of its fields.
-func decodeEvent[T any, P interface {
-	*T
-	Event
-}](fs []fastField[T]) func(*mp) Event {
-	return func(d *mp) Event {
-		e := new(T)
-		fields(d, e, fs)
-		return P(e)
-	}
-}
+var typeList = Types()
+
+// The reads of the event structs (event and one method per struct) are
+// generated into fastdecode_gen.go from the struct tags: a map whose keys
+// are the struct's msgpack names, in any order, each at most once; nil is
+// the zero struct.
 
 // Primitive reads.
 
@@ -293,7 +250,6 @@ func (d *mp) str() string {
 // value is ready; a Decoder is not safe for concurrent use.
 type Decoder struct {
 	strs [decoderStrings]string
-	cur  mp
 }
 
 // decoderStrings is the size of a Decoder's table (a power of two): a
@@ -829,74 +785,4 @@ func (d *mp) nestedBlocks(depth int) []ContentBlock {
 		}
 	}
 	return out
-}
-
-// Structs. A struct is read by the table of its fields, which
-// fastdecode_gen.go generates from the struct's msgpack tags: its map's
-// keys are the struct's msgpack names, in any order, each at most once;
-// nil is the zero struct.
-
-// A fastField is one key of a struct's map and the read that stores its value.
-type fastField[T any] struct {
-	key  string
-	read func(d *mp, v *T)
-}
-
-// fields reads a struct's map into v. EncodeCommit writes the keys in the
-// table's order (the struct's), so the one after the key last read is
-// tried first; an unknown key or a key read twice sets bad.
-func fields[T any](d *mp, v *T, fs []fastField[T]) {
-	var set uint64 // the fields read; the generator refuses a struct of more than 64
-	next := 0
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		key := d.key()
-		i := next
-		for j := 0; ; j++ {
-			if i == len(fs) {
-				i = 0
-			}
-			if j == len(fs) {
-				d.bad = true
-				return
-			}
-			if fs[i].key == string(key) {
-				break
-			}
-			i++
-		}
-		if set&(1<<i) != 0 {
-			d.bad = true // a duplicate key: the reflective decoder decides
-			return
-		}
-		set |= 1 << i
-		fs[i].read(d, v)
-		next = i + 1
-	}
-}
-
-// list reads a slice of structs: nil is a nil slice.
-func list[T any](d *mp, fs []fastField[T]) []T {
-	n := d.arrayLen()
-	if d.bad || n < 0 {
-		return nil
-	}
-	out := make([]T, 0, min(n, 16))
-	for range n {
-		out = append(out, *new(T))
-		fields(d, &out[len(out)-1], fs)
-		if d.bad {
-			return nil
-		}
-	}
-	return out
-}
-
-// optional reads a pointer to a struct: nil is a nil pointer.
-func optional[T any](d *mp, fs []fastField[T]) *T {
-	if d.isNil() {
-		return nil
-	}
-	v := new(T)
-	fields(d, v, fs)
-	return v
 }
