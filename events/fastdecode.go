@@ -406,6 +406,12 @@ func (d *mp) seen(set *uint32, bit uint) {
 	*set |= 1 << bit
 }
 
+// once returns set with a struct field marked as read, as seen does.
+func (d *mp) once(set uint32, bit uint) uint32 {
+	d.seen(&set, bit)
+	return set
+}
+
 // JSON values (RawJSON).
 
 // rawJSON reads a value as canonical JSON text, as RawJSON.DecodeMsgpack

@@ -38,344 +38,305 @@ func (d *mp) event(t Type) Event {
 
 func (d *mp) batchSubmitted() Event {
 	v := new(BatchSubmitted)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "run_id":
-			v.RunID, bit = d.str(), 0
+			v.RunID, set = d.str(), d.once(set, 0)
 		case "thread_id":
-			v.ThreadID, bit = d.str(), 1
+			v.ThreadID, set = d.str(), d.once(set, 1)
 		case "batch_id":
-			v.BatchID, bit = d.str(), 2
+			v.BatchID, set = d.str(), d.once(set, 2)
 		case "step":
-			v.Step, bit = d.int64(), 3
+			v.Step, set = d.int64(), d.once(set, 3)
 		case "assistant":
-			v.Assistant, bit = d.message(), 4
+			v.Assistant, set = d.message(), d.once(set, 4)
 		case "calls":
-			v.Calls, bit = d.callList(), 5
+			v.Calls, set = d.callList(), d.once(set, 5)
 		case "snapshot_id":
-			v.SnapshotID, bit = d.str(), 6
+			v.SnapshotID, set = d.str(), d.once(set, 6)
 		case "narrowing":
-			v.Narrowing, bit = d.sym(), 7
+			v.Narrowing, set = d.sym(), d.once(set, 7)
 		case "digest":
-			v.Digest, bit = d.str(), 8
+			v.Digest, set = d.str(), d.once(set, 8)
 		case "at":
-			v.At, bit = d.time(), 9
+			v.At, set = d.time(), d.once(set, 9)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
 
 func (d *mp) batchRejected() Event {
 	v := new(BatchRejected)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "run_id":
-			v.RunID, bit = d.str(), 0
+			v.RunID, set = d.str(), d.once(set, 0)
 		case "batch_id":
-			v.BatchID, bit = d.str(), 1
+			v.BatchID, set = d.str(), d.once(set, 1)
 		case "step":
-			v.Step, bit = d.int64(), 2
+			v.Step, set = d.int64(), d.once(set, 2)
 		case "code":
-			v.Code, bit = Code(d.sym()), 3
+			v.Code, set = Code(d.sym()), d.once(set, 3)
 		case "reason":
-			v.Reason, bit = d.str(), 4
+			v.Reason, set = d.str(), d.once(set, 4)
 		case "at":
-			v.At, bit = d.time(), 5
+			v.At, set = d.time(), d.once(set, 5)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
 
 func (d *mp) callGated() Event {
 	v := new(CallGated)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "batch_id":
-			v.BatchID, bit = d.str(), 0
+			v.BatchID, set = d.str(), d.once(set, 0)
 		case "call_id":
-			v.CallID, bit = d.str(), 1
+			v.CallID, set = d.str(), d.once(set, 1)
 		case "outcome":
-			v.Outcome, bit = GateOutcome(d.sym()), 2
+			v.Outcome, set = GateOutcome(d.sym()), d.once(set, 2)
 		case "label":
-			v.Label, bit = d.sym(), 3
+			v.Label, set = d.sym(), d.once(set, 3)
 		case "stage":
-			v.Stage, bit = d.sym(), 4
+			v.Stage, set = d.sym(), d.once(set, 4)
 		case "rule":
-			v.Rule, bit = d.str(), 5
+			v.Rule, set = d.str(), d.once(set, 5)
 		case "reason":
-			v.Reason, bit = d.str(), 6
+			v.Reason, set = d.str(), d.once(set, 6)
 		case "output":
-			v.Output, bit = d.outputOrNil(), 7
+			v.Output, set = d.outputOrNil(), d.once(set, 7)
 		case "at":
-			v.At, bit = d.time(), 8
+			v.At, set = d.time(), d.once(set, 8)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
 
 func (d *mp) callExecuting() Event {
 	v := new(CallExecuting)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "batch_id":
-			v.BatchID, bit = d.str(), 0
+			v.BatchID, set = d.str(), d.once(set, 0)
 		case "call_id":
-			v.CallID, bit = d.str(), 1
+			v.CallID, set = d.str(), d.once(set, 1)
 		case "attempt":
-			v.Attempt, bit = int(d.int64()), 2
+			v.Attempt, set = int(d.int64()), d.once(set, 2)
 		case "operation_id":
-			v.OperationID, bit = d.str(), 3
+			v.OperationID, set = d.str(), d.once(set, 3)
 		case "cause":
-			v.Cause, bit = d.sym(), 4
+			v.Cause, set = d.sym(), d.once(set, 4)
 		case "detail":
-			v.Detail, bit = d.str(), 5
+			v.Detail, set = d.str(), d.once(set, 5)
 		case "capability":
-			v.Capability, bit = Capability(d.sym()), 6
+			v.Capability, set = Capability(d.sym()), d.once(set, 6)
 		case "parallel":
-			v.Parallel, bit = d.boolean(), 7
+			v.Parallel, set = d.boolean(), d.once(set, 7)
 		case "at":
-			v.At, bit = d.time(), 8
+			v.At, set = d.time(), d.once(set, 8)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
 
 func (d *mp) callClaimed() Event {
 	v := new(CallClaimed)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "batch_id":
-			v.BatchID, bit = d.str(), 0
+			v.BatchID, set = d.str(), d.once(set, 0)
 		case "call_id":
-			v.CallID, bit = d.str(), 1
+			v.CallID, set = d.str(), d.once(set, 1)
 		case "attempt":
-			v.Attempt, bit = int(d.int64()), 2
+			v.Attempt, set = int(d.int64()), d.once(set, 2)
 		case "worker_id":
-			v.WorkerID, bit = d.str(), 3
+			v.WorkerID, set = d.str(), d.once(set, 3)
 		case "claim_token":
-			v.ClaimToken, bit = d.str(), 4
+			v.ClaimToken, set = d.str(), d.once(set, 4)
 		case "lease_ms":
-			v.LeaseMS, bit = d.int64(), 5
+			v.LeaseMS, set = d.int64(), d.once(set, 5)
 		case "at":
-			v.At, bit = d.time(), 6
+			v.At, set = d.time(), d.once(set, 6)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
 
 func (d *mp) callCompleted() Event {
 	v := new(CallCompleted)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "batch_id":
-			v.BatchID, bit = d.str(), 0
+			v.BatchID, set = d.str(), d.once(set, 0)
 		case "call_id":
-			v.CallID, bit = d.str(), 1
+			v.CallID, set = d.str(), d.once(set, 1)
 		case "attempt":
-			v.Attempt, bit = int(d.int64()), 2
+			v.Attempt, set = int(d.int64()), d.once(set, 2)
 		case "output":
-			v.Output, bit = d.output(), 3
+			v.Output, set = d.output(), d.once(set, 3)
 		case "error_kind":
-			v.ErrorKind, bit = ErrorKind(d.sym()), 4
+			v.ErrorKind, set = ErrorKind(d.sym()), d.once(set, 4)
 		case "at":
-			v.At, bit = d.time(), 5
+			v.At, set = d.time(), d.once(set, 5)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
 
 func (d *mp) callIndeterminate() Event {
 	v := new(CallIndeterminate)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "batch_id":
-			v.BatchID, bit = d.str(), 0
+			v.BatchID, set = d.str(), d.once(set, 0)
 		case "call_id":
-			v.CallID, bit = d.str(), 1
+			v.CallID, set = d.str(), d.once(set, 1)
 		case "attempt":
-			v.Attempt, bit = int(d.int64()), 2
+			v.Attempt, set = int(d.int64()), d.once(set, 2)
 		case "reason":
-			v.Reason, bit = d.str(), 3
+			v.Reason, set = d.str(), d.once(set, 3)
 		case "at":
-			v.At, bit = d.time(), 4
+			v.At, set = d.time(), d.once(set, 4)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
 
 func (d *mp) callAwaiting() Event {
 	v := new(CallAwaiting)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "batch_id":
-			v.BatchID, bit = d.str(), 0
+			v.BatchID, set = d.str(), d.once(set, 0)
 		case "call_id":
-			v.CallID, bit = d.str(), 1
+			v.CallID, set = d.str(), d.once(set, 1)
 		case "ticket":
-			v.Ticket, bit = d.ticket(), 2
+			v.Ticket, set = d.ticket(), d.once(set, 2)
 		case "at":
-			v.At, bit = d.time(), 3
+			v.At, set = d.time(), d.once(set, 3)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
 
 func (d *mp) ticketResolved() Event {
 	v := new(TicketResolved)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "batch_id":
-			v.BatchID, bit = d.str(), 0
+			v.BatchID, set = d.str(), d.once(set, 0)
 		case "call_id":
-			v.CallID, bit = d.str(), 1
+			v.CallID, set = d.str(), d.once(set, 1)
 		case "correlation_id":
-			v.CorrelationID, bit = d.str(), 2
+			v.CorrelationID, set = d.str(), d.once(set, 2)
 		case "resolution":
-			v.Resolution, bit = Resolution(d.sym()), 3
+			v.Resolution, set = Resolution(d.sym()), d.once(set, 3)
 		case "principal":
-			v.Principal, bit = d.str(), 4
+			v.Principal, set = d.str(), d.once(set, 4)
 		case "note":
-			v.Note, bit = d.str(), 5
+			v.Note, set = d.str(), d.once(set, 5)
 		case "input":
-			v.Input, bit = d.str(), 6
+			v.Input, set = d.str(), d.once(set, 6)
 		case "at":
-			v.At, bit = d.time(), 7
+			v.At, set = d.time(), d.once(set, 7)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
 
 func (d *mp) resultRefused() Event {
 	v := new(ResultRefused)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "batch_id":
-			v.BatchID, bit = d.str(), 0
+			v.BatchID, set = d.str(), d.once(set, 0)
 		case "call_id":
-			v.CallID, bit = d.str(), 1
+			v.CallID, set = d.str(), d.once(set, 1)
 		case "attempt":
-			v.Attempt, bit = int(d.int64()), 2
+			v.Attempt, set = int(d.int64()), d.once(set, 2)
 		case "claim_token":
-			v.ClaimToken, bit = d.str(), 3
+			v.ClaimToken, set = d.str(), d.once(set, 3)
 		case "reason":
-			v.Reason, bit = d.str(), 4
+			v.Reason, set = d.str(), d.once(set, 4)
 		case "at":
-			v.At, bit = d.time(), 5
+			v.At, set = d.time(), d.once(set, 5)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
 
 func (d *mp) batchFinalized() Event {
 	v := new(BatchFinalized)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "batch_id":
-			v.BatchID, bit = d.str(), 0
+			v.BatchID, set = d.str(), d.once(set, 0)
 		case "step":
-			v.Step, bit = d.int64(), 1
+			v.Step, set = d.int64(), d.once(set, 1)
 		case "results":
-			v.Results, bit = d.blockList(), 2
+			v.Results, set = d.blockList(), d.once(set, 2)
 		case "state":
-			v.State, bit = d.commandList(), 3
+			v.State, set = d.commandList(), d.once(set, 3)
 		case "conflict":
-			v.Conflict, bit = d.str(), 4
+			v.Conflict, set = d.str(), d.once(set, 4)
 		case "at":
-			v.At, bit = d.time(), 5
+			v.At, set = d.time(), d.once(set, 5)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
 
 func (d *mp) runEnded() Event {
 	v := new(RunEnded)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "cause":
-			v.Cause, bit = EndCause(d.sym()), 0
+			v.Cause, set = EndCause(d.sym()), d.once(set, 0)
 		case "reason":
-			v.Reason, bit = d.str(), 1
+			v.Reason, set = d.str(), d.once(set, 1)
 		case "at":
-			v.At, bit = d.time(), 2
+			v.At, set = d.time(), d.once(set, 2)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
 
 func (d *mp) message() Message {
 	var v Message
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "id":
-			v.ID, bit = d.str(), 0
+			v.ID, set = d.str(), d.once(set, 0)
 		case "content":
-			v.Content, bit = d.blockList(), 1
+			v.Content, set = d.blockList(), d.once(set, 1)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
@@ -407,60 +368,54 @@ func (d *mp) outputOrNil() *Output {
 
 func (d *mp) output() Output {
 	var v Output
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "call_id":
-			v.CallID, bit = d.str(), 0
+			v.CallID, set = d.str(), d.once(set, 0)
 		case "content":
-			v.Content, bit = d.blockList(), 1
+			v.Content, set = d.blockList(), d.once(set, 1)
 		case "is_error":
-			v.IsError, bit = d.boolean(), 2
+			v.IsError, set = d.boolean(), d.once(set, 2)
 		case "state":
-			v.State, bit = d.commandList(), 3
+			v.State, set = d.commandList(), d.once(set, 3)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
 
 func (d *mp) ticket() Ticket {
 	var v Ticket
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "correlation_id":
-			v.CorrelationID, bit = d.str(), 0
+			v.CorrelationID, set = d.str(), d.once(set, 0)
 		case "run_id":
-			v.RunID, bit = d.str(), 1
+			v.RunID, set = d.str(), d.once(set, 1)
 		case "thread_id":
-			v.ThreadID, bit = d.str(), 2
+			v.ThreadID, set = d.str(), d.once(set, 2)
 		case "batch_id":
-			v.BatchID, bit = d.str(), 3
+			v.BatchID, set = d.str(), d.once(set, 3)
 		case "call_id":
-			v.CallID, bit = d.str(), 4
+			v.CallID, set = d.str(), d.once(set, 4)
 		case "tool_id":
-			v.ToolID, bit = d.str(), 5
+			v.ToolID, set = d.str(), d.once(set, 5)
 		case "arguments":
-			v.Arguments, bit = d.rawJSON(), 6
+			v.Arguments, set = d.rawJSON(), d.once(set, 6)
 		case "reason":
-			v.Reason, bit = WaitKind(d.sym()), 7
+			v.Reason, set = WaitKind(d.sym()), d.once(set, 7)
 		case "snapshot_id":
-			v.SnapshotID, bit = d.str(), 8
+			v.SnapshotID, set = d.str(), d.once(set, 8)
 		case "deadline":
-			v.Deadline, bit = d.timePtr(), 9
+			v.Deadline, set = d.timePtr(), d.once(set, 9)
 		case "due":
-			v.Due, bit = d.timePtr(), 10
+			v.Due, set = d.timePtr(), d.once(set, 10)
 		case "action_kind":
-			v.ActionKind, bit = d.sym(), 11
+			v.ActionKind, set = d.sym(), d.once(set, 11)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
@@ -483,88 +438,76 @@ func (d *mp) commandList() []Command {
 
 func (d *mp) call() Call {
 	var v Call
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "call_id":
-			v.CallID, bit = d.str(), 0
+			v.CallID, set = d.str(), d.once(set, 0)
 		case "tool_id":
-			v.ToolID, bit = d.str(), 1
+			v.ToolID, set = d.str(), d.once(set, 1)
 		case "arguments":
-			v.Arguments, bit = d.rawJSON(), 2
+			v.Arguments, set = d.rawJSON(), d.once(set, 2)
 		case "tool":
-			v.Tool, bit = d.descriptor(), 3
+			v.Tool, set = d.descriptor(), d.once(set, 3)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
 
 func (d *mp) command() Command {
 	var v Command
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "scope":
-			v.Scope, bit = Scope(d.sym()), 0
+			v.Scope, set = Scope(d.sym()), d.once(set, 0)
 		case "key":
-			v.Key, bit = d.str(), 1
+			v.Key, set = d.str(), d.once(set, 1)
 		case "merge":
-			v.Merge, bit = Merge(d.sym()), 2
+			v.Merge, set = Merge(d.sym()), d.once(set, 2)
 		case "action":
-			v.Action, bit = Action(d.sym()), 3
+			v.Action, set = Action(d.sym()), d.once(set, 3)
 		case "value":
-			v.Value, bit = d.rawJSON(), 4
+			v.Value, set = d.rawJSON(), d.once(set, 4)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
 
 func (d *mp) descriptor() Descriptor {
 	var v Descriptor
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "target":
-			v.Target, bit = Target(d.sym()), 0
+			v.Target, set = Target(d.sym()), d.once(set, 0)
 		case "kind":
-			v.Kind, bit = ToolKind(d.sym()), 1
+			v.Kind, set = ToolKind(d.sym()), d.once(set, 1)
 		case "pool":
-			v.Pool, bit = d.sym(), 2
+			v.Pool, set = d.sym(), d.once(set, 2)
 		case "policy":
-			v.Policy, bit = d.policy(), 3
+			v.Policy, set = d.policy(), d.once(set, 3)
 		case "parallel_completion":
-			v.ParallelCompletion, bit = d.boolean(), 4
+			v.ParallelCompletion, set = d.boolean(), d.once(set, 4)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }
 
 func (d *mp) policy() Policy {
 	var v Policy
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		var bit uint
+	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
 		switch string(d.key()) {
 		case "mode":
-			v.Mode, bit = Mode(d.sym()), 0
+			v.Mode, set = Mode(d.sym()), d.once(set, 0)
 		case "max_attempts":
-			v.MaxAttempts, bit = int(d.int64()), 1
+			v.MaxAttempts, set = int(d.int64()), d.once(set, 1)
 		default:
 			d.bad = true
 		}
-		d.seen(&set, bit)
 	}
 	return v
 }

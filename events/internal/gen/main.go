@@ -324,7 +324,7 @@ func (g *generator) structRead(r structRead) error {
 		if err != nil {
 			return err
 		}
-		cases = append(cases, fmt.Sprintf("case %q:\nv.%s, bit = %s, %d\n", key, field, read, len(cases)))
+		cases = append(cases, fmt.Sprintf("case %q:\nv.%s, set = %s, d.once(set, %d)\n", key, field, read, len(cases)))
 	}
 	if len(cases) > 32 {
 		return fmt.Errorf("%s: %d fields, more than the 32 a fast decoder tracks", r.name, len(cases))
@@ -334,8 +334,8 @@ func (g *generator) structRead(r structRead) error {
 	} else {
 		g.printf("func (d *mp) %s() %s {\nvar v %[2]s\n", m, r.name)
 	}
-	g.printf("var set uint32\nfor k, n := 0, d.mapLen(); k < n && !d.bad; k++ {\nvar bit uint\n")
-	g.printf("switch string(d.key()) {\n%sdefault:\nd.bad = true\n}\nd.seen(&set, bit)\n}\nreturn v\n}\n\n", strings.Join(cases, ""))
+	g.printf("for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {\n")
+	g.printf("switch string(d.key()) {\n%sdefault:\nd.bad = true\n}\n}\nreturn v\n}\n\n", strings.Join(cases, ""))
 	return nil
 }
 
