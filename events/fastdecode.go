@@ -406,7 +406,8 @@ func (d *mp) seen(set *uint32, bit uint) {
 	*set |= 1 << bit
 }
 
-// once returns set with a struct field marked as read, as seen does.
+// once returns set with a struct field marked as read, as seen does; the
+// generated reads mark a field in the assignment that reads it.
 func (d *mp) once(set uint32, bit uint) uint32 {
 	d.seen(&set, bit)
 	return set

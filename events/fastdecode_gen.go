@@ -36,6 +36,7 @@ func (d *mp) event(t Type) Event {
 	return nil
 }
 
+// batchSubmitted reads a BatchSubmitted.
 func (d *mp) batchSubmitted() Event {
 	v := new(BatchSubmitted)
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -67,6 +68,7 @@ func (d *mp) batchSubmitted() Event {
 	return v
 }
 
+// batchRejected reads a BatchRejected.
 func (d *mp) batchRejected() Event {
 	v := new(BatchRejected)
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -90,6 +92,7 @@ func (d *mp) batchRejected() Event {
 	return v
 }
 
+// callGated reads a CallGated.
 func (d *mp) callGated() Event {
 	v := new(CallGated)
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -119,6 +122,7 @@ func (d *mp) callGated() Event {
 	return v
 }
 
+// callExecuting reads a CallExecuting.
 func (d *mp) callExecuting() Event {
 	v := new(CallExecuting)
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -148,6 +152,7 @@ func (d *mp) callExecuting() Event {
 	return v
 }
 
+// callClaimed reads a CallClaimed.
 func (d *mp) callClaimed() Event {
 	v := new(CallClaimed)
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -173,6 +178,7 @@ func (d *mp) callClaimed() Event {
 	return v
 }
 
+// callCompleted reads a CallCompleted.
 func (d *mp) callCompleted() Event {
 	v := new(CallCompleted)
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -196,6 +202,7 @@ func (d *mp) callCompleted() Event {
 	return v
 }
 
+// callIndeterminate reads a CallIndeterminate.
 func (d *mp) callIndeterminate() Event {
 	v := new(CallIndeterminate)
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -217,6 +224,7 @@ func (d *mp) callIndeterminate() Event {
 	return v
 }
 
+// callAwaiting reads a CallAwaiting.
 func (d *mp) callAwaiting() Event {
 	v := new(CallAwaiting)
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -236,6 +244,7 @@ func (d *mp) callAwaiting() Event {
 	return v
 }
 
+// ticketResolved reads a TicketResolved.
 func (d *mp) ticketResolved() Event {
 	v := new(TicketResolved)
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -263,6 +272,7 @@ func (d *mp) ticketResolved() Event {
 	return v
 }
 
+// resultRefused reads a ResultRefused.
 func (d *mp) resultRefused() Event {
 	v := new(ResultRefused)
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -286,6 +296,7 @@ func (d *mp) resultRefused() Event {
 	return v
 }
 
+// batchFinalized reads a BatchFinalized.
 func (d *mp) batchFinalized() Event {
 	v := new(BatchFinalized)
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -309,6 +320,7 @@ func (d *mp) batchFinalized() Event {
 	return v
 }
 
+// runEnded reads a RunEnded.
 func (d *mp) runEnded() Event {
 	v := new(RunEnded)
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -326,6 +338,7 @@ func (d *mp) runEnded() Event {
 	return v
 }
 
+// message reads a Message.
 func (d *mp) message() Message {
 	var v Message
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -366,6 +379,7 @@ func (d *mp) outputOrNil() *Output {
 	return &v
 }
 
+// output reads an Output.
 func (d *mp) output() Output {
 	var v Output
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -385,6 +399,7 @@ func (d *mp) output() Output {
 	return v
 }
 
+// ticket reads a Ticket.
 func (d *mp) ticket() Ticket {
 	var v Ticket
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -436,6 +451,7 @@ func (d *mp) commandList() []Command {
 	return out
 }
 
+// call reads a Call.
 func (d *mp) call() Call {
 	var v Call
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -455,6 +471,7 @@ func (d *mp) call() Call {
 	return v
 }
 
+// command reads a Command.
 func (d *mp) command() Command {
 	var v Command
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -476,6 +493,7 @@ func (d *mp) command() Command {
 	return v
 }
 
+// descriptor reads a Descriptor.
 func (d *mp) descriptor() Descriptor {
 	var v Descriptor
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {
@@ -497,6 +515,7 @@ func (d *mp) descriptor() Descriptor {
 	return v
 }
 
+// policy reads a Policy.
 func (d *mp) policy() Policy {
 	var v Policy
 	for set, k, n := uint32(0), 0, d.mapLen(); k < n && !d.bad; k++ {

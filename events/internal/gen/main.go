@@ -329,6 +329,7 @@ func (g *generator) structRead(r structRead) error {
 	if len(cases) > 32 {
 		return fmt.Errorf("%s: %d fields, more than the 32 a fast decoder tracks", r.name, len(cases))
 	}
+	g.printf("// %s reads %s %s.\n", m, article(r.name), r.name)
 	if r.kind == readEvent {
 		g.printf("func (d *mp) %s() Event {\nv := new(%s)\n", m, r.name)
 	} else {
@@ -416,4 +417,12 @@ func lowerFirst(s string) string {
 	r := []rune(s)
 	r[0] = unicode.ToLower(r[0])
 	return string(r)
+}
+
+// article returns the indefinite article for a word.
+func article(word string) string {
+	if strings.ContainsRune("AEIOU", rune(word[0])) {
+		return "an"
+	}
+	return "a"
 }
