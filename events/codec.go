@@ -137,8 +137,9 @@ func EncodeCommit(evs []Event) ([]byte, []string, error) {
 // DecodeCommit decodes a commit body. When headerTypes is not nil, it must
 // list the body's types in order.
 //
-// It reads the body with the hand-written decoders of fastdecode.go, and
-// with the reflective decoder (decodeCommitReflect) whenever those cannot:
+// It reads the body with the fast decoders of fastdecode.go (their reads
+// of the structs are generated into fastdecode_gen.go), and with the
+// reflective decoder (decodeCommitReflect) whenever those cannot:
 // the two agree on everything the first accepts, and every refusal comes
 // from the second.
 func DecodeCommit(body []byte, headerTypes []string) ([]Event, error) {

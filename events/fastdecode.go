@@ -11,7 +11,9 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// The hand-written commit decoder. DecodeCommit tries it first; it reads
+//go:generate go run ./internal/gen
+
+// The fast commit decoder. DecodeCommit tries it first; it reads
 // the encodings EncodeCommit writes (and the equivalent ones the msgpack
 // library would decode the same way) straight into the event structs,
 // without reflection. It never refuses anything itself: whatever it does
@@ -44,8 +46,8 @@ type mp struct {
 	scratch []byte
 }
 
-// decodeCommitFast decodes a commit body with the hand-written decoders.
-// It reports false when it cannot: the reflective decoder then decides.
+// decodeCommitFast decodes a commit body with the fast decoders. It
+// reports false when it cannot: the reflective decoder then decides.
 func decodeCommitFast(body []byte, headerTypes []string, shared *Decoder) ([]Event, bool) {
 	d := mp{b: body, shared: shared}
 	n := d.arrayLen()
@@ -95,39 +97,12 @@ func (d *mp) typeName() Type {
 
 var typeList = Types()
 
-func (d *mp) event(t Type) Event {
-	switch t {
-	case TypeBatchSubmitted:
-		return d.batchSubmitted()
-	case TypeBatchRejected:
-		return d.batchRejected()
-	case TypeCallGated:
-		return d.callGated()
-	case TypeCallExecuting:
-		return d.callExecuting()
-	case TypeCallClaimed:
-		return d.callClaimed()
-	case TypeCallCompleted:
-		return d.callCompleted()
-	case TypeCallIndeterminate:
-		return d.callIndeterminate()
-	case TypeCallAwaiting:
-		return d.callAwaiting()
-	case TypeTicketResolved:
-		return d.ticketResolved()
-	case TypeResultRefused:
-		return d.resultRefused()
-	case TypeBatchFinalized:
-		return d.batchFinalized()
-	case TypeRunEnded:
-		return d.runEnded()
-	}
-	return nil
-}
+// The reads of the event structs (event and one method per struct) are
+// generated into fastdecode_gen.go from the struct tags: a map whose keys
+// are the struct's msgpack names, in any order, each at most once; nil is
+// the zero struct.
 
 // Primitive reads.
-
-func (d *mp) fail() { d.bad = true }
 
 // peek returns the next code, or sets bad at the end of the input.
 func (d *mp) peek() byte {
@@ -165,38 +140,18 @@ func (d *mp) length(size int) int {
 }
 
 // mapLen reads a map header; nil reads as an empty map (the library
-// decodes a nil struct as the zero struct). Every pair takes at least two
-// bytes, so a longer declared length is refused before anything is
-// allocated for it.
-func (d *mp) mapLen() int {
-	c := d.peek()
-	if d.bad {
-		return 0
-	}
-	d.i++
-	var n int
-	switch {
-	case c&0xf0 == 0x80:
-		n = int(c & 0x0f)
-	case c == 0xde:
-		n = d.length(2)
-	case c == 0xdf:
-		n = d.length(4)
-	case c == 0xc0:
-		return 0
-	default:
-		d.bad = true
-		return 0
-	}
-	if n > (len(d.b)-d.i)/2 {
-		d.bad = true
-		return 0
-	}
-	return n
-}
+// decodes a nil struct as the zero struct).
+func (d *mp) mapLen() int { return d.header(0x80, 0xde, 1, 0) }
 
 // arrayLen reads an array header; -1 is nil.
-func (d *mp) arrayLen() int {
+func (d *mp) arrayLen() int { return d.header(0x90, 0xdc, 0, -1) }
+
+// header reads the header of a map or an array: fix is its fix code's high
+// nibble, code16 its 16-bit code (the 32-bit one follows), and nilLen what
+// nil reads as. Every item takes at least 1<<itemShift bytes (a map's pair
+// two), so a longer declared length is refused before anything is
+// allocated for it.
+func (d *mp) header(fix, code16 byte, itemShift uint, nilLen int) int {
 	c := d.peek()
 	if d.bad {
 		return 0
@@ -204,19 +159,19 @@ func (d *mp) arrayLen() int {
 	d.i++
 	var n int
 	switch {
-	case c&0xf0 == 0x90:
+	case c&0xf0 == fix:
 		n = int(c & 0x0f)
-	case c == 0xdc:
+	case c == code16:
 		n = d.length(2)
-	case c == 0xdd:
+	case c == code16+1:
 		n = d.length(4)
 	case c == 0xc0:
-		return -1
+		return nilLen
 	default:
 		d.bad = true
 		return 0
 	}
-	if n > len(d.b)-d.i {
+	if n > (len(d.b)-d.i)>>itemShift {
 		d.bad = true
 		return 0
 	}
@@ -335,124 +290,6 @@ func (d *mp) sym() string {
 	return d.str()
 }
 
-// symbol returns b as the constant string it equals, for the values
-// events carry most (enumerations, the builtin texts), so that every event
-// holding one shares it; a switch, which compares lengths first, is faster
-// than a map here.
-func symbol(b []byte) (string, bool) {
-	switch string(b) {
-	case "Tool completed successfully without output.":
-		return "Tool completed successfully without output.", true
-	case "Tool execution was interrupted before completion. Please retry.":
-		return "Tool execution was interrupted before completion. Please retry.", true
-	case "Tool failed without an error message.":
-		return "Tool failed without an error message.", true
-	case "allow":
-		return "allow", true
-	case "allowed":
-		return "allowed", true
-	case "approved":
-		return "approved", true
-	case "ask":
-		return "ask", true
-	case "block":
-		return "block", true
-	case "brain":
-		return "brain", true
-	case "cancelled":
-		return "cancelled", true
-	case "client":
-		return "client", true
-	case "commutative":
-		return "commutative", true
-	case "configured":
-		return "configured", true
-	case "default":
-		return "default", true
-	case "delegation":
-		return "delegation", true
-	case "denied":
-		return "denied", true
-	case "deny":
-		return "deny", true
-	case "deny_all":
-		return "deny_all", true
-	case "disjoint":
-		return "disjoint", true
-	case "durable_request":
-		return "durable_request", true
-	case "exclusive":
-		return "exclusive", true
-	case "execution":
-		return "execution", true
-	case "expired":
-		return "expired", true
-	case "external":
-		return "external", true
-	case "external_result":
-		return "external_result", true
-	case "idempotent":
-		return "idempotent", true
-	case "indeterminate":
-		return "indeterminate", true
-	case "input":
-		return "input", true
-	case "interrupted":
-		return "interrupted", true
-	case "invalid_arguments":
-		return "invalid_arguments", true
-	case "narrowing":
-		return "narrowing", true
-	case "never_replay":
-		return "never_replay", true
-	case "non_recoverable":
-		return "non_recoverable", true
-	case "performed":
-		return "performed", true
-	case "permission":
-		return "permission", true
-	case "policy":
-		return "policy", true
-	case "recovered":
-		return "recovered", true
-	case "remove":
-		return "remove", true
-	case "replay_safe":
-		return "replay_safe", true
-	case "require_confirmation":
-		return "require_confirmation", true
-	case "retry":
-		return "retry", true
-	case "run":
-		return "run", true
-	case "sandbox":
-		return "sandbox", true
-	case "schedule":
-		return "schedule", true
-	case "scheduled_action":
-		return "scheduled_action", true
-	case "set":
-		return "set", true
-	case "set_result":
-		return "set_result", true
-	case "shared":
-		return "shared", true
-	case "state_conflict":
-		return "state_conflict", true
-	case "thread":
-		return "thread", true
-	case "tool":
-		return "tool", true
-	case "tool_result":
-		return "tool_result", true
-	case "unavailable_before_dispatch":
-		return "unavailable_before_dispatch", true
-	case "unknown":
-		return "unknown", true
-	}
-	return "", false
-}
-
 // int64 reads an integer as the library's DecodeInt64 does (nil is 0, a
 // uint64 wraps).
 func (d *mp) int64() int64 {
@@ -567,6 +404,13 @@ func (d *mp) seen(set *uint32, bit uint) {
 		d.bad = true
 	}
 	*set |= 1 << bit
+}
+
+// once returns set with a struct field marked as read, as seen does; the
+// generated reads mark a field in the assignment that reads it.
+func (d *mp) once(set uint32, bit uint) uint32 {
+	d.seen(&set, bit)
+	return set
 }
 
 // JSON values (RawJSON).
@@ -948,601 +792,4 @@ func (d *mp) nestedBlocks(depth int) []ContentBlock {
 		}
 	}
 	return out
-}
-
-// Structs. Each reads a map whose keys are the struct's msgpack names, in
-// any order, each at most once; nil is the zero struct.
-
-func (d *mp) message() Message {
-	var m Message
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "id":
-			d.seen(&set, 0)
-			m.ID = d.str()
-		case "content":
-			d.seen(&set, 1)
-			m.Content = d.blockList()
-		default:
-			d.fail()
-		}
-	}
-	return m
-}
-
-func (d *mp) descriptor() Descriptor {
-	var t Descriptor
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "target":
-			d.seen(&set, 0)
-			t.Target = Target(d.sym())
-		case "kind":
-			d.seen(&set, 1)
-			t.Kind = ToolKind(d.sym())
-		case "pool":
-			d.seen(&set, 2)
-			t.Pool = d.sym()
-		case "policy":
-			d.seen(&set, 3)
-			t.Policy = d.policy()
-		case "parallel_completion":
-			d.seen(&set, 4)
-			t.ParallelCompletion = d.boolean()
-		default:
-			d.fail()
-		}
-	}
-	return t
-}
-
-func (d *mp) policy() Policy {
-	var p Policy
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "mode":
-			d.seen(&set, 0)
-			p.Mode = Mode(d.sym())
-		case "max_attempts":
-			d.seen(&set, 1)
-			p.MaxAttempts = int(d.int64())
-		default:
-			d.fail()
-		}
-	}
-	return p
-}
-
-func (d *mp) calls() []Call {
-	n := d.arrayLen()
-	if d.bad || n < 0 {
-		return nil
-	}
-	out := make([]Call, 0, min(n, 16))
-	for range n {
-		out = append(out, Call{})
-		var set uint32
-		c := &out[len(out)-1]
-		for j, m := 0, d.mapLen(); j < m && !d.bad; j++ {
-			switch string(d.key()) {
-			case "call_id":
-				d.seen(&set, 0)
-				c.CallID = d.str()
-			case "tool_id":
-				d.seen(&set, 1)
-				c.ToolID = d.str()
-			case "arguments":
-				d.seen(&set, 2)
-				c.Arguments = d.rawJSON()
-			case "tool":
-				d.seen(&set, 3)
-				c.Tool = d.descriptor()
-			default:
-				d.fail()
-			}
-		}
-		if d.bad {
-			return nil
-		}
-	}
-	return out
-}
-
-func (d *mp) commands() []Command {
-	n := d.arrayLen()
-	if d.bad || n < 0 {
-		return nil
-	}
-	out := make([]Command, 0, min(n, 16))
-	for range n {
-		out = append(out, Command{})
-		var set uint32
-		c := &out[len(out)-1]
-		for j, m := 0, d.mapLen(); j < m && !d.bad; j++ {
-			switch string(d.key()) {
-			case "scope":
-				d.seen(&set, 0)
-				c.Scope = Scope(d.sym())
-			case "key":
-				d.seen(&set, 1)
-				c.Key = d.str()
-			case "merge":
-				d.seen(&set, 2)
-				c.Merge = Merge(d.sym())
-			case "action":
-				d.seen(&set, 3)
-				c.Action = Action(d.sym())
-			case "value":
-				d.seen(&set, 4)
-				c.Value = d.rawJSON()
-			default:
-				d.fail()
-			}
-		}
-		if d.bad {
-			return nil
-		}
-	}
-	return out
-}
-
-func (d *mp) output() Output {
-	var o Output
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "call_id":
-			d.seen(&set, 0)
-			o.CallID = d.str()
-		case "content":
-			d.seen(&set, 1)
-			o.Content = d.blockList()
-		case "is_error":
-			d.seen(&set, 2)
-			o.IsError = d.boolean()
-		case "state":
-			d.seen(&set, 3)
-			o.State = d.commands()
-		default:
-			d.fail()
-		}
-	}
-	return o
-}
-
-func (d *mp) ticket() Ticket {
-	var t Ticket
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "correlation_id":
-			d.seen(&set, 0)
-			t.CorrelationID = d.str()
-		case "run_id":
-			d.seen(&set, 1)
-			t.RunID = d.str()
-		case "thread_id":
-			d.seen(&set, 2)
-			t.ThreadID = d.str()
-		case "batch_id":
-			d.seen(&set, 3)
-			t.BatchID = d.str()
-		case "call_id":
-			d.seen(&set, 4)
-			t.CallID = d.str()
-		case "tool_id":
-			d.seen(&set, 5)
-			t.ToolID = d.str()
-		case "arguments":
-			d.seen(&set, 6)
-			t.Arguments = d.rawJSON()
-		case "reason":
-			d.seen(&set, 7)
-			t.Reason = WaitKind(d.sym())
-		case "snapshot_id":
-			d.seen(&set, 8)
-			t.SnapshotID = d.str()
-		case "deadline":
-			d.seen(&set, 9)
-			t.Deadline = d.timePtr()
-		case "due":
-			d.seen(&set, 10)
-			t.Due = d.timePtr()
-		case "action_kind":
-			d.seen(&set, 11)
-			t.ActionKind = d.sym()
-		default:
-			d.fail()
-		}
-	}
-	return t
-}
-
-// Events.
-
-func (d *mp) batchSubmitted() Event {
-	e := new(BatchSubmitted)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "run_id":
-			d.seen(&set, 0)
-			e.RunID = d.str()
-		case "thread_id":
-			d.seen(&set, 1)
-			e.ThreadID = d.str()
-		case "batch_id":
-			d.seen(&set, 2)
-			e.BatchID = d.str()
-		case "step":
-			d.seen(&set, 3)
-			e.Step = d.int64()
-		case "assistant":
-			d.seen(&set, 4)
-			e.Assistant = d.message()
-		case "calls":
-			d.seen(&set, 5)
-			e.Calls = d.calls()
-		case "snapshot_id":
-			d.seen(&set, 6)
-			e.SnapshotID = d.str()
-		case "narrowing":
-			d.seen(&set, 7)
-			e.Narrowing = d.sym()
-		case "digest":
-			d.seen(&set, 8)
-			e.Digest = d.str()
-		case "at":
-			d.seen(&set, 9)
-			e.At = d.time()
-		default:
-			d.fail()
-		}
-	}
-	return e
-}
-
-func (d *mp) batchRejected() Event {
-	e := new(BatchRejected)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "run_id":
-			d.seen(&set, 0)
-			e.RunID = d.str()
-		case "batch_id":
-			d.seen(&set, 1)
-			e.BatchID = d.str()
-		case "step":
-			d.seen(&set, 2)
-			e.Step = d.int64()
-		case "code":
-			d.seen(&set, 3)
-			e.Code = Code(d.sym())
-		case "reason":
-			d.seen(&set, 4)
-			e.Reason = d.str()
-		case "at":
-			d.seen(&set, 5)
-			e.At = d.time()
-		default:
-			d.fail()
-		}
-	}
-	return e
-}
-
-func (d *mp) callGated() Event {
-	e := new(CallGated)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "batch_id":
-			d.seen(&set, 0)
-			e.BatchID = d.str()
-		case "call_id":
-			d.seen(&set, 1)
-			e.CallID = d.str()
-		case "outcome":
-			d.seen(&set, 2)
-			e.Outcome = GateOutcome(d.sym())
-		case "label":
-			d.seen(&set, 3)
-			e.Label = d.sym()
-		case "stage":
-			d.seen(&set, 4)
-			e.Stage = d.sym()
-		case "rule":
-			d.seen(&set, 5)
-			e.Rule = d.str()
-		case "reason":
-			d.seen(&set, 6)
-			e.Reason = d.str()
-		case "output":
-			d.seen(&set, 7)
-			if !d.isNil() {
-				o := d.output()
-				e.Output = &o
-			}
-		case "at":
-			d.seen(&set, 8)
-			e.At = d.time()
-		default:
-			d.fail()
-		}
-	}
-	return e
-}
-
-func (d *mp) callExecuting() Event {
-	e := new(CallExecuting)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "batch_id":
-			d.seen(&set, 0)
-			e.BatchID = d.str()
-		case "call_id":
-			d.seen(&set, 1)
-			e.CallID = d.str()
-		case "attempt":
-			d.seen(&set, 2)
-			e.Attempt = int(d.int64())
-		case "operation_id":
-			d.seen(&set, 3)
-			e.OperationID = d.str()
-		case "cause":
-			d.seen(&set, 4)
-			e.Cause = d.sym()
-		case "detail":
-			d.seen(&set, 5)
-			e.Detail = d.str()
-		case "capability":
-			d.seen(&set, 6)
-			e.Capability = Capability(d.sym())
-		case "parallel":
-			d.seen(&set, 7)
-			e.Parallel = d.boolean()
-		case "at":
-			d.seen(&set, 8)
-			e.At = d.time()
-		default:
-			d.fail()
-		}
-	}
-	return e
-}
-
-func (d *mp) callClaimed() Event {
-	e := new(CallClaimed)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "batch_id":
-			d.seen(&set, 0)
-			e.BatchID = d.str()
-		case "call_id":
-			d.seen(&set, 1)
-			e.CallID = d.str()
-		case "attempt":
-			d.seen(&set, 2)
-			e.Attempt = int(d.int64())
-		case "worker_id":
-			d.seen(&set, 3)
-			e.WorkerID = d.str()
-		case "claim_token":
-			d.seen(&set, 4)
-			e.ClaimToken = d.str()
-		case "lease_ms":
-			d.seen(&set, 5)
-			e.LeaseMS = d.int64()
-		case "at":
-			d.seen(&set, 6)
-			e.At = d.time()
-		default:
-			d.fail()
-		}
-	}
-	return e
-}
-
-func (d *mp) callCompleted() Event {
-	e := new(CallCompleted)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "batch_id":
-			d.seen(&set, 0)
-			e.BatchID = d.str()
-		case "call_id":
-			d.seen(&set, 1)
-			e.CallID = d.str()
-		case "attempt":
-			d.seen(&set, 2)
-			e.Attempt = int(d.int64())
-		case "output":
-			d.seen(&set, 3)
-			e.Output = d.output()
-		case "error_kind":
-			d.seen(&set, 4)
-			e.ErrorKind = ErrorKind(d.sym())
-		case "at":
-			d.seen(&set, 5)
-			e.At = d.time()
-		default:
-			d.fail()
-		}
-	}
-	return e
-}
-
-func (d *mp) callIndeterminate() Event {
-	e := new(CallIndeterminate)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "batch_id":
-			d.seen(&set, 0)
-			e.BatchID = d.str()
-		case "call_id":
-			d.seen(&set, 1)
-			e.CallID = d.str()
-		case "attempt":
-			d.seen(&set, 2)
-			e.Attempt = int(d.int64())
-		case "reason":
-			d.seen(&set, 3)
-			e.Reason = d.str()
-		case "at":
-			d.seen(&set, 4)
-			e.At = d.time()
-		default:
-			d.fail()
-		}
-	}
-	return e
-}
-
-func (d *mp) callAwaiting() Event {
-	e := new(CallAwaiting)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "batch_id":
-			d.seen(&set, 0)
-			e.BatchID = d.str()
-		case "call_id":
-			d.seen(&set, 1)
-			e.CallID = d.str()
-		case "ticket":
-			d.seen(&set, 2)
-			e.Ticket = d.ticket()
-		case "at":
-			d.seen(&set, 3)
-			e.At = d.time()
-		default:
-			d.fail()
-		}
-	}
-	return e
-}
-
-func (d *mp) ticketResolved() Event {
-	e := new(TicketResolved)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "batch_id":
-			d.seen(&set, 0)
-			e.BatchID = d.str()
-		case "call_id":
-			d.seen(&set, 1)
-			e.CallID = d.str()
-		case "correlation_id":
-			d.seen(&set, 2)
-			e.CorrelationID = d.str()
-		case "resolution":
-			d.seen(&set, 3)
-			e.Resolution = Resolution(d.sym())
-		case "principal":
-			d.seen(&set, 4)
-			e.Principal = d.str()
-		case "note":
-			d.seen(&set, 5)
-			e.Note = d.str()
-		case "input":
-			d.seen(&set, 6)
-			e.Input = d.str()
-		case "at":
-			d.seen(&set, 7)
-			e.At = d.time()
-		default:
-			d.fail()
-		}
-	}
-	return e
-}
-
-func (d *mp) resultRefused() Event {
-	e := new(ResultRefused)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "batch_id":
-			d.seen(&set, 0)
-			e.BatchID = d.str()
-		case "call_id":
-			d.seen(&set, 1)
-			e.CallID = d.str()
-		case "attempt":
-			d.seen(&set, 2)
-			e.Attempt = int(d.int64())
-		case "claim_token":
-			d.seen(&set, 3)
-			e.ClaimToken = d.str()
-		case "reason":
-			d.seen(&set, 4)
-			e.Reason = d.str()
-		case "at":
-			d.seen(&set, 5)
-			e.At = d.time()
-		default:
-			d.fail()
-		}
-	}
-	return e
-}
-
-func (d *mp) batchFinalized() Event {
-	e := new(BatchFinalized)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "batch_id":
-			d.seen(&set, 0)
-			e.BatchID = d.str()
-		case "step":
-			d.seen(&set, 1)
-			e.Step = d.int64()
-		case "results":
-			d.seen(&set, 2)
-			e.Results = d.blockList()
-		case "state":
-			d.seen(&set, 3)
-			e.State = d.commands()
-		case "conflict":
-			d.seen(&set, 4)
-			e.Conflict = d.str()
-		case "at":
-			d.seen(&set, 5)
-			e.At = d.time()
-		default:
-			d.fail()
-		}
-	}
-	return e
-}
-
-func (d *mp) runEnded() Event {
-	e := new(RunEnded)
-	var set uint32
-	for k, n := 0, d.mapLen(); k < n && !d.bad; k++ {
-		switch string(d.key()) {
-		case "cause":
-			d.seen(&set, 0)
-			e.Cause = EndCause(d.sym())
-		case "reason":
-			d.seen(&set, 1)
-			e.Reason = d.str()
-		case "at":
-			d.seen(&set, 2)
-			e.At = d.time()
-		default:
-			d.fail()
-		}
-	}
-	return e
 }
