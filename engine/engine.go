@@ -66,7 +66,10 @@ type Config struct {
 	// calls in progress to finish and be recorded (default 10s); calls
 	// still running then are left to the recovery of the next owner.
 	Grace time.Duration
-	// Now is the engine's clock (default time.Now).
+	// Now is the engine's clock (default time.Now): the time of every
+	// event and of every ticket's deadline and due time. The engine's
+	// in-memory watches (leases, dispatch deadlines, idle runs) use the
+	// monotonic clock instead, so that a clock step never fires them.
 	Now func() time.Time
 }
 

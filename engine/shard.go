@@ -221,7 +221,7 @@ func (s *shard) handle(runCtx context.Context, it item) {
 	var err error
 	for try := 0; try < 3; try++ {
 		if err = s.load(ctx, rs); err == nil {
-			err = s.handleOnce(runCtx, rs, it)
+			err = s.handleOnce(ctx, runCtx, rs, it)
 			if err == nil {
 				// Whatever the item was, the run goes on from where it is:
 				// driven once, here (it flushes).
@@ -296,9 +296,9 @@ func (s *shard) busy(it item, err error) {
 	// A claim or heartbeat of a run another engine owns is answered by it.
 }
 
-func (s *shard) handleOnce(runCtx context.Context, rs *runState, it item) error {
-	ctx, cancel := opCtx()
-	defer cancel()
+// handleOnce translates one item into what the run needs; ctx bounds the
+// whole item (handle's, one per item), runCtx ends at shutdown.
+func (s *shard) handleOnce(ctx, runCtx context.Context, rs *runState, it item) error {
 	switch w := it.work.(type) {
 	case *outcome:
 		return s.onOutcome(ctx, runCtx, rs, w)
