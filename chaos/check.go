@@ -60,12 +60,8 @@ func readStreams(ctx context.Context, url string) (*recorded, error) {
 // sequence when the read began.
 func readStream(ctx context.Context, js jetstream.JetStream, name string) ([]audit.Record, error) {
 	var out []audit.Record
-	err := protocol.ReadOrdered(ctx, js, name, nil, 0, func(m jetstream.Msg, seq uint64) error {
-		meta, err := m.Metadata()
-		if err != nil {
-			return err
-		}
-		out = append(out, audit.Record{Seq: seq, Subject: m.Subject(), Time: meta.Timestamp,
+	err := protocol.ReadOrdered(ctx, js, name, protocol.ReadOptions{}, func(m jetstream.Msg, meta *jetstream.MsgMetadata) error {
+		out = append(out, audit.Record{Seq: meta.Sequence.Stream, Subject: m.Subject(), Time: meta.Timestamp,
 			Headers: map[string][]string(m.Headers()), Data: m.Data()})
 		return nil
 	})

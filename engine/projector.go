@@ -229,7 +229,8 @@ func (p *projectorRunner) loadUpTo(ctx context.Context, runID string, seq uint64
 	if seq == 0 {
 		return pm, nil
 	}
-	err := protocol.ReadOrdered(ctx, p.e.js, p.e.names.EventsStream(), []string{p.e.names.Events(runID)}, seq, func(m jetstream.Msg, s uint64) error {
+	err := protocol.ReadOrdered(ctx, p.e.js, p.e.names.EventsStream(), protocol.ReadOptions{Subjects: []string{p.e.names.Events(runID)}, UpTo: seq}, func(m jetstream.Msg, meta *jetstream.MsgMetadata) error {
+		s := meta.Sequence.Stream
 		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
 		if err != nil {
 			return err

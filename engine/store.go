@@ -136,7 +136,8 @@ func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, uint
 		return nil, 0, fmt.Errorf("load run %s: %w", runID, err)
 	}
 	var seq uint64
-	err = protocol.ReadOrdered(ctx, l.js, l.names.EventsStream(), []string{l.names.Events(runID)}, last.Sequence, func(m jetstream.Msg, s uint64) error {
+	err = protocol.ReadOrdered(ctx, l.js, l.names.EventsStream(), protocol.ReadOptions{Subjects: []string{l.names.Events(runID)}, UpTo: last.Sequence}, func(m jetstream.Msg, meta *jetstream.MsgMetadata) error {
+		s := meta.Sequence.Stream
 		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
 		if err != nil {
 			return fmt.Errorf("commit at %d: %w", s, err)

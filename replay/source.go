@@ -346,12 +346,9 @@ func recycle(c *lineChunk) {
 	}
 }
 
-// NATSSource reads the streams from JetStream with ordered consumers.
-//
-// It does not use protocol.ReadOrdered: a selection starts its consumer at
-// a sequence (FromSeq) or a time (Since), a read waits stallTimeout for a
-// message the stream says is there, and messages stream in (PullMaxMessages)
-// rather than being fetched batch by batch.
+// NATSSource reads the streams from JetStream with ordered consumers
+// (protocol.ReadOrdered), waiting stallTimeout for a message the stream
+// says is there.
 type NATSSource struct {
 	js     jetstream.JetStream
 	prefix string
@@ -367,48 +364,16 @@ func NewNATSSource(js jetstream.JetStream, prefix string) *NATSSource {
 // up to the last one stored when the read began (see Source).
 func (n *NATSSource) Read(ctx context.Context, which Stream, sel Selection, decode bool, fn func(*Message) error) error {
 	name := streamName(n.prefix, which)
-	st, err := n.js.Stream(ctx, name)
-	if err != nil {
-		return fmt.Errorf("stream %s: %w", name, err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("stream %s: %w", name, err)
-	}
-	if info.State.Msgs == 0 || info.State.LastSeq < sel.FromSeq && which == EventsStream {
-		return nil
-	}
-	upTo := info.State.LastSeq
-	cfg := jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{subjectFilter(n.prefix, which, sel.Run)},
-		DeliverPolicy:     jetstream.DeliverAllPolicy,
-		InactiveThreshold: 30 * time.Second,
-	}
-	switch {
-	case which == EventsStream && sel.FromSeq > 1:
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, sel.FromSeq
-	case !sel.Since.IsZero():
-		since := sel.Since
-		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
-	}
-	cons, err := n.js.OrderedConsumer(ctx, name, cfg)
-	if err != nil {
-		return fmt.Errorf("stream %s: consumer: %w", name, err)
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(fetchBatch))
-	if err != nil {
-		return fmt.Errorf("stream %s: consumer: %w", name, err)
-	}
-	defer it.Stop()
-	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
-		return nil // nothing matches
+	opt := protocol.ReadOptions{Subjects: []string{subjectFilter(n.prefix, which, sel.Run)},
+		Since: sel.Since, Stall: stallTimeout, Pull: fetchBatch, Inactive: 30 * time.Second}
+	if which == EventsStream {
+		opt.FromSeq = sel.FromSeq
 	}
 	decode = decode && which == EventsStream
 	// The reading loop hands on batches of messages; their commits are
 	// decoded on every core; fn gets them in order.
 	const batch = 256
 	produce := func(emit func([]Message) bool) error {
-		var last uint64
 		msgs := make([]Message, 0, batch)
 		flush := func() bool {
 			if len(msgs) == 0 {
@@ -418,56 +383,30 @@ func (n *NATSSource) Read(ctx context.Context, which Stream, sel Selection, deco
 			msgs = make([]Message, 0, batch)
 			return ok
 		}
-		// One timer, armed while waiting for a message, is much cheaper than
-		// a context with a deadline per message.
-		wctx, stalled := context.WithCancel(ctx)
-		defer stalled()
-		stall := time.AfterFunc(stallTimeout, stalled)
-		stall.Stop()
-		for {
-			stall.Reset(stallTimeout)
-			m, err := it.Next(jetstream.NextContext(wctx))
-			stall.Stop()
-			if err != nil {
-				flush()
-				if ctx.Err() != nil {
-					return ErrInterrupted
-				}
-				return fmt.Errorf("stream %s: no message after seq %d for %s (%w)", name, last, stallTimeout, err)
-			}
-			meta, err := m.Metadata()
-			if err != nil {
-				flush()
-				return fmt.Errorf("stream %s: %w", name, err)
-			}
-			seq := meta.Sequence.Stream
-			if seq > upTo {
-				flush()
-				return nil // stored after the read began
-			}
-			last = seq
+		err := protocol.ReadOrdered(ctx, n.js, name, opt, func(m jetstream.Msg, meta *jetstream.MsgMetadata) error {
 			// The client gives every message its own body and header map.
 			h := map[string][]string(m.Headers())
 			if h == nil {
 				h = map[string][]string{}
 			}
-			r := audit.Record{Seq: seq, Subject: m.Subject(), Time: meta.Timestamp.UTC(), Headers: h, Data: m.Data()}
+			r := audit.Record{Seq: meta.Sequence.Stream, Subject: m.Subject(), Time: meta.Timestamp.UTC(), Headers: h, Data: m.Data()}
 			keep, stop := sel.keep(which, r)
 			if stop {
-				flush()
-				return nil
+				return protocol.ErrStopRead
 			}
 			if keep {
 				msgs = append(msgs, Message{Record: r})
 				if len(msgs) == batch && !flush() {
-					return nil
+					return protocol.ErrStopRead
 				}
 			}
-			if seq >= upTo || meta.NumPending == 0 {
-				flush()
-				return nil
-			}
+			return nil
+		})
+		flush()
+		if err != nil && ctx.Err() != nil {
+			return ErrInterrupted
 		}
+		return err
 	}
 	work := func(msgs []Message) {
 		if decode {
@@ -486,7 +425,7 @@ func (n *NATSSource) Read(ctx context.Context, which Stream, sel Selection, deco
 		}
 		return nil
 	}
-	err = inOrder(produce, work, consume)
+	err := inOrder(produce, work, consume)
 	if errors.Is(err, errStop) {
 		return nil
 	}

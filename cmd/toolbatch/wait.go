@@ -28,8 +28,8 @@ func acceptedDigest(ctx context.Context, nc *nats.Conn, prefix, runID string, st
 		return "", fmt.Errorf("find the events stream: %w", err)
 	}
 	var digest string
-	errFound := errors.New("found")
-	err = protocol.ReadOrdered(ctx, js, name, []string{names.Events(runID)}, 0, func(m jetstream.Msg, seq uint64) error {
+	err = protocol.ReadOrdered(ctx, js, name, protocol.ReadOptions{Subjects: []string{names.Events(runID)}}, func(m jetstream.Msg, meta *jetstream.MsgMetadata) error {
+		seq := meta.Sequence.Stream
 		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
 		if err != nil {
 			return fmt.Errorf("commit %d of run %s: %w", seq, runID, err)
@@ -37,15 +37,12 @@ func acceptedDigest(ctx context.Context, nc *nats.Conn, prefix, runID string, st
 		for _, e := range evs {
 			if bs, ok := e.(*events.BatchSubmitted); ok && bs.Step == step {
 				digest = bs.Digest
-				return errFound
+				return protocol.ErrStopRead
 			}
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, errFound) {
-		return "", err
-	}
-	return digest, nil
+	return digest, err
 }
 
 // waitRejection waits for the engine's rejection of a submission for a step
