@@ -409,9 +409,6 @@ func (d *decider) completeAttempt(cp Complete, fromWorker bool) error {
 	if err != nil {
 		return err
 	}
-	if cp.Output != nil {
-		cp.Output, cp.Error = withinLimits(b, *cp.Output, cp.Limits)
-	}
 	unavailable := cp.Error != nil && cp.Error.Kind == events.ErrorUnavailableBeforeDispatch
 	if c.Tool.Target == events.TargetSandbox {
 		switch {
@@ -422,6 +419,9 @@ func (d *decider) completeAttempt(cp Complete, fromWorker bool) error {
 		case cp.ClaimToken != c.Claim.Token:
 			return ErrStaleClaim
 		}
+	}
+	if cp.Output != nil {
+		cp.Output, cp.Error = withinLimits(b, *cp.Output, cp.Limits)
 	}
 	if unavailable {
 		// Nothing ran: safe to retry whatever the mode, within the budget.

@@ -9,11 +9,21 @@
 //
 //   - (*Run).Apply(event) folds one event. An event that is not a legal
 //     transition returns a *TransitionError and changes nothing.
-//   - Decide(run, command) returns the events to commit, as one commit, or
-//     a named error. It never changes the run. A refusal of client input is
-//     an *events.Refusal with its protocol code; an illegal transition is
-//     one of the Err* sentinels. A command already carried out (the same
-//     batch submitted again, a second cancel) returns no events and no error.
+//   - Decide(run, command) returns the events to commit, as one commit, and
+//     the run after them (folded once), or a named error. It never changes
+//     the run it is given. A refusal of client input is an *events.Refusal
+//     with its protocol code; an illegal transition is one of the Err*
+//     sentinels. A command already carried out (the same batch submitted
+//     again, a second cancel) returns no events and no error. Refusals the
+//     log records are decisions like any other: a refused submission is its
+//     BatchRejected event (Submit, Reject), a worker's result that is not
+//     the current claim its ResultRefused (Result).
+//
+// Every domain answer is decided here, from facts the engine gathers: the
+// limits an output must fit (OutputLimits) and the server's message size
+// (Submit.MaxPayload), the narrowing stage of the gate chain (Narrowed), a
+// heartbeat's currency (CheckHeartbeat), the call whose capability a ticket
+// needs (TicketCall).
 //
 // Next(run) says what the run needs from the engine: gate a call, park a
 // client call, wait for executors, wait on a ticket, or nothing. Decide
