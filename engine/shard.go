@@ -243,7 +243,7 @@ func (s *shard) handle(runCtx context.Context, it item) {
 			_ = m.NakWithDelay(time.Second)
 		}
 		if req := it.request(); req != nil {
-			respond(req, protocol.ClaimReply{Reason: ReasonBusy})
+			respond(req, protocol.ClaimReply{Reason: protocol.ReasonBusy})
 		}
 		if o := done; o != nil {
 			// Not recorded: keep the outcome and try again.
@@ -273,9 +273,6 @@ func busyDelay(m jetstream.Msg, ackWait time.Duration) time.Duration {
 	return min(5*time.Millisecond<<(n-1), ceiling)
 }
 
-// ReasonBusy answers a claim the engine could not decide now: try again.
-const ReasonBusy = protocol.ReasonBusy
-
 // busy gives an item back when another engine owns its run, or the owners
 // bucket cannot be reached.
 func (s *shard) busy(it item, err error) {
@@ -291,7 +288,7 @@ func (s *shard) busy(it item, err error) {
 		// Back soon: the owner may release the run in a moment.
 		_ = in.msg.NakWithDelay(busyDelay(in.msg, s.e.cfg.AckWait))
 	case it.request() != nil && !errors.Is(err, ErrNotOwner):
-		respond(it.request(), protocol.ClaimReply{Reason: ReasonBusy})
+		respond(it.request(), protocol.ClaimReply{Reason: protocol.ReasonBusy})
 	}
 	// A claim or heartbeat of a run another engine owns is answered by it.
 }
