@@ -5,23 +5,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testnats"
 )
 
 // TestLiveCapabilitiesFollowTheBuckets: the mirror answers what the
 // buckets hold, including an advertisement made a moment ago, and forgets
 // deleted keys and advertisements older than the workers' TTL.
 func TestLiveCapabilitiesFollowTheBuckets(t *testing.T) {
-	srv := testServer(t)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	srv := testnats.Start(t, t.TempDir())
+	nc := testnats.Connect(t, srv.ClientURL())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
@@ -123,22 +118,6 @@ func (f fakeEntry) Revision() uint64                { return 1 }
 func (f fakeEntry) Created() time.Time              { return f.created }
 func (f fakeEntry) Delta() uint64                   { return 0 }
 func (f fakeEntry) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePut }
-
-// testServer starts an embedded nats-server with JetStream; it stops after
-// everything the test registers later with t.Cleanup (engines, say).
-func testServer(t *testing.T) *server.Server {
-	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server did not start")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv
-}
 
 // waitFor checks cond every 10ms until it holds, failing at ctx's deadline.
 func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {

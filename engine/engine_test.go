@@ -8,42 +8,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/protocol"
 )
-
-// startServer starts an embedded nats-server with JetStream storing in dir.
-func startServer(t *testing.T, dir string) *server.Server {
-	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server did not start")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv
-}
-
-func connect(t *testing.T, url string) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
-}
 
 // runningEngine is an engine serving in the background.
 type runningEngine struct {
@@ -54,7 +28,7 @@ type runningEngine struct {
 
 func startEngine(t *testing.T, url string, cfg engine.Config) *runningEngine {
 	t.Helper()
-	nc := connect(t, url)
+	nc := testnats.Connect(t, url)
 	if cfg.AckWait == 0 {
 		cfg.AckWait = 2 * time.Second
 	}
@@ -95,7 +69,7 @@ func (re *runningEngine) shutdown(t *testing.T) {
 
 func newClient(t *testing.T, url string) *client.Client {
 	t.Helper()
-	c, err := client.New(connect(t, url))
+	c, err := client.New(testnats.Connect(t, url))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +105,7 @@ func resultTexts(r *protocol.ResultsOut) []string {
 }
 
 func TestBatchOfThreeBrainCalls(t *testing.T) {
-	srv := startServer(t, t.TempDir())
+	srv := testnats.Start(t, t.TempDir())
 	startEngine(t, srv.ClientURL(), engine.Config{})
 	c := newClient(t, srv.ClientURL())
 	ctx := ctxT(t, 30*time.Second)
@@ -152,15 +126,12 @@ func TestBatchOfThreeBrainCalls(t *testing.T) {
 }
 
 func TestRefusalsWhileServingOtherRuns(t *testing.T) {
-	srv := startServer(t, t.TempDir())
+	srv := testnats.Start(t, t.TempDir())
 	startEngine(t, srv.ClientURL(), engine.Config{})
 	url := srv.ClientURL()
 	c := newClient(t, url)
-	nc := connect(t, url)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := testnats.Connect(t, url)
+	js := testnats.JetStream(t, nc)
 	ctx := ctxT(t, 60*time.Second)
 
 	// A healthy run goes on while refusals happen.
@@ -303,7 +274,7 @@ func waitEnded(t *testing.T, ctx context.Context, c *client.Client, runID string
 // TestConfirmationThroughTheClient parks a batch on a confirmation and
 // approves it; nothing is published before the approval.
 func TestConfirmationThroughTheClient(t *testing.T) {
-	cat, err := catalog.Parse([]byte(`
+	cat := mustCatalog(t, `
 tools:
   - {id: echo, builtin: echo, recovery: {mode: replay_safe}}
   - {id: send_mail, builtin: echo}
@@ -312,11 +283,8 @@ gate:
     - tools: ["send_*"]
       outcome: require_confirmation
       deadline: 10m
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := startServer(t, t.TempDir())
+`)
+	srv := testnats.Start(t, t.TempDir())
 	startEngine(t, srv.ClientURL(), engine.Config{Catalog: cat})
 	c := newClient(t, srv.ClientURL())
 	ctx := ctxT(t, 30*time.Second)
@@ -382,7 +350,7 @@ gate:
 // duplicate window) and starts again: every result is still published once.
 func TestRestartPublishesNothingTwice(t *testing.T) {
 	dir := t.TempDir()
-	srv := startServer(t, dir)
+	srv := testnats.Start(t, dir)
 	url := srv.ClientURL()
 	re := startEngine(t, url, engine.Config{})
 	c := newClient(t, url)
@@ -398,10 +366,7 @@ func TestRestartPublishesNothingTwice(t *testing.T) {
 		}
 	}
 	re.shutdown(t)
-	js, err := jetstream.New(connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, testnats.Connect(t, url))
 	if err := js.DeleteConsumer(ctx, "TOOLBATCH_EVENTS", "projector"); err != nil {
 		t.Fatal(err)
 	}
@@ -436,7 +401,7 @@ func TestRestartPublishesNothingTwice(t *testing.T) {
 // waste work, never do wrong work: every batch gets exactly one results
 // message with every call's result.
 func TestTwoEnginesShareTheRuns(t *testing.T) {
-	srv := startServer(t, t.TempDir())
+	srv := testnats.Start(t, t.TempDir())
 	url := srv.ClientURL()
 	startEngine(t, url, engine.Config{})
 	startEngine(t, url, engine.Config{})
@@ -472,10 +437,7 @@ func TestTwoEnginesShareTheRuns(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	js, err := jetstream.New(connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, testnats.Connect(t, url))
 	out, err := js.Stream(ctx, "TOOLBATCH_OUT")
 	if err != nil {
 		t.Fatal(err)
@@ -499,7 +461,7 @@ func TestTwoEnginesShareTheRuns(t *testing.T) {
 // responder nothing was dispatched and the attempt is retried, then
 // completes with unavailable_before_dispatch.
 func TestHostBrainServices(t *testing.T) {
-	cat, err := catalog.Parse([]byte(`
+	cat := mustCatalog(t, `
 tools:
   - {id: lookup, recovery: {mode: replay_safe, max_attempts: 2}}
   - {id: absent, recovery: {mode: never_replay, max_attempts: 2}}
@@ -510,14 +472,11 @@ gate:
       when: '"run.hb.count" in state && state["run.hb.count"] >= 2'
       outcome: block
       reason: enough lookups
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := startServer(t, t.TempDir())
+`)
+	srv := testnats.Start(t, t.TempDir())
 	url := srv.ClientURL()
 	startEngine(t, url, engine.Config{Catalog: cat})
-	nc := connect(t, url)
+	nc := testnats.Connect(t, url)
 	c := newClient(t, url)
 	ctx := ctxT(t, 30*time.Second)
 
@@ -551,10 +510,7 @@ gate:
 			Value: events.MustJSON(fmt.Sprint(req.Attempt + 1))}}
 		return protocol.BrainReply{Output: &o}
 	})
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, nc)
 
 	// Without a registry entry, lookup's capability is non_recoverable:
 	// its replay_safe mode is not supported, so it is not executed.
@@ -610,7 +566,7 @@ gate:
 // scheduled action fire on their own; a deadline that passes while no
 // engine runs fires when one starts again.
 func TestTimersFireAlsoWhileTheEngineIsDown(t *testing.T) {
-	cat, err := catalog.Parse([]byte(`
+	cat := mustCatalog(t, `
 tools:
   - {id: send_mail, builtin: echo}
   - {id: report, builtin: echo, recovery: {mode: replay_safe}}
@@ -618,11 +574,8 @@ gate:
   rules:
     - {tools: ["send_*"], outcome: require_confirmation, deadline: 1s}
     - {tools: ["report"], outcome: schedule, after: 1s}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := startServer(t, t.TempDir())
+`)
+	srv := testnats.Start(t, t.TempDir())
 	url := srv.ClientURL()
 	re := startEngine(t, url, engine.Config{Catalog: cat})
 	c := newClient(t, url)
@@ -656,10 +609,7 @@ gate:
 	}
 	w.Stop()
 	re.shutdown(t)
-	js, err := jetstream.New(connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, testnats.Connect(t, url))
 	timers, err := js.Stream(ctx, "TOOLBATCH_TIMERS")
 	if err != nil {
 		t.Fatal(err)
@@ -700,19 +650,16 @@ func poll(t *testing.T, ctx context.Context, what string, cond func() bool) {
 // awaits input parks the run on a delegation ticket, input resumes it; a
 // cancel delivers cancellation to the open child after the run ends.
 func TestDelegation(t *testing.T) {
-	cat, err := catalog.Parse([]byte(`
+	cat := mustCatalog(t, `
 tools:
   - {id: research, kind: delegation, parallel_completion: true}
   - {id: interview, kind: delegation}
   - {id: echo, builtin: echo, recovery: {mode: replay_safe}}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := startServer(t, t.TempDir())
+`)
+	srv := testnats.Start(t, t.TempDir())
 	url := srv.ClientURL()
 	startEngine(t, url, engine.Config{Catalog: cat})
-	nc := connect(t, url)
+	nc := testnats.Connect(t, url)
 	c := newClient(t, url)
 	ctx := ctxT(t, 60*time.Second)
 
@@ -851,17 +798,14 @@ tools:
 // The child's service refuses it while the engine that ended the run is
 // up; that engine stops; another engine delivers it.
 func TestChildCancelSurvivesRestart(t *testing.T) {
-	cat, err := catalog.Parse([]byte(`
+	cat := mustCatalog(t, `
 tools:
   - {id: interview, kind: delegation}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := startServer(t, t.TempDir())
+`)
+	srv := testnats.Start(t, t.TempDir())
 	url := srv.ClientURL()
 	first := startEngine(t, url, engine.Config{Catalog: cat})
-	nc := connect(t, url)
+	nc := testnats.Connect(t, url)
 	c := newClient(t, url)
 	ctx := ctxT(t, 60*time.Second)
 
@@ -938,14 +882,11 @@ func waitTicket(t *testing.T, ctx context.Context, c *client.Client, runID, batc
 // catalog's wait_deadline, completing the call with "client result timed
 // out".
 func TestClientWaitDeadline(t *testing.T) {
-	cat, err := catalog.Parse([]byte(`
+	cat := mustCatalog(t, `
 tools:
   - {id: ask_user, kind: client, wait_deadline: 1s}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := startServer(t, t.TempDir())
+`)
+	srv := testnats.Start(t, t.TempDir())
 	startEngine(t, srv.ClientURL(), engine.Config{Catalog: cat})
 	c := newClient(t, srv.ClientURL())
 	ctx := ctxT(t, 30*time.Second)

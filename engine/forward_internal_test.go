@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -21,19 +22,11 @@ import (
 // subject. Every run is owned by engine A before its first submission, so
 // the submissions engine B pulls are forwarded.
 func TestMessagesReachTheOwner(t *testing.T) {
-	srv := testServer(t)
-	connect := func() *nats.Conn {
-		nc, err := nats.Connect(srv.ClientURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
+	srv := testnats.Start(t, t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	start := func() *Engine {
-		e, err := New(connect(), Config{AckWait: 5 * time.Second})
+		e, err := New(testnats.Connect(t, srv.ClientURL()), Config{AckWait: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,7 +48,7 @@ func TestMessagesReachTheOwner(t *testing.T) {
 	}
 	a, _ := start(), start()
 
-	nc := connect()
+	nc := testnats.Connect(t, srv.ClientURL())
 	var forwards atomic.Int64
 	if _, err := nc.Subscribe(a.names.Forward("*"), func(*nats.Msg) { forwards.Add(1) }); err != nil {
 		t.Fatal(err)
@@ -91,10 +84,7 @@ func TestMessagesReachTheOwner(t *testing.T) {
 	if forwards.Load() == 0 {
 		t.Fatalf("no submission of %d reached engine B and was forwarded", runs)
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, nc)
 	inbox, err := js.Stream(ctx, a.names.InboxStream())
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -210,14 +211,11 @@ gate:
     - {tools: ["report"], outcome: schedule, after: 1s, action_kind: weekly}
     - {tools: ["rm_*"], outcome: block, reason: destructive tools are disabled}
 `)
-	srv := startServer(t, t.TempDir())
+	srv := testnats.Start(t, t.TempDir())
 	url := srv.ClientURL()
 	startEngine(t, url, engine.Config{Catalog: cat})
 	c := newClient(t, url)
-	js, err := jetstream.New(connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, testnats.Connect(t, url))
 	ctx := ctxT(t, 30*time.Second)
 
 	if err := c.Submit(ctx, submitOf("mix", 1,
@@ -365,14 +363,11 @@ gate:
 `)
 	var skew atomic.Int64
 	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
-	srv := startServer(t, t.TempDir())
+	srv := testnats.Start(t, t.TempDir())
 	url := srv.ClientURL()
 	startEngine(t, url, engine.Config{Catalog: cat, Now: now})
 	c := newClient(t, url)
-	js, err := jetstream.New(connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, testnats.Connect(t, url))
 	ctx := ctxT(t, 30*time.Second)
 
 	if err := c.Submit(ctx, submitOf("rf", 1, "send_mail", `{"to":"x"}`, "report", `{"week":1}`)); err != nil {
@@ -540,15 +535,12 @@ gate:
     - {tools: ["send_*"], outcome: require_confirmation}
     - {tools: ["report"], outcome: schedule, after: 3s}
 `)
-	srv := startServer(t, t.TempDir())
+	srv := testnats.Start(t, t.TempDir())
 	url := srv.ClientURL()
 	re := startEngine(t, url, engine.Config{Catalog: cat})
-	nc := connect(t, url)
+	nc := testnats.Connect(t, url)
 	c := newClient(t, url)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, nc)
 	ctx := ctxT(t, 30*time.Second)
 
 	// report is a host service that counts its executions.
@@ -648,15 +640,12 @@ tools:
   - {id: lookup, recovery: {mode: replay_safe, max_attempts: 10}}
   - {id: ask_user, kind: client}
 `)
-	srv := startServer(t, t.TempDir())
+	srv := testnats.Start(t, t.TempDir())
 	url := srv.ClientURL()
 	re := startEngine(t, url, engine.Config{Catalog: cat})
-	nc := connect(t, url)
+	nc := testnats.Connect(t, url)
 	c := newClient(t, url)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, nc)
 	ctx := ctxT(t, 30*time.Second)
 	kv, err := js.KeyValue(ctx, "TOOLBATCH_REGISTRY")
 	if err != nil {
