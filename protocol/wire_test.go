@@ -266,6 +266,20 @@ func TestDecodeSubmit(t *testing.T) {
 	}
 }
 
+// decodeBoth decodes d with decode from JSON and from msgpack.
+func decodeBoth[T any](t *testing.T, d any, decode func([]byte, bool, events.Limits) (T, error)) (fromJSON, fromMsgpack T) {
+	t.Helper()
+	fromJSON, err := decode(mustJSON(t, d), true, events.DefaultLimits())
+	if err != nil {
+		t.Fatalf("decode JSON: %v", err)
+	}
+	fromMsgpack, err = decode(mustMsgpack(t, d), false, events.DefaultLimits())
+	if err != nil {
+		t.Fatalf("decode msgpack: %v", err)
+	}
+	return fromJSON, fromMsgpack
+}
+
 // TestDecodeSubmitJSONEqualsMsgpack decodes one submission, with blocks of
 // every kind, from JSON and from msgpack.
 func TestDecodeSubmitJSONEqualsMsgpack(t *testing.T) {
@@ -290,14 +304,7 @@ func TestDecodeSubmitJSONEqualsMsgpack(t *testing.T) {
 			{Type: events.BlockToolUse, ID: "call_2", Name: "write_file", Input: events.MustJSON(`{"n":2,"path":"/tmp/y"}`)},
 		}},
 	}
-	fromJSON, err := protocol.DecodeSubmit(mustJSON(t, d), true, events.DefaultLimits())
-	if err != nil {
-		t.Fatalf("decode JSON: %v", err)
-	}
-	fromMsgpack, err := protocol.DecodeSubmit(mustMsgpack(t, d), false, events.DefaultLimits())
-	if err != nil {
-		t.Fatalf("decode msgpack: %v", err)
-	}
+	fromJSON, fromMsgpack := decodeBoth(t, d, protocol.DecodeSubmit)
 	if !reflect.DeepEqual(fromJSON, want) {
 		t.Fatalf("from JSON:\n  got:  %s\n  want: %s", show(fromJSON), show(want))
 	}
@@ -416,14 +423,7 @@ func TestDecodeResumeJSONEqualsMsgpack(t *testing.T) {
 				{Scope: events.ScopeShared, Key: "lock", Merge: events.MergeExclusive, Action: events.ActionRemove},
 			},
 		}}}
-	fromJSON, err := protocol.DecodeResume(mustJSON(t, d), true, events.DefaultLimits())
-	if err != nil {
-		t.Fatalf("decode JSON: %v", err)
-	}
-	fromMsgpack, err := protocol.DecodeResume(mustMsgpack(t, d), false, events.DefaultLimits())
-	if err != nil {
-		t.Fatalf("decode msgpack: %v", err)
-	}
+	fromJSON, fromMsgpack := decodeBoth(t, d, protocol.DecodeResume)
 	if !reflect.DeepEqual(fromJSON, want) {
 		t.Fatalf("from JSON:\n  got:  %s\n  want: %s", show(fromJSON), show(want))
 	}
