@@ -67,23 +67,21 @@ func dispositionText(d *protocol.DispositionOut) string {
 // ticket.
 func (rw *runWatch) park(what string) ([]string, protocol.AwaitingOut) {
 	rw.t.Helper()
-	var disp []string
-	for {
-		m := rw.next(what)
-		switch {
-		case m.Disposition != nil:
-			disp = append(disp, dispositionText(m.Disposition))
-		case m.Awaiting != nil:
-			return disp, *m.Awaiting
-		default:
-			rw.t.Fatalf("%s: unexpected %s message %+v", what, m.Kind, m)
-		}
-	}
+	disp, m := rw.dispositionsThen(what, func(m client.Message) bool { return m.Awaiting != nil })
+	return disp, *m.Awaiting
 }
 
 // results reads the messages of a finalized batch: a disposition per call,
 // then the results.
 func (rw *runWatch) results(what string) ([]string, *protocol.ResultsOut) {
+	rw.t.Helper()
+	disp, m := rw.dispositionsThen(what, func(m client.Message) bool { return m.Results != nil })
+	return disp, m.Results
+}
+
+// dispositionsThen reads dispositions until the message that last accepts,
+// and returns the dispositions and that message; any other message fails.
+func (rw *runWatch) dispositionsThen(what string, last func(client.Message) bool) ([]string, client.Message) {
 	rw.t.Helper()
 	var disp []string
 	for {
@@ -91,8 +89,8 @@ func (rw *runWatch) results(what string) ([]string, *protocol.ResultsOut) {
 		switch {
 		case m.Disposition != nil:
 			disp = append(disp, dispositionText(m.Disposition))
-		case m.Results != nil:
-			return disp, m.Results
+		case last(m):
+			return disp, m
 		default:
 			rw.t.Fatalf("%s: unexpected %s message %+v", what, m.Kind, m)
 		}

@@ -11,10 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/internal/testproc"
 	"github.com/toolbatch/toolbatch/protocol"
 )
@@ -121,12 +120,7 @@ func startCluster(t *testing.T, workers ...string) *cluster {
 		c.workers[name] = testproc.Start(t, name, `"ready"`, workerBin, "--nats-url", c.url, "--config", cfg,
 			"--worker-id", name, "--log-format", "json", "--concurrency", "8")
 	}
-	nc, err := nats.Connect(c.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	if c.client, err = client.New(nc); err != nil {
+	if c.client, err = client.New(testnats.Connect(t, c.url)); err != nil {
 		t.Fatal(err)
 	}
 	return c
