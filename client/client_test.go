@@ -30,8 +30,8 @@ type env struct {
 // and TOOLBATCH_OUT for prefix as the engine does, and returns a client.
 func newEnv(t *testing.T, ctx context.Context, prefix string, opts ...client.Option) *env {
 	t.Helper()
-	srv := testnats.Start(t, t.TempDir())
-	nc := testnats.Connect(t, srv.ClientURL())
+	url := testnats.Start(t, t.TempDir())
+	nc := testnats.Connect(t, url)
 	js := testnats.JetStream(t, nc)
 	inbox, err := js.CreateStream(ctx, jetstream.StreamConfig{
 		Name: streamName(prefix, "INBOX"),

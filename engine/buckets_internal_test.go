@@ -15,8 +15,8 @@ import (
 // buckets hold, including an advertisement made a moment ago, and forgets
 // deleted keys and advertisements older than the workers' TTL.
 func TestLiveCapabilitiesFollowTheBuckets(t *testing.T) {
-	srv := testnats.Start(t, t.TempDir())
-	nc := testnats.Connect(t, srv.ClientURL())
+	url := testnats.Start(t, t.TempDir())
+	nc := testnats.Connect(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 

@@ -105,9 +105,9 @@ func resultTexts(r *protocol.ResultsOut) []string {
 }
 
 func TestBatchOfThreeBrainCalls(t *testing.T) {
-	srv := testnats.Start(t, t.TempDir())
-	startEngine(t, srv.ClientURL(), engine.Config{})
-	c := newClient(t, srv.ClientURL())
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{})
+	c := newClient(t, url)
 	ctx := ctxT(t, 30*time.Second)
 
 	s := submitOf("run1", 1, "echo", `{"text":"one"}`, "sleep", `{"duration":"20ms"}`, "fail", `{"message":"nope"}`)
@@ -126,9 +126,8 @@ func TestBatchOfThreeBrainCalls(t *testing.T) {
 }
 
 func TestRefusalsWhileServingOtherRuns(t *testing.T) {
-	srv := testnats.Start(t, t.TempDir())
-	startEngine(t, srv.ClientURL(), engine.Config{})
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{})
 	c := newClient(t, url)
 	nc := testnats.Connect(t, url)
 	js := testnats.JetStream(t, nc)
@@ -284,9 +283,9 @@ gate:
       outcome: require_confirmation
       deadline: 10m
 `)
-	srv := testnats.Start(t, t.TempDir())
-	startEngine(t, srv.ClientURL(), engine.Config{Catalog: cat})
-	c := newClient(t, srv.ClientURL())
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{Catalog: cat})
+	c := newClient(t, url)
 	ctx := ctxT(t, 30*time.Second)
 
 	if err := c.Submit(ctx, submitOf("conf", 1, "echo", `{"a":1}`, "send_mail", `{"to":"x@example.com"}`, "echo", `{"b":2}`)); err != nil {
@@ -350,8 +349,7 @@ gate:
 // duplicate window) and starts again: every result is still published once.
 func TestRestartPublishesNothingTwice(t *testing.T) {
 	dir := t.TempDir()
-	srv := testnats.Start(t, dir)
-	url := srv.ClientURL()
+	url := testnats.Start(t, dir)
 	re := startEngine(t, url, engine.Config{})
 	c := newClient(t, url)
 	ctx := ctxT(t, 60*time.Second)
@@ -401,8 +399,7 @@ func TestRestartPublishesNothingTwice(t *testing.T) {
 // waste work, never do wrong work: every batch gets exactly one results
 // message with every call's result.
 func TestTwoEnginesShareTheRuns(t *testing.T) {
-	srv := testnats.Start(t, t.TempDir())
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
 	startEngine(t, url, engine.Config{})
 	startEngine(t, url, engine.Config{})
 	c := newClient(t, url)
@@ -473,8 +470,7 @@ gate:
       outcome: block
       reason: enough lookups
 `)
-	srv := testnats.Start(t, t.TempDir())
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
 	startEngine(t, url, engine.Config{Catalog: cat})
 	nc := testnats.Connect(t, url)
 	c := newClient(t, url)
@@ -575,8 +571,7 @@ gate:
     - {tools: ["send_*"], outcome: require_confirmation, deadline: 1s}
     - {tools: ["report"], outcome: schedule, after: 1s}
 `)
-	srv := testnats.Start(t, t.TempDir())
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
 	re := startEngine(t, url, engine.Config{Catalog: cat})
 	c := newClient(t, url)
 	ctx := ctxT(t, 60*time.Second)
@@ -656,8 +651,7 @@ tools:
   - {id: interview, kind: delegation}
   - {id: echo, builtin: echo, recovery: {mode: replay_safe}}
 `)
-	srv := testnats.Start(t, t.TempDir())
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
 	startEngine(t, url, engine.Config{Catalog: cat})
 	nc := testnats.Connect(t, url)
 	c := newClient(t, url)
@@ -802,8 +796,7 @@ func TestChildCancelSurvivesRestart(t *testing.T) {
 tools:
   - {id: interview, kind: delegation}
 `)
-	srv := testnats.Start(t, t.TempDir())
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
 	first := startEngine(t, url, engine.Config{Catalog: cat})
 	nc := testnats.Connect(t, url)
 	c := newClient(t, url)
@@ -886,9 +879,9 @@ func TestClientWaitDeadline(t *testing.T) {
 tools:
   - {id: ask_user, kind: client, wait_deadline: 1s}
 `)
-	srv := testnats.Start(t, t.TempDir())
-	startEngine(t, srv.ClientURL(), engine.Config{Catalog: cat})
-	c := newClient(t, srv.ClientURL())
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{Catalog: cat})
+	c := newClient(t, url)
 	ctx := ctxT(t, 30*time.Second)
 	if err := c.Submit(ctx, submitOf("cw", 1, "ask_user", `{"q":"?"}`)); err != nil {
 		t.Fatal(err)

@@ -22,11 +22,11 @@ import (
 // subject. Every run is owned by engine A before its first submission, so
 // the submissions engine B pulls are forwarded.
 func TestMessagesReachTheOwner(t *testing.T) {
-	srv := testnats.Start(t, t.TempDir())
+	url := testnats.Start(t, t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	start := func() *Engine {
-		e, err := New(testnats.Connect(t, srv.ClientURL()), Config{AckWait: 5 * time.Second})
+		e, err := New(testnats.Connect(t, url), Config{AckWait: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -48,7 +48,7 @@ func TestMessagesReachTheOwner(t *testing.T) {
 	}
 	a, _ := start(), start()
 
-	nc := testnats.Connect(t, srv.ClientURL())
+	nc := testnats.Connect(t, url)
 	var forwards atomic.Int64
 	if _, err := nc.Subscribe(a.names.Forward("*"), func(*nats.Msg) { forwards.Add(1) }); err != nil {
 		t.Fatal(err)

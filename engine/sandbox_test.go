@@ -23,8 +23,7 @@ func TestClaimsAndFencing(t *testing.T) {
 tools:
   - {id: build, target: sandbox, recovery: {mode: replay_safe, max_attempts: 3}, dispatch_deadline: 20s}
 `)
-	srv := testnats.Start(t, t.TempDir())
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
 	startEngine(t, url, engine.Config{Catalog: cat, Lease: 300 * time.Millisecond})
 	nc := testnats.Connect(t, url)
 	js := testnats.JetStream(t, nc)

@@ -209,8 +209,7 @@ gate:
     - {tools: ["report"], outcome: schedule, after: 1s, action_kind: weekly}
     - {tools: ["rm_*"], outcome: block, reason: destructive tools are disabled}
 `)
-	srv := testnats.Start(t, t.TempDir())
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
 	startEngine(t, url, engine.Config{Catalog: cat})
 	c := newClient(t, url)
 	js := testnats.JetStream(t, testnats.Connect(t, url))
@@ -361,8 +360,7 @@ gate:
 `)
 	var skew atomic.Int64
 	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
-	srv := testnats.Start(t, t.TempDir())
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
 	startEngine(t, url, engine.Config{Catalog: cat, Now: now})
 	c := newClient(t, url)
 	js := testnats.JetStream(t, testnats.Connect(t, url))
@@ -441,6 +439,17 @@ gate:
 	if after := lastCommit(t, ctx, js, "rf"); after != before {
 		t.Fatalf("refusals committed: last commit %d, was %d", after, before)
 	}
+	// refusedUnchanged sends what, reads its refusal and checks that it
+	// committed nothing.
+	refusedUnchanged := func(what string, code events.Code, cid string, send func()) {
+		t.Helper()
+		before := lastCommit(t, ctx, js, "rf")
+		send()
+		w.refused(what, code, cid)
+		if after := lastCommit(t, ctx, js, "rf"); after != before {
+			t.Fatalf("%s committed: last commit %d, was %d", what, after, before)
+		}
+	}
 
 	// The ticket is still open: approve it. The second click (another
 	// principal, so not a stream duplicate) is not_awaiting.
@@ -451,14 +460,11 @@ gate:
 	if sched.Reason != events.WaitScheduledAction || sched.CallID != "c2" {
 		t.Fatalf("scheduled ticket: %+v", sched)
 	}
-	before = lastCommit(t, ctx, js, "rf")
-	if err := c.Approve(ctx, tk, "bob", ""); err != nil {
-		t.Fatal(err)
-	}
-	w.refused("a double approve", events.CodeNotAwaiting, tk.CorrelationID)
-	if after := lastCommit(t, ctx, js, "rf"); after != before {
-		t.Fatalf("the double approve committed: last commit %d, was %d", after, before)
-	}
+	refusedUnchanged("the double approve", events.CodeNotAwaiting, tk.CorrelationID, func() {
+		if err := c.Approve(ctx, tk, "bob", ""); err != nil {
+			t.Fatal(err)
+		}
+	})
 
 	// Perform the scheduled call now; a second perform is refused. (The
 	// client's Perform carries a deterministic message id, so a second one
@@ -471,12 +477,9 @@ gate:
 	if got := fmt.Sprint(resultTexts(res)); got != `[c1=ok "{\"to\":\"x\"}" c2=ok "{\"week\":1}"]` {
 		t.Fatalf("results: %s", got)
 	}
-	before = lastCommit(t, ctx, js, "rf")
-	publishJSON(t, ctx, js, "toolbatch.control.rf", map[string]any{"action": "perform", "correlation_id": sched.CorrelationID})
-	w.refused("a second perform", events.CodeNotAwaiting, sched.CorrelationID)
-	if after := lastCommit(t, ctx, js, "rf"); after != before {
-		t.Fatalf("the second perform committed: last commit %d, was %d", after, before)
-	}
+	refusedUnchanged("the second perform", events.CodeNotAwaiting, sched.CorrelationID, func() {
+		publishJSON(t, ctx, js, "toolbatch.control.rf", map[string]any{"action": "perform", "correlation_id": sched.CorrelationID})
+	})
 
 	// Expired: the engine's clock passes the deadline; the server's timer
 	// (at the real deadline) has not fired yet.
@@ -489,14 +492,11 @@ gate:
 		t.Fatal(err)
 	}
 	skew.Store(int64(time.Until(deadline) + time.Minute))
-	before = lastCommit(t, ctx, js, "rf")
-	if err := c.Approve(ctx, tk2, "alice", "late"); err != nil {
-		t.Fatal(err)
-	}
-	w.refused("an approval after the deadline", events.CodeExpired, tk2.CorrelationID)
-	if after := lastCommit(t, ctx, js, "rf"); after != before {
-		t.Fatalf("the late approval committed: last commit %d, was %d", after, before)
-	}
+	refusedUnchanged("the late approval", events.CodeExpired, tk2.CorrelationID, func() {
+		if err := c.Approve(ctx, tk2, "alice", "late"); err != nil {
+			t.Fatal(err)
+		}
+	})
 
 	// Cancel ends the parked run: its open call is indeterminate, the
 	// results and .ended are published once; repeating cancel and
@@ -533,8 +533,7 @@ gate:
     - {tools: ["send_*"], outcome: require_confirmation}
     - {tools: ["report"], outcome: schedule, after: 3s}
 `)
-	srv := testnats.Start(t, t.TempDir())
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
 	re := startEngine(t, url, engine.Config{Catalog: cat})
 	nc := testnats.Connect(t, url)
 	c := newClient(t, url)
@@ -638,8 +637,7 @@ tools:
   - {id: lookup, recovery: {mode: replay_safe, max_attempts: 10}}
   - {id: ask_user, kind: client}
 `)
-	srv := testnats.Start(t, t.TempDir())
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
 	re := startEngine(t, url, engine.Config{Catalog: cat})
 	nc := testnats.Connect(t, url)
 	c := newClient(t, url)

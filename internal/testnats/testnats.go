@@ -10,9 +10,10 @@ import (
 )
 
 // Start starts an embedded nats-server on a free port of 127.0.0.1 with
-// JetStream storing in dir; it stops after everything the test registers
-// later with t.Cleanup (engines and connections, say).
-func Start(t testing.TB, dir string) *server.Server {
+// JetStream storing in dir, and returns its client URL. The server stops
+// after everything the test registers later with t.Cleanup (engines and
+// connections, say).
+func Start(t testing.TB, dir string) (url string) {
 	t.Helper()
 	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
 	if err != nil {
@@ -23,7 +24,7 @@ func Start(t testing.TB, dir string) *server.Server {
 	if !srv.ReadyForConnections(10 * time.Second) {
 		t.Fatal("nats-server did not start")
 	}
-	return srv
+	return srv.ClientURL()
 }
 
 // Connect connects to url; the connection is closed at the test's cleanup.
