@@ -249,10 +249,7 @@ func TestDecodeSubmit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			lim := tt.lim
-			if lim == (events.Limits{}) {
-				lim = events.DefaultLimits()
-			}
+			lim := orDefault(tt.lim)
 			both(t, tt.body, tt.isJSON, func(t *testing.T, b []byte, isJSON bool) {
 				s, err := protocol.DecodeSubmit(b, isJSON, lim)
 				checkCode(t, err, tt.want)
@@ -264,6 +261,14 @@ func TestDecodeSubmit(t *testing.T) {
 			})
 		})
 	}
+}
+
+// orDefault is lim, or the default limits for a case that sets none.
+func orDefault(lim events.Limits) events.Limits {
+	if lim == (events.Limits{}) {
+		return events.DefaultLimits()
+	}
+	return lim
 }
 
 // decodeBoth decodes d with decode from JSON and from msgpack.
@@ -395,10 +400,7 @@ func TestDecodeResume(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			lim := tt.lim
-			if lim == (events.Limits{}) {
-				lim = events.DefaultLimits()
-			}
+			lim := orDefault(tt.lim)
 			both(t, tt.body, tt.isJSON, func(t *testing.T, b []byte, isJSON bool) {
 				r, err := protocol.DecodeResume(b, isJSON, lim)
 				checkCode(t, err, tt.want)
@@ -505,10 +507,7 @@ func TestDecodeResult(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			lim := tt.lim
-			if lim == (events.Limits{}) {
-				lim = events.DefaultLimits()
-			}
+			lim := orDefault(tt.lim)
 			r, err := protocol.DecodeResult(tt.body, lim)
 			if tt.wantErr == nil {
 				if err != nil {
