@@ -376,17 +376,9 @@ func TestRestartPublishesNothingTwice(t *testing.T) {
 	if _, err := c.WaitResults(ctx, "r6", "r6/1"); err != nil {
 		t.Fatal(err)
 	}
-	out, err := js.Stream(ctx, "TOOLBATCH_OUT")
-	if err != nil {
-		t.Fatal(err)
-	}
 	for i := 1; i <= 6; i++ {
-		info, err := out.Info(ctx, jetstream.WithSubjectFilter(fmt.Sprintf("toolbatch.out.r%d.results", i)))
-		if err != nil {
-			t.Fatal(err)
-		}
 		var n uint64
-		for _, c := range info.State.Subjects {
+		for _, c := range subjectCounts(t, ctx, js, "TOOLBATCH_OUT", fmt.Sprintf("toolbatch.out.r%d.results", i)) {
 			n += c
 		}
 		if n != 1 {
@@ -435,21 +427,14 @@ func TestTwoEnginesShareTheRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	js := testnats.JetStream(t, testnats.Connect(t, url))
-	out, err := js.Stream(ctx, "TOOLBATCH_OUT")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := out.Info(ctx, jetstream.WithSubjectFilter("toolbatch.out.*.results"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for subj, n := range info.State.Subjects {
+	results := subjectCounts(t, ctx, js, "TOOLBATCH_OUT", "toolbatch.out.*.results")
+	for subj, n := range results {
 		if n != steps {
 			t.Fatalf("%s: %d results messages, want %d", subj, n, steps)
 		}
 	}
-	if len(info.State.Subjects) != runs {
-		t.Fatalf("%d runs with results, want %d", len(info.State.Subjects), runs)
+	if len(results) != runs {
+		t.Fatalf("%d runs with results, want %d", len(results), runs)
 	}
 }
 
@@ -605,17 +590,9 @@ gate:
 	w.Stop()
 	re.shutdown(t)
 	js := testnats.JetStream(t, testnats.Connect(t, url))
-	timers, err := js.Stream(ctx, "TOOLBATCH_TIMERS")
-	if err != nil {
-		t.Fatal(err)
-	}
 	poll(t, ctx, "the deadline fires while no engine runs", func() bool {
-		info, err := timers.Info(ctx, jetstream.WithSubjectFilter("toolbatch.timer.fire.tm"))
-		if err != nil {
-			t.Fatal(err)
-		}
 		// Fired timers of batch 1 were consumed; the one of batch 2 waits.
-		return info.State.Subjects["toolbatch.timer.fire.tm"] == 1
+		return subjectCounts(t, ctx, js, "TOOLBATCH_TIMERS", "toolbatch.timer.fire.tm")["toolbatch.timer.fire.tm"] == 1
 	})
 	startEngine(t, url, engine.Config{Catalog: cat})
 	if res, err = c.WaitResults(ctx, "tm", "tm/2"); err != nil {
@@ -624,6 +601,21 @@ gate:
 	if got := fmt.Sprint(resultTexts(res)); got != `[c1=error "blocked: confirmation timed out"]` {
 		t.Fatalf("results: %s", got)
 	}
+}
+
+// subjectCounts returns the number of messages of each subject that
+// matches filter in the stream.
+func subjectCounts(t *testing.T, ctx context.Context, js jetstream.JetStream, stream, filter string) map[string]uint64 {
+	t.Helper()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Subjects
 }
 
 // poll checks cond every 20ms until it holds, failing at ctx's deadline.

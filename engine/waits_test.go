@@ -300,18 +300,11 @@ gate:
 	}
 
 	// Exactly one results message for the batch, and one outcome per call.
-	out, err := js.Stream(ctx, "TOOLBATCH_OUT")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := out.Info(ctx, jetstream.WithSubjectFilter("toolbatch.out.mix.>"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := info.State.Subjects["toolbatch.out.mix.results"]; n != 1 {
+	counts := subjectCounts(t, ctx, js, "TOOLBATCH_OUT", "toolbatch.out.mix.>")
+	if n := counts["toolbatch.out.mix.results"]; n != 1 {
 		t.Fatalf("%d results messages, want 1", n)
 	}
-	if n := info.State.Subjects["toolbatch.out.mix.awaiting"]; n != 3 {
+	if n := counts["toolbatch.out.mix.awaiting"]; n != 3 {
 		t.Fatalf("%d tickets, want 3", n)
 	}
 	outcomes := map[string]int{}
@@ -587,16 +580,8 @@ gate:
 	if !time.Now().Before(due) {
 		t.Fatalf("the engine took until after the due time (%s) to stop", sched.Due)
 	}
-	timers, err := js.Stream(ctx, "TOOLBATCH_TIMERS")
-	if err != nil {
-		t.Fatal(err)
-	}
 	fired := func() uint64 {
-		info, err := timers.Info(ctx, jetstream.WithSubjectFilter("toolbatch.timer.fire.pr"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return info.State.Subjects["toolbatch.timer.fire.pr"]
+		return subjectCounts(t, ctx, js, "TOOLBATCH_TIMERS", "toolbatch.timer.fire.pr")["toolbatch.timer.fire.pr"]
 	}
 	poll(t, ctx, "the schedule fires while no engine runs", func() bool { return fired() == 1 })
 	if n := reports.Load(); n != 0 {
