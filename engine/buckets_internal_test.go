@@ -9,6 +9,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/testnats"
+	"github.com/toolbatch/toolbatch/internal/testwait"
 )
 
 // TestLiveCapabilitiesFollowTheBuckets: the mirror answers what the
@@ -53,14 +54,14 @@ func TestLiveCapabilitiesFollowTheBuckets(t *testing.T) {
 	if got := e.live.sandbox(ctx, "default", "t"); got != events.CapReplaySafe {
 		t.Fatalf("just advertised: %s", got)
 	}
-	waitFor(t, ctx, "advertisement mirrored", func() bool { return e.live.mirrored("default.t", "w1") })
+	testwait.Until(t, ctx, "advertisement mirrored", func() bool { return e.live.mirrored("default.t", "w1") })
 	if got := e.live.sandbox(ctx, "other", "t"); got != events.CapNonRecoverable {
 		t.Fatalf("another pool: %s", got)
 	}
 	if err := workers.Delete(ctx, "sandbox.default.t.w1"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, "deleted advertisement forgotten", func() bool { return !e.live.mirrored("default.t", "w1") })
+	testwait.Until(t, ctx, "deleted advertisement forgotten", func() bool { return !e.live.mirrored("default.t", "w1") })
 	if got := e.live.sandbox(ctx, "default", "t"); got != events.CapNonRecoverable {
 		t.Fatalf("after the worker's delete: %s", got)
 	}
@@ -85,7 +86,7 @@ func TestLiveCapabilitiesFollowTheBuckets(t *testing.T) {
 	if err := registry.Delete(ctx, "brain.x"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, "deregistration followed", func() bool { return e.live.brainTool(ctx, "x") == events.CapNonRecoverable })
+	testwait.Until(t, ctx, "deregistration followed", func() bool { return e.live.brainTool(ctx, "x") == events.CapNonRecoverable })
 	if _, ok := e.live.mirroredBrain("x"); ok {
 		t.Fatal("a deleted registration stays in the mirror")
 	}
@@ -118,17 +119,3 @@ func (f fakeEntry) Revision() uint64                { return 1 }
 func (f fakeEntry) Created() time.Time              { return f.created }
 func (f fakeEntry) Delta() uint64                   { return 0 }
 func (f fakeEntry) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePut }
-
-// waitFor checks cond every 10ms until it holds, failing at ctx's deadline.
-func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
-	t.Helper()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not before the deadline", what)
-		case <-tick.C:
-		}
-	}
-}

@@ -16,6 +16,7 @@ import (
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/testnats"
+	"github.com/toolbatch/toolbatch/internal/testwait"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -507,13 +508,7 @@ gate:
 		t.Fatalf("results\n got %s\nwant %s", got, want)
 	}
 	// The service declares its capability in the registry.
-	kv, err := js.KeyValue(ctx, "TOOLBATCH_REGISTRY")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "brain.lookup", []byte("replay_safe")); err != nil {
-		t.Fatal(err)
-	}
+	putKey(t, ctx, js, "TOOLBATCH_REGISTRY", "brain.lookup", "replay_safe")
 	if err := c.Submit(ctx, submitOf("hb", 2, "lookup", `{"q":2}`, "counter", `{}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -590,7 +585,7 @@ gate:
 	w.Stop()
 	re.shutdown(t)
 	js := testnats.JetStream(t, testnats.Connect(t, url))
-	poll(t, ctx, "the deadline fires while no engine runs", func() bool {
+	testwait.Until(t, ctx, "the deadline fires while no engine runs", func() bool {
 		// Fired timers of batch 1 were consumed; the one of batch 2 waits.
 		return subjectCounts(t, ctx, js, "TOOLBATCH_TIMERS", "toolbatch.timer.fire.tm")["toolbatch.timer.fire.tm"] == 1
 	})
@@ -618,17 +613,15 @@ func subjectCounts(t *testing.T, ctx context.Context, js jetstream.JetStream, st
 	return info.State.Subjects
 }
 
-// poll checks cond every 20ms until it holds, failing at ctx's deadline.
-func poll(t *testing.T, ctx context.Context, what string, cond func() bool) {
+// putKey puts value under key in the bucket.
+func putKey(t *testing.T, ctx context.Context, js jetstream.JetStream, bucket, key, value string) {
 	t.Helper()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not before the deadline", what)
-		case <-tick.C:
-		}
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, key, []byte(value)); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -764,19 +757,27 @@ tools:
 	}
 
 	// Cancel while a child waits: the run ends, then the child is cancelled.
-	if err := c.Submit(ctx, submitOf("dc", 1, "interview", `{}`)); err != nil {
-		t.Fatal(err)
-	}
-	waitTicket(t, ctx, c, "dc", "dc/1")
-	if err := c.Cancel(ctx, "dc", "stop"); err != nil {
-		t.Fatal(err)
-	}
-	waitEnded(t, ctx, c, "dc")
-	poll(t, ctx, "the child is cancelled", func() bool {
+	cancelDelegating(t, ctx, c, "dc")
+	testwait.Until(t, ctx, "the child is cancelled", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(cancels) == 1 && cancels[0] == "dc/1/c1"
 	})
+}
+
+// cancelDelegating submits step 1 of runID, a call of the delegation tool
+// interview, waits for the run to park on the child, cancels the run and
+// waits for its end.
+func cancelDelegating(t *testing.T, ctx context.Context, c *client.Client, runID string) {
+	t.Helper()
+	if err := c.Submit(ctx, submitOf(runID, 1, "interview", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	waitTicket(t, ctx, c, runID, runID+"/1")
+	if err := c.Cancel(ctx, runID, "stop"); err != nil {
+		t.Fatal(err)
+	}
+	waitEnded(t, ctx, c, runID)
 }
 
 // TestChildCancelSurvivesRestart: the cancel of a delegated child a run
@@ -825,15 +826,8 @@ tools:
 		t.Fatal(err)
 	}
 
-	if err := c.Submit(ctx, submitOf("dr", 1, "interview", `{}`)); err != nil {
-		t.Fatal(err)
-	}
-	waitTicket(t, ctx, c, "dr", "dr/1")
-	if err := c.Cancel(ctx, "dr", "stop"); err != nil {
-		t.Fatal(err)
-	}
-	waitEnded(t, ctx, c, "dr")
-	poll(t, ctx, "the first engine tries the cancel", func() bool {
+	cancelDelegating(t, ctx, c, "dr")
+	testwait.Until(t, ctx, "the first engine tries the cancel", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return refused > 0
@@ -843,7 +837,7 @@ tools:
 	accept = true
 	mu.Unlock()
 	startEngine(t, url, engine.Config{Catalog: cat})
-	poll(t, ctx, "the second engine delivers the cancel", func() bool {
+	testwait.Until(t, ctx, "the second engine delivers the cancel", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(cancelled) > 0

@@ -13,6 +13,7 @@ import (
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/testnats"
+	"github.com/toolbatch/toolbatch/internal/testwait"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -91,7 +92,7 @@ func TestMessagesReachTheOwner(t *testing.T) {
 	}
 	// Forwarded messages were acknowledged by their owner: the work queue
 	// empties.
-	waitFor(t, ctx, "inbox acknowledged", func() bool {
+	testwait.Until(t, ctx, "inbox acknowledged", func() bool {
 		info, err := inbox.Info(ctx)
 		return err == nil && info.State.Msgs == 0
 	})

@@ -31,13 +31,7 @@ tools:
 	ctx := ctxT(t, 30*time.Second)
 
 	// Advertise the tool as a worker does.
-	kv, err := js.KeyValue(ctx, "TOOLBATCH_WORKERS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "sandbox.default.build.fake", []byte("replay_safe")); err != nil {
-		t.Fatal(err)
-	}
+	putKey(t, ctx, js, "TOOLBATCH_WORKERS", "sandbox.default.build.fake", "replay_safe")
 	cons, err := js.CreateOrUpdateConsumer(ctx, "TOOLBATCH_DISPATCH", jetstream.ConsumerConfig{
 		Durable: "fake", FilterSubject: "toolbatch.dispatch.default.build", AckPolicy: jetstream.AckExplicitPolicy})
 	if err != nil {

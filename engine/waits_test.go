@@ -17,6 +17,7 @@ import (
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/testnats"
+	"github.com/toolbatch/toolbatch/internal/testwait"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -548,13 +549,7 @@ gate:
 	}); err != nil {
 		t.Fatal(err)
 	}
-	kv, err := js.KeyValue(ctx, "TOOLBATCH_REGISTRY")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "brain.report", []byte("replay_safe")); err != nil {
-		t.Fatal(err)
-	}
+	putKey(t, ctx, js, "TOOLBATCH_REGISTRY", "brain.report", "replay_safe")
 
 	if err := c.Submit(ctx, submitOf("pr", 1, "send_mail", `{"to":"z"}`, "report", `{"week":2}`)); err != nil {
 		t.Fatal(err)
@@ -583,7 +578,7 @@ gate:
 	fired := func() uint64 {
 		return subjectCounts(t, ctx, js, "TOOLBATCH_TIMERS", "toolbatch.timer.fire.pr")["toolbatch.timer.fire.pr"]
 	}
-	poll(t, ctx, "the schedule fires while no engine runs", func() bool { return fired() == 1 })
+	testwait.Until(t, ctx, "the schedule fires while no engine runs", func() bool { return fired() == 1 })
 	if n := reports.Load(); n != 0 {
 		t.Fatalf("report ran %d times with no engine", n)
 	}
@@ -593,7 +588,7 @@ gate:
 	if got := fmt.Sprint(resultTexts(res)); got != `[c1=ok "{\"to\":\"z\"}" c2=ok "report for {\"week\":2}"]` {
 		t.Fatalf("results: %s", got)
 	}
-	poll(t, ctx, "the fired timer is consumed", func() bool { return fired() == 0 })
+	testwait.Until(t, ctx, "the fired timer is consumed", func() bool { return fired() == 0 })
 	if n := reports.Load(); n != 1 {
 		t.Fatalf("report ran %d times, want 1", n)
 	}
@@ -628,13 +623,7 @@ tools:
 	c := newClient(t, url)
 	js := testnats.JetStream(t, nc)
 	ctx := ctxT(t, 30*time.Second)
-	kv, err := js.KeyValue(ctx, "TOOLBATCH_REGISTRY")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "brain.lookup", []byte("replay_safe")); err != nil {
-		t.Fatal(err)
-	}
+	putKey(t, ctx, js, "TOOLBATCH_REGISTRY", "brain.lookup", "replay_safe")
 
 	// lookup holds its first attempt until the test ends (the engine that
 	// sent it is gone by then) and answers every later one.
