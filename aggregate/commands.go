@@ -113,21 +113,16 @@ type OutputLimits struct {
 	MaxBatchOutputBytes int
 }
 
-// Result is a sandbox worker's report of an attempt, on the inbox. When it
-// is the current claim's it completes the call, as Complete does; otherwise
+// Result is a sandbox worker's report of an attempt, on the inbox: the
+// outcome, as a Complete, of a call of the batch BatchID. When it is the
+// current claim's it completes the call, as Complete does; otherwise
 // (fencing: another token, a stale attempt, a call that moved on) the
 // decision records it as ResultRefused and applies nothing. A result for a
 // batch that is not the run's latest changes nothing and is refused with
 // the reason.
 type Result struct {
-	BatchID    string
-	CallID     string
-	Attempt    int
-	ClaimToken string
-	Output     *events.Output
-	Error      *events.ToolError
-	Limits     OutputLimits
-	At         time.Time
+	BatchID string
+	Complete
 }
 
 // Resume answers the run's ticket, as a resume message says (package

@@ -485,8 +485,7 @@ func (d *decider) result(r Result) error {
 	} else if b.ID != r.BatchID {
 		err = fmt.Errorf("%w: the result is for batch %s", ErrNoBatch, r.BatchID)
 	} else {
-		err = d.completeAttempt(Complete{CallID: r.CallID, Attempt: r.Attempt, ClaimToken: r.ClaimToken,
-			Output: r.Output, Error: r.Error, Limits: r.Limits, At: r.At}, true)
+		err = d.completeAttempt(r.Complete, true)
 	}
 	if err == nil || !IsDecision(err) {
 		return err

@@ -141,19 +141,19 @@ func TestWorkerResultIsFenced(t *testing.T) {
 	d := executing(t, sandboxID)
 	// A worker's result for an attempt nobody claimed is refused, even one
 	// that says nothing ran: only the engine's own verdict may say so.
-	ref := only[*events.ResultRefused](t, d.do(aggregate.Result{BatchID: "r1/1", CallID: "c1", Attempt: 1,
-		Error: &events.ToolError{Kind: events.ErrorUnavailableBeforeDispatch, Message: "forged"}, At: decT0}))
+	ref := only[*events.ResultRefused](t, d.do(aggregate.Result{BatchID: "r1/1", Complete: aggregate.Complete{CallID: "c1", Attempt: 1,
+		Error: &events.ToolError{Kind: events.ErrorUnavailableBeforeDispatch, Message: "forged"}, At: decT0}}))
 	if !strings.Contains(ref.Reason, aggregate.ErrNotClaimed.Error()) {
 		t.Fatalf("refusal: %+v", ref)
 	}
 	d.do(aggregate.Claim{CallID: "c1", Attempt: 1, WorkerID: "w1", Token: "tok", LeaseMS: 1000, At: decT0})
 	out := events.TextOutput("c1", "forged")
-	ref = only[*events.ResultRefused](t, d.do(aggregate.Result{BatchID: "r1/1", CallID: "c1", Attempt: 1, ClaimToken: "other", Output: &out, At: decT0}))
+	ref = only[*events.ResultRefused](t, d.do(aggregate.Result{BatchID: "r1/1", Complete: aggregate.Complete{CallID: "c1", Attempt: 1, ClaimToken: "other", Output: &out, At: decT0}}))
 	if ref.ClaimToken != "other" || !strings.Contains(ref.Reason, aggregate.ErrStaleClaim.Error()) {
 		t.Fatalf("refusal: %+v", ref)
 	}
 	// A result for a batch that is not the run's changes nothing.
-	if _, evs, err := aggregate.Decide(d.run, aggregate.Result{BatchID: "r1/9", CallID: "c1", Attempt: 1, ClaimToken: "tok", Output: &out, At: decT0}); err == nil || evs != nil {
+	if _, evs, err := aggregate.Decide(d.run, aggregate.Result{BatchID: "r1/9", Complete: aggregate.Complete{CallID: "c1", Attempt: 1, ClaimToken: "tok", Output: &out, At: decT0}}); err == nil || evs != nil {
 		t.Fatalf("another batch's result: %v %v", evs, err)
 	}
 	if err := d.run.CheckHeartbeat("r1/1", "c1", 1, "tok"); err != nil {
@@ -168,7 +168,7 @@ func TestWorkerResultIsFenced(t *testing.T) {
 			t.Fatalf("heartbeat %+v: %v", hb, err)
 		}
 	}
-	c := d.do(aggregate.Result{BatchID: "r1/1", CallID: "c1", Attempt: 1, ClaimToken: "tok", Output: &out, At: decT0})[0].(*events.CallCompleted)
+	c := d.do(aggregate.Result{BatchID: "r1/1", Complete: aggregate.Complete{CallID: "c1", Attempt: 1, ClaimToken: "tok", Output: &out, At: decT0}})[0].(*events.CallCompleted)
 	if c.Output.Text() != "forged" {
 		t.Fatalf("the current claim's result: %s", events.Describe(c))
 	}

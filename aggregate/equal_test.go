@@ -12,17 +12,7 @@ import (
 // with a nil list and an empty one alike at the top: the finalization
 // check compared that way before.
 
-func oracleResults(a, b []events.ContentBlock) bool {
-	if len(a) == 0 {
-		a = nil
-	}
-	if len(b) == 0 {
-		b = nil
-	}
-	return reflect.DeepEqual(a, b)
-}
-
-func oracleCommands(a, b []events.Command) bool {
+func oracle[T any](a, b []T) bool {
 	if len(a) == 0 {
 		a = nil
 	}
@@ -165,7 +155,7 @@ func TestResultsEqualOracle(t *testing.T) {
 	for i := range n {
 		a := g.blocks(0)
 		b := g.near(a, 0)
-		want := oracleResults(a, b)
+		want := oracle(a, b)
 		if got := resultsEqual(a, b); got != want {
 			t.Fatalf("seed %d, pair %d: resultsEqual = %v, reflect.DeepEqual says %v\na: %#v\nb: %#v", seed, i, got, want, a, b)
 		}
@@ -175,10 +165,10 @@ func TestResultsEqualOracle(t *testing.T) {
 			differ++
 		}
 		ca, cb := g.commands(), g.commands()
-		if got, want := commandsEqual(ca, cb), oracleCommands(ca, cb); got != want {
+		if got, want := commandsEqual(ca, cb), oracle(ca, cb); got != want {
 			t.Fatalf("seed %d, pair %d: commandsEqual = %v, reflect.DeepEqual says %v\na: %#v\nb: %#v", seed, i, got, want, ca, cb)
 		}
-		if got, want := commandsEqual(ca, ca), oracleCommands(ca, ca); got != want {
+		if got, want := commandsEqual(ca, ca), oracle(ca, ca); got != want {
 			t.Fatalf("seed %d, pair %d: commandsEqual of a list and itself = %v", seed, i, got)
 		}
 	}

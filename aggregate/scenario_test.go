@@ -338,7 +338,7 @@ func (h *harness) complete(c *datadriven.Case) (string, error) {
 	}
 	if c.Has("token") {
 		// A worker's result names its claim: fenced by the aggregate.
-		r := aggregate.Result{CallID: cp.CallID, Attempt: cp.Attempt, ClaimToken: cp.ClaimToken, Output: cp.Output, Error: cp.Error, At: cp.At}
+		r := aggregate.Result{Complete: cp}
 		if h.run.Batch != nil {
 			r.BatchID = h.run.Batch.ID
 		}

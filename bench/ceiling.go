@@ -191,9 +191,21 @@ func plainAsync(ctx context.Context, to endpoint, dur time.Duration, body []byte
 	}
 	defer js.DeleteStream(context.Background(), name)
 	start := time.Now()
+	n, err := publishAsync(js, "benchceil.raw.r", body, func(int) bool { return time.Since(start) < dur }, "plain async publish")
+	if err != nil {
+		return 0, err
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// publishAsync publishes body pipelined, to 64 subjects that start with
+// subject, for as long as more holds for the number sent so far; it waits
+// a minute at the most for the acks (what names the work in that error)
+// and returns the number sent.
+func publishAsync(js jetstream.JetStream, subject string, body []byte, more func(sent int) bool, what string) (int, error) {
 	n := 0
-	for ; time.Since(start) < dur; n++ {
-		m := nats.NewMsg("benchceil.raw.r" + strconv.Itoa(n%64))
+	for ; more(n); n++ {
+		m := nats.NewMsg(subject + strconv.Itoa(n%64))
 		m.Data = body
 		if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
 			return 0, err
@@ -201,10 +213,10 @@ func plainAsync(ctx context.Context, to endpoint, dur time.Duration, body []byte
 	}
 	select {
 	case <-js.PublishAsyncComplete():
+		return n, nil
 	case <-time.After(time.Minute):
-		return 0, errors.New("plain async publish: acks missing after a minute")
+		return 0, errors.New(what + ": acks missing after a minute")
 	}
-	return float64(n) / time.Since(start).Seconds(), nil
 }
 
 // workQueue fills a work-queue stream with n messages, then consumes them
@@ -222,17 +234,8 @@ func workQueue(ctx context.Context, to endpoint, n int, body []byte, rep int) (f
 		return 0, err
 	}
 	defer js.DeleteStream(context.Background(), name)
-	for i := 0; i < n; i++ {
-		m := nats.NewMsg("benchceil.wq.r" + strconv.Itoa(i%64))
-		m.Data = body
-		if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
-			return 0, err
-		}
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-time.After(time.Minute):
-		return 0, errors.New("work queue fill: acks missing after a minute")
+	if _, err := publishAsync(js, "benchceil.wq.r", body, func(sent int) bool { return sent < n }, "work queue fill"); err != nil {
+		return 0, err
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{Durable: "engine",
 		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxAckPending: 10000, MaxDeliver: -1})

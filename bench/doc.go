@@ -25,6 +25,6 @@
 // docs/performance.md explains every figure and gives one run's table.
 //
 // Imports: aggregate, catalog, client, engine, events, protocol, replay, sandbox,
-// github.com/nats-io/nats-server/v2, github.com/nats-io/nats.go,
+// internal/testproc, github.com/nats-io/nats-server/v2, github.com/nats-io/nats.go,
 // github.com/rs/zerolog.
 package main

@@ -16,6 +16,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testproc"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -95,7 +96,7 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 	if err := os.WriteFile(wcfg, []byte(benchWorker), 0o644); err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := testproc.Port()
 	if err != nil {
 		return nil, err
 	}

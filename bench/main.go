@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/toolbatch/toolbatch/internal/testproc"
 )
 
 // Results is everything one benchmark run measured.
@@ -400,7 +401,7 @@ func runMode(ctx context.Context, o options, skip map[string]bool, mode string, 
 // under W2's load): the minimal engine and projector in that process, the
 // minimal workers and the client here.
 func runCeilingMode(ctx context.Context, o options, mode, self, dir string, payload int, withW2 bool) (*Ceiling, *HandRolled, error) {
-	port, err := freePort()
+	port, err := testproc.Port()
 	if err != nil {
 		return nil, nil, err
 	}

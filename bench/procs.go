@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,16 +50,6 @@ func build(goBin, root, dir string) (binaries, error) {
 		}
 	}
 	return b, nil
-}
-
-// freePort returns a TCP port free on 127.0.0.1 now.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // proc is a program started by the benchmark. Its stderr is kept (the

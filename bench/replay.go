@@ -23,6 +23,7 @@ import (
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testproc"
 	"github.com/toolbatch/toolbatch/protocol"
 	"github.com/toolbatch/toolbatch/replay"
 )
@@ -266,7 +267,7 @@ func runW3(ctx context.Context, replayBin, dir string, target, stepsPerRun, reps
 	// The same stream in JetStream: an embedded server of this process,
 	// with the engine's streams, loaded by publishing the same commits in
 	// order (so that the stream sequences are the file's).
-	port, err := freePort()
+	port, err := testproc.Port()
 	if err != nil {
 		return res, err
 	}

@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"os"
 	"path"
 	"regexp"
 	"strings"
@@ -93,27 +91,14 @@ func Parse(data []byte) (*Catalog, error) {
 // Load reads and parses the catalog file at path. Every error starts with
 // the path (and the line, when known).
 func Load(path string) (*Catalog, error) {
-	data, err := os.ReadFile(path)
+	data, err := located.ReadFile(path)
 	if err != nil {
-		var pe *fs.PathError
-		if errors.As(err, &pe) {
-			err = pe.Err
-		}
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, err
 	}
 	c, err := Parse(data)
 	if err != nil {
-		var list []error
-		if j, ok := err.(interface{ Unwrap() []error }); ok {
-			list = j.Unwrap()
-		} else {
-			list = []error{err}
-		}
-		for _, e := range list {
-			var p *ProblemError
-			if errors.As(e, &p) {
-				p.Path = path
-			}
+		for _, p := range located.Problems[*ProblemError](err) {
+			p.Path = path
 		}
 		return nil, err
 	}

@@ -3,11 +3,12 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/toolbatch/toolbatch/internal/testproc"
 )
 
 // Kinds of process, as crashes are counted.
@@ -115,7 +116,7 @@ func (c *cluster) all() []*proc {
 // other engines and the workers. shared is a directory readable by the
 // sandbox user, where the effects and the workers' work roots go.
 func startCluster(ctx context.Context, bins Binaries, dir, shared string, engines, workers int) (*cluster, error) {
-	port, err := freePort()
+	port, err := testproc.Port()
 	if err != nil {
 		return nil, err
 	}
@@ -220,14 +221,4 @@ func (c *cluster) surprises() []string {
 		out = append(out, p.surprises()...)
 	}
 	return out
-}
-
-// freePort returns a TCP port that is free on 127.0.0.1 now.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -8,12 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -30,34 +30,9 @@ type env struct {
 // and TOOLBATCH_OUT for prefix as the engine does, and returns a client.
 func newEnv(t *testing.T, ctx context.Context, prefix string, opts ...client.Option) *env {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{
-		Host:      "127.0.0.1",
-		Port:      -1,
-		JetStream: true,
-		StoreDir:  t.TempDir(),
-		NoLog:     true,
-		NoSigs:    true,
-	})
-	if err != nil {
-		t.Fatalf("new server: %v", err)
-	}
-	go srv.Start()
-	t.Cleanup(func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	})
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatalf("server not ready")
-	}
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatalf("jetstream: %v", err)
-	}
+	url := testnats.Start(t, t.TempDir())
+	nc := testnats.Connect(t, url)
+	js := testnats.JetStream(t, nc)
 	inbox, err := js.CreateStream(ctx, jetstream.StreamConfig{
 		Name: streamName(prefix, "INBOX"),
 		Subjects: []string{
@@ -263,12 +238,7 @@ func TestSubmitRefusedLocally(t *testing.T) {
 // mustConn returns a second connection to e's server.
 func mustConn(t *testing.T, e *env) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(e.js.Conn().ConnectedUrl())
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return testnats.Connect(t, e.js.Conn().ConnectedUrl())
 }
 
 func TestResumePublishes(t *testing.T) {

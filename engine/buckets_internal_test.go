@@ -5,23 +5,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testnats"
+	"github.com/toolbatch/toolbatch/internal/testwait"
 )
 
 // TestLiveCapabilitiesFollowTheBuckets: the mirror answers what the
 // buckets hold, including an advertisement made a moment ago, and forgets
 // deleted keys and advertisements older than the workers' TTL.
 func TestLiveCapabilitiesFollowTheBuckets(t *testing.T) {
-	srv := testServer(t)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	url := testnats.Start(t, t.TempDir())
+	nc := testnats.Connect(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
@@ -58,14 +54,14 @@ func TestLiveCapabilitiesFollowTheBuckets(t *testing.T) {
 	if got := e.live.sandbox(ctx, "default", "t"); got != events.CapReplaySafe {
 		t.Fatalf("just advertised: %s", got)
 	}
-	waitFor(t, ctx, "advertisement mirrored", func() bool { return e.live.mirrored("default.t", "w1") })
+	testwait.Until(t, ctx, "advertisement mirrored", func() bool { return e.live.mirrored("default.t", "w1") })
 	if got := e.live.sandbox(ctx, "other", "t"); got != events.CapNonRecoverable {
 		t.Fatalf("another pool: %s", got)
 	}
 	if err := workers.Delete(ctx, "sandbox.default.t.w1"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, "deleted advertisement forgotten", func() bool { return !e.live.mirrored("default.t", "w1") })
+	testwait.Until(t, ctx, "deleted advertisement forgotten", func() bool { return !e.live.mirrored("default.t", "w1") })
 	if got := e.live.sandbox(ctx, "default", "t"); got != events.CapNonRecoverable {
 		t.Fatalf("after the worker's delete: %s", got)
 	}
@@ -90,7 +86,7 @@ func TestLiveCapabilitiesFollowTheBuckets(t *testing.T) {
 	if err := registry.Delete(ctx, "brain.x"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, "deregistration followed", func() bool { return e.live.brainTool(ctx, "x") == events.CapNonRecoverable })
+	testwait.Until(t, ctx, "deregistration followed", func() bool { return e.live.brainTool(ctx, "x") == events.CapNonRecoverable })
 	if _, ok := e.live.mirroredBrain("x"); ok {
 		t.Fatal("a deleted registration stays in the mirror")
 	}
@@ -123,33 +119,3 @@ func (f fakeEntry) Revision() uint64                { return 1 }
 func (f fakeEntry) Created() time.Time              { return f.created }
 func (f fakeEntry) Delta() uint64                   { return 0 }
 func (f fakeEntry) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePut }
-
-// testServer starts an embedded nats-server with JetStream; it stops after
-// everything the test registers later with t.Cleanup (engines, say).
-func testServer(t *testing.T) *server.Server {
-	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server did not start")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv
-}
-
-// waitFor checks cond every 10ms until it holds, failing at ctx's deadline.
-func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
-	t.Helper()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not before the deadline", what)
-		case <-tick.C:
-		}
-	}
-}

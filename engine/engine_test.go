@@ -8,42 +8,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testnats"
+	"github.com/toolbatch/toolbatch/internal/testwait"
 	"github.com/toolbatch/toolbatch/protocol"
 )
-
-// startServer starts an embedded nats-server with JetStream storing in dir.
-func startServer(t *testing.T, dir string) *server.Server {
-	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server did not start")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv
-}
-
-func connect(t *testing.T, url string) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
-}
 
 // runningEngine is an engine serving in the background.
 type runningEngine struct {
@@ -54,7 +29,7 @@ type runningEngine struct {
 
 func startEngine(t *testing.T, url string, cfg engine.Config) *runningEngine {
 	t.Helper()
-	nc := connect(t, url)
+	nc := testnats.Connect(t, url)
 	if cfg.AckWait == 0 {
 		cfg.AckWait = 2 * time.Second
 	}
@@ -95,7 +70,7 @@ func (re *runningEngine) shutdown(t *testing.T) {
 
 func newClient(t *testing.T, url string) *client.Client {
 	t.Helper()
-	c, err := client.New(connect(t, url))
+	c, err := client.New(testnats.Connect(t, url))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,9 +106,9 @@ func resultTexts(r *protocol.ResultsOut) []string {
 }
 
 func TestBatchOfThreeBrainCalls(t *testing.T) {
-	srv := startServer(t, t.TempDir())
-	startEngine(t, srv.ClientURL(), engine.Config{})
-	c := newClient(t, srv.ClientURL())
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{})
+	c := newClient(t, url)
 	ctx := ctxT(t, 30*time.Second)
 
 	s := submitOf("run1", 1, "echo", `{"text":"one"}`, "sleep", `{"duration":"20ms"}`, "fail", `{"message":"nope"}`)
@@ -152,15 +127,11 @@ func TestBatchOfThreeBrainCalls(t *testing.T) {
 }
 
 func TestRefusalsWhileServingOtherRuns(t *testing.T) {
-	srv := startServer(t, t.TempDir())
-	startEngine(t, srv.ClientURL(), engine.Config{})
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{})
 	c := newClient(t, url)
-	nc := connect(t, url)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := testnats.Connect(t, url)
+	js := testnats.JetStream(t, nc)
 	ctx := ctxT(t, 60*time.Second)
 
 	// A healthy run goes on while refusals happen.
@@ -303,7 +274,7 @@ func waitEnded(t *testing.T, ctx context.Context, c *client.Client, runID string
 // TestConfirmationThroughTheClient parks a batch on a confirmation and
 // approves it; nothing is published before the approval.
 func TestConfirmationThroughTheClient(t *testing.T) {
-	cat, err := catalog.Parse([]byte(`
+	cat := mustCatalog(t, `
 tools:
   - {id: echo, builtin: echo, recovery: {mode: replay_safe}}
   - {id: send_mail, builtin: echo}
@@ -312,13 +283,10 @@ gate:
     - tools: ["send_*"]
       outcome: require_confirmation
       deadline: 10m
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := startServer(t, t.TempDir())
-	startEngine(t, srv.ClientURL(), engine.Config{Catalog: cat})
-	c := newClient(t, srv.ClientURL())
+`)
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{Catalog: cat})
+	c := newClient(t, url)
 	ctx := ctxT(t, 30*time.Second)
 
 	if err := c.Submit(ctx, submitOf("conf", 1, "echo", `{"a":1}`, "send_mail", `{"to":"x@example.com"}`, "echo", `{"b":2}`)); err != nil {
@@ -382,8 +350,7 @@ gate:
 // duplicate window) and starts again: every result is still published once.
 func TestRestartPublishesNothingTwice(t *testing.T) {
 	dir := t.TempDir()
-	srv := startServer(t, dir)
-	url := srv.ClientURL()
+	url := testnats.Start(t, dir)
 	re := startEngine(t, url, engine.Config{})
 	c := newClient(t, url)
 	ctx := ctxT(t, 60*time.Second)
@@ -398,10 +365,7 @@ func TestRestartPublishesNothingTwice(t *testing.T) {
 		}
 	}
 	re.shutdown(t)
-	js, err := jetstream.New(connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, testnats.Connect(t, url))
 	if err := js.DeleteConsumer(ctx, "TOOLBATCH_EVENTS", "projector"); err != nil {
 		t.Fatal(err)
 	}
@@ -413,17 +377,9 @@ func TestRestartPublishesNothingTwice(t *testing.T) {
 	if _, err := c.WaitResults(ctx, "r6", "r6/1"); err != nil {
 		t.Fatal(err)
 	}
-	out, err := js.Stream(ctx, "TOOLBATCH_OUT")
-	if err != nil {
-		t.Fatal(err)
-	}
 	for i := 1; i <= 6; i++ {
-		info, err := out.Info(ctx, jetstream.WithSubjectFilter(fmt.Sprintf("toolbatch.out.r%d.results", i)))
-		if err != nil {
-			t.Fatal(err)
-		}
 		var n uint64
-		for _, c := range info.State.Subjects {
+		for _, c := range subjectCounts(t, ctx, js, "TOOLBATCH_OUT", fmt.Sprintf("toolbatch.out.r%d.results", i)) {
 			n += c
 		}
 		if n != 1 {
@@ -436,8 +392,7 @@ func TestRestartPublishesNothingTwice(t *testing.T) {
 // waste work, never do wrong work: every batch gets exactly one results
 // message with every call's result.
 func TestTwoEnginesShareTheRuns(t *testing.T) {
-	srv := startServer(t, t.TempDir())
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
 	startEngine(t, url, engine.Config{})
 	startEngine(t, url, engine.Config{})
 	c := newClient(t, url)
@@ -472,25 +427,15 @@ func TestTwoEnginesShareTheRuns(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	js, err := jetstream.New(connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := js.Stream(ctx, "TOOLBATCH_OUT")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := out.Info(ctx, jetstream.WithSubjectFilter("toolbatch.out.*.results"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for subj, n := range info.State.Subjects {
+	js := testnats.JetStream(t, testnats.Connect(t, url))
+	results := subjectCounts(t, ctx, js, "TOOLBATCH_OUT", "toolbatch.out.*.results")
+	for subj, n := range results {
 		if n != steps {
 			t.Fatalf("%s: %d results messages, want %d", subj, n, steps)
 		}
 	}
-	if len(info.State.Subjects) != runs {
-		t.Fatalf("%d runs with results, want %d", len(info.State.Subjects), runs)
+	if len(results) != runs {
+		t.Fatalf("%d runs with results, want %d", len(results), runs)
 	}
 }
 
@@ -499,7 +444,7 @@ func TestTwoEnginesShareTheRuns(t *testing.T) {
 // responder nothing was dispatched and the attempt is retried, then
 // completes with unavailable_before_dispatch.
 func TestHostBrainServices(t *testing.T) {
-	cat, err := catalog.Parse([]byte(`
+	cat := mustCatalog(t, `
 tools:
   - {id: lookup, recovery: {mode: replay_safe, max_attempts: 2}}
   - {id: absent, recovery: {mode: never_replay, max_attempts: 2}}
@@ -510,14 +455,10 @@ gate:
       when: '"run.hb.count" in state && state["run.hb.count"] >= 2'
       outcome: block
       reason: enough lookups
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := startServer(t, t.TempDir())
-	url := srv.ClientURL()
+`)
+	url := testnats.Start(t, t.TempDir())
 	startEngine(t, url, engine.Config{Catalog: cat})
-	nc := connect(t, url)
+	nc := testnats.Connect(t, url)
 	c := newClient(t, url)
 	ctx := ctxT(t, 30*time.Second)
 
@@ -551,10 +492,7 @@ gate:
 			Value: events.MustJSON(fmt.Sprint(req.Attempt + 1))}}
 		return protocol.BrainReply{Output: &o}
 	})
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, nc)
 
 	// Without a registry entry, lookup's capability is non_recoverable:
 	// its replay_safe mode is not supported, so it is not executed.
@@ -570,13 +508,7 @@ gate:
 		t.Fatalf("results\n got %s\nwant %s", got, want)
 	}
 	// The service declares its capability in the registry.
-	kv, err := js.KeyValue(ctx, "TOOLBATCH_REGISTRY")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "brain.lookup", []byte("replay_safe")); err != nil {
-		t.Fatal(err)
-	}
+	putKey(t, ctx, js, "TOOLBATCH_REGISTRY", "brain.lookup", "replay_safe")
 	if err := c.Submit(ctx, submitOf("hb", 2, "lookup", `{"q":2}`, "counter", `{}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -610,7 +542,7 @@ gate:
 // scheduled action fire on their own; a deadline that passes while no
 // engine runs fires when one starts again.
 func TestTimersFireAlsoWhileTheEngineIsDown(t *testing.T) {
-	cat, err := catalog.Parse([]byte(`
+	cat := mustCatalog(t, `
 tools:
   - {id: send_mail, builtin: echo}
   - {id: report, builtin: echo, recovery: {mode: replay_safe}}
@@ -618,12 +550,8 @@ gate:
   rules:
     - {tools: ["send_*"], outcome: require_confirmation, deadline: 1s}
     - {tools: ["report"], outcome: schedule, after: 1s}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := startServer(t, t.TempDir())
-	url := srv.ClientURL()
+`)
+	url := testnats.Start(t, t.TempDir())
 	re := startEngine(t, url, engine.Config{Catalog: cat})
 	c := newClient(t, url)
 	ctx := ctxT(t, 60*time.Second)
@@ -656,21 +584,10 @@ gate:
 	}
 	w.Stop()
 	re.shutdown(t)
-	js, err := jetstream.New(connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
-	timers, err := js.Stream(ctx, "TOOLBATCH_TIMERS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	poll(t, ctx, "the deadline fires while no engine runs", func() bool {
-		info, err := timers.Info(ctx, jetstream.WithSubjectFilter("toolbatch.timer.fire.tm"))
-		if err != nil {
-			t.Fatal(err)
-		}
+	js := testnats.JetStream(t, testnats.Connect(t, url))
+	testwait.Until(t, ctx, "the deadline fires while no engine runs", func() bool {
 		// Fired timers of batch 1 were consumed; the one of batch 2 waits.
-		return info.State.Subjects["toolbatch.timer.fire.tm"] == 1
+		return subjectCounts(t, ctx, js, "TOOLBATCH_TIMERS", "toolbatch.timer.fire.tm")["toolbatch.timer.fire.tm"] == 1
 	})
 	startEngine(t, url, engine.Config{Catalog: cat})
 	if res, err = c.WaitResults(ctx, "tm", "tm/2"); err != nil {
@@ -681,17 +598,30 @@ gate:
 	}
 }
 
-// poll checks cond every 20ms until it holds, failing at ctx's deadline.
-func poll(t *testing.T, ctx context.Context, what string, cond func() bool) {
+// subjectCounts returns the number of messages of each subject that
+// matches filter in the stream.
+func subjectCounts(t *testing.T, ctx context.Context, js jetstream.JetStream, stream, filter string) map[string]uint64 {
 	t.Helper()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not before the deadline", what)
-		case <-tick.C:
-		}
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Subjects
+}
+
+// putKey puts value under key in the bucket.
+func putKey(t *testing.T, ctx context.Context, js jetstream.JetStream, bucket, key, value string) {
+	t.Helper()
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, key, []byte(value)); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -700,19 +630,15 @@ func poll(t *testing.T, ctx context.Context, what string, cond func() bool) {
 // awaits input parks the run on a delegation ticket, input resumes it; a
 // cancel delivers cancellation to the open child after the run ends.
 func TestDelegation(t *testing.T) {
-	cat, err := catalog.Parse([]byte(`
+	cat := mustCatalog(t, `
 tools:
   - {id: research, kind: delegation, parallel_completion: true}
   - {id: interview, kind: delegation}
   - {id: echo, builtin: echo, recovery: {mode: replay_safe}}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := startServer(t, t.TempDir())
-	url := srv.ClientURL()
+`)
+	url := testnats.Start(t, t.TempDir())
 	startEngine(t, url, engine.Config{Catalog: cat})
-	nc := connect(t, url)
+	nc := testnats.Connect(t, url)
 	c := newClient(t, url)
 	ctx := ctxT(t, 60*time.Second)
 
@@ -831,19 +757,27 @@ tools:
 	}
 
 	// Cancel while a child waits: the run ends, then the child is cancelled.
-	if err := c.Submit(ctx, submitOf("dc", 1, "interview", `{}`)); err != nil {
-		t.Fatal(err)
-	}
-	waitTicket(t, ctx, c, "dc", "dc/1")
-	if err := c.Cancel(ctx, "dc", "stop"); err != nil {
-		t.Fatal(err)
-	}
-	waitEnded(t, ctx, c, "dc")
-	poll(t, ctx, "the child is cancelled", func() bool {
+	cancelDelegating(t, ctx, c, "dc")
+	testwait.Until(t, ctx, "the child is cancelled", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(cancels) == 1 && cancels[0] == "dc/1/c1"
 	})
+}
+
+// cancelDelegating submits step 1 of runID, a call of the delegation tool
+// interview, waits for the run to park on the child, cancels the run and
+// waits for its end.
+func cancelDelegating(t *testing.T, ctx context.Context, c *client.Client, runID string) {
+	t.Helper()
+	if err := c.Submit(ctx, submitOf(runID, 1, "interview", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	waitTicket(t, ctx, c, runID, runID+"/1")
+	if err := c.Cancel(ctx, runID, "stop"); err != nil {
+		t.Fatal(err)
+	}
+	waitEnded(t, ctx, c, runID)
 }
 
 // TestChildCancelSurvivesRestart: the cancel of a delegated child a run
@@ -851,17 +785,13 @@ tools:
 // The child's service refuses it while the engine that ended the run is
 // up; that engine stops; another engine delivers it.
 func TestChildCancelSurvivesRestart(t *testing.T) {
-	cat, err := catalog.Parse([]byte(`
+	cat := mustCatalog(t, `
 tools:
   - {id: interview, kind: delegation}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := startServer(t, t.TempDir())
-	url := srv.ClientURL()
+`)
+	url := testnats.Start(t, t.TempDir())
 	first := startEngine(t, url, engine.Config{Catalog: cat})
-	nc := connect(t, url)
+	nc := testnats.Connect(t, url)
 	c := newClient(t, url)
 	ctx := ctxT(t, 60*time.Second)
 
@@ -896,15 +826,8 @@ tools:
 		t.Fatal(err)
 	}
 
-	if err := c.Submit(ctx, submitOf("dr", 1, "interview", `{}`)); err != nil {
-		t.Fatal(err)
-	}
-	waitTicket(t, ctx, c, "dr", "dr/1")
-	if err := c.Cancel(ctx, "dr", "stop"); err != nil {
-		t.Fatal(err)
-	}
-	waitEnded(t, ctx, c, "dr")
-	poll(t, ctx, "the first engine tries the cancel", func() bool {
+	cancelDelegating(t, ctx, c, "dr")
+	testwait.Until(t, ctx, "the first engine tries the cancel", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return refused > 0
@@ -914,7 +837,7 @@ tools:
 	accept = true
 	mu.Unlock()
 	startEngine(t, url, engine.Config{Catalog: cat})
-	poll(t, ctx, "the second engine delivers the cancel", func() bool {
+	testwait.Until(t, ctx, "the second engine delivers the cancel", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(cancelled) > 0
@@ -938,16 +861,13 @@ func waitTicket(t *testing.T, ctx context.Context, c *client.Client, runID, batc
 // catalog's wait_deadline, completing the call with "client result timed
 // out".
 func TestClientWaitDeadline(t *testing.T) {
-	cat, err := catalog.Parse([]byte(`
+	cat := mustCatalog(t, `
 tools:
   - {id: ask_user, kind: client, wait_deadline: 1s}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := startServer(t, t.TempDir())
-	startEngine(t, srv.ClientURL(), engine.Config{Catalog: cat})
-	c := newClient(t, srv.ClientURL())
+`)
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{Catalog: cat})
+	c := newClient(t, url)
 	ctx := ctxT(t, 30*time.Second)
 	if err := c.Submit(ctx, submitOf("cw", 1, "ask_user", `{"q":"?"}`)); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,8 @@ import (
 
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testnats"
+	"github.com/toolbatch/toolbatch/internal/testwait"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -21,19 +23,11 @@ import (
 // subject. Every run is owned by engine A before its first submission, so
 // the submissions engine B pulls are forwarded.
 func TestMessagesReachTheOwner(t *testing.T) {
-	srv := testServer(t)
-	connect := func() *nats.Conn {
-		nc, err := nats.Connect(srv.ClientURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
+	url := testnats.Start(t, t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	start := func() *Engine {
-		e, err := New(connect(), Config{AckWait: 5 * time.Second})
+		e, err := New(testnats.Connect(t, url), Config{AckWait: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,7 +49,7 @@ func TestMessagesReachTheOwner(t *testing.T) {
 	}
 	a, _ := start(), start()
 
-	nc := connect()
+	nc := testnats.Connect(t, url)
 	var forwards atomic.Int64
 	if _, err := nc.Subscribe(a.names.Forward("*"), func(*nats.Msg) { forwards.Add(1) }); err != nil {
 		t.Fatal(err)
@@ -91,17 +85,14 @@ func TestMessagesReachTheOwner(t *testing.T) {
 	if forwards.Load() == 0 {
 		t.Fatalf("no submission of %d reached engine B and was forwarded", runs)
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, nc)
 	inbox, err := js.Stream(ctx, a.names.InboxStream())
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Forwarded messages were acknowledged by their owner: the work queue
 	// empties.
-	waitFor(t, ctx, "inbox acknowledged", func() bool {
+	testwait.Until(t, ctx, "inbox acknowledged", func() bool {
 		info, err := inbox.Info(ctx)
 		return err == nil && info.State.Msgs == 0
 	})

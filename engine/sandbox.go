@@ -217,8 +217,8 @@ func (s *shard) onResult(ctx context.Context, rs *runState, in *inboxMsg) error 
 	if !ok {
 		return in.msg.TermWithReason("result with a bad operation id " + res.OperationID)
 	}
-	evs, err := s.decide(ctx, rs, aggregate.Result{BatchID: batchID, CallID: callID, Attempt: res.Attempt, ClaimToken: res.ClaimToken,
-		Output: res.Output, Error: res.Error, Limits: s.e.outputLimits(), At: s.e.cfg.Now()})
+	evs, err := s.decide(ctx, rs, aggregate.Result{BatchID: batchID, Complete: aggregate.Complete{CallID: callID, Attempt: res.Attempt,
+		ClaimToken: res.ClaimToken, Output: res.Output, Error: res.Error, Limits: s.e.outputLimits(), At: s.e.cfg.Now()}})
 	if err != nil && !aggregate.IsDecision(err) {
 		return err // not recorded: the message comes back
 	}

@@ -8,9 +8,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -19,32 +19,19 @@ import (
 // again; the stale worker's late result is refused, recorded as
 // ResultRefused, and never applied.
 func TestClaimsAndFencing(t *testing.T) {
-	cat, err := catalog.Parse([]byte(`
+	cat := mustCatalog(t, `
 tools:
   - {id: build, target: sandbox, recovery: {mode: replay_safe, max_attempts: 3}, dispatch_deadline: 20s}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := startServer(t, t.TempDir())
-	url := srv.ClientURL()
+`)
+	url := testnats.Start(t, t.TempDir())
 	startEngine(t, url, engine.Config{Catalog: cat, Lease: 300 * time.Millisecond})
-	nc := connect(t, url)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := testnats.Connect(t, url)
+	js := testnats.JetStream(t, nc)
 	c := newClient(t, url)
 	ctx := ctxT(t, 30*time.Second)
 
 	// Advertise the tool as a worker does.
-	kv, err := js.KeyValue(ctx, "TOOLBATCH_WORKERS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "sandbox.default.build.fake", []byte("replay_safe")); err != nil {
-		t.Fatal(err)
-	}
+	putKey(t, ctx, js, "TOOLBATCH_WORKERS", "sandbox.default.build.fake", "replay_safe")
 	cons, err := js.CreateOrUpdateConsumer(ctx, "TOOLBATCH_DISPATCH", jetstream.ConsumerConfig{
 		Durable: "fake", FilterSubject: "toolbatch.dispatch.default.build", AckPolicy: jetstream.AckExplicitPolicy})
 	if err != nil {

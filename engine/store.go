@@ -81,38 +81,20 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 			return fmt.Errorf("create stream %s: %w", cfg.Name, err)
 		}
 	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: n.CatalogBucket(), Storage: jetstream.FileStorage, Replicas: sc.Replicas,
-		Description: "toolbatch catalogs by snapshot id",
-	}); err != nil {
-		return fmt.Errorf("create bucket %s: %w", n.CatalogBucket(), err)
-	}
 	if sc.OwnerTTL <= 0 {
 		sc.OwnerTTL = DefaultAckWait
 	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: n.OwnersBucket(), Storage: jetstream.FileStorage, Replicas: sc.Replicas, TTL: sc.OwnerTTL,
-		Description: "toolbatch: which engine works on which run (and the projector's leader)",
-	}); err != nil {
-		return fmt.Errorf("create bucket %s: %w", n.OwnersBucket(), err)
-	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: n.StateBucket(), Storage: jetstream.FileStorage, Replicas: sc.Replicas,
-		Description: "toolbatch committed state: staged commands of finalized batches",
-	}); err != nil {
-		return fmt.Errorf("create bucket %s: %w", n.StateBucket(), err)
-	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: n.WorkersBucket(), Storage: jetstream.FileStorage, Replicas: sc.Replicas, TTL: WorkerTTL,
-		Description: "toolbatch live sandbox workers: sandbox.<pool>.<tool_id>.<worker_id> = capability",
-	}); err != nil {
-		return fmt.Errorf("create bucket %s: %w", n.WorkersBucket(), err)
-	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: n.RegistryBucket(), Storage: jetstream.FileStorage, Replicas: sc.Replicas,
-		Description: "toolbatch live executor registry: recovery capabilities",
-	}); err != nil {
-		return fmt.Errorf("create bucket %s: %w", n.RegistryBucket(), err)
+	for _, kv := range []jetstream.KeyValueConfig{
+		{Bucket: n.CatalogBucket(), Description: "toolbatch catalogs by snapshot id"},
+		{Bucket: n.OwnersBucket(), TTL: sc.OwnerTTL, Description: "toolbatch: which engine works on which run (and the projector's leader)"},
+		{Bucket: n.StateBucket(), Description: "toolbatch committed state: staged commands of finalized batches"},
+		{Bucket: n.WorkersBucket(), TTL: WorkerTTL, Description: "toolbatch live sandbox workers: sandbox.<pool>.<tool_id>.<worker_id> = capability"},
+		{Bucket: n.RegistryBucket(), Description: "toolbatch live executor registry: recovery capabilities"},
+	} {
+		kv.Storage, kv.Replicas = jetstream.FileStorage, sc.Replicas
+		if _, err := js.CreateOrUpdateKeyValue(ctx, kv); err != nil {
+			return fmt.Errorf("create bucket %s: %w", kv.Bucket, err)
+		}
 	}
 	return nil
 }

@@ -16,6 +16,8 @@ import (
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testnats"
+	"github.com/toolbatch/toolbatch/internal/testwait"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -66,23 +68,21 @@ func dispositionText(d *protocol.DispositionOut) string {
 // ticket.
 func (rw *runWatch) park(what string) ([]string, protocol.AwaitingOut) {
 	rw.t.Helper()
-	var disp []string
-	for {
-		m := rw.next(what)
-		switch {
-		case m.Disposition != nil:
-			disp = append(disp, dispositionText(m.Disposition))
-		case m.Awaiting != nil:
-			return disp, *m.Awaiting
-		default:
-			rw.t.Fatalf("%s: unexpected %s message %+v", what, m.Kind, m)
-		}
-	}
+	disp, m := rw.dispositionsThen(what, func(m client.Message) bool { return m.Awaiting != nil })
+	return disp, *m.Awaiting
 }
 
 // results reads the messages of a finalized batch: a disposition per call,
 // then the results.
 func (rw *runWatch) results(what string) ([]string, *protocol.ResultsOut) {
+	rw.t.Helper()
+	disp, m := rw.dispositionsThen(what, func(m client.Message) bool { return m.Results != nil })
+	return disp, m.Results
+}
+
+// dispositionsThen reads dispositions until the message that last accepts,
+// and returns the dispositions and that message; any other message fails.
+func (rw *runWatch) dispositionsThen(what string, last func(client.Message) bool) ([]string, client.Message) {
 	rw.t.Helper()
 	var disp []string
 	for {
@@ -90,8 +90,8 @@ func (rw *runWatch) results(what string) ([]string, *protocol.ResultsOut) {
 		switch {
 		case m.Disposition != nil:
 			disp = append(disp, dispositionText(m.Disposition))
-		case m.Results != nil:
-			return disp, m.Results
+		case last(m):
+			return disp, m
 		default:
 			rw.t.Fatalf("%s: unexpected %s message %+v", what, m.Kind, m)
 		}
@@ -210,14 +210,10 @@ gate:
     - {tools: ["report"], outcome: schedule, after: 1s, action_kind: weekly}
     - {tools: ["rm_*"], outcome: block, reason: destructive tools are disabled}
 `)
-	srv := startServer(t, t.TempDir())
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
 	startEngine(t, url, engine.Config{Catalog: cat})
 	c := newClient(t, url)
-	js, err := jetstream.New(connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, testnats.Connect(t, url))
 	ctx := ctxT(t, 30*time.Second)
 
 	if err := c.Submit(ctx, submitOf("mix", 1,
@@ -305,18 +301,11 @@ gate:
 	}
 
 	// Exactly one results message for the batch, and one outcome per call.
-	out, err := js.Stream(ctx, "TOOLBATCH_OUT")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := out.Info(ctx, jetstream.WithSubjectFilter("toolbatch.out.mix.>"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := info.State.Subjects["toolbatch.out.mix.results"]; n != 1 {
+	counts := subjectCounts(t, ctx, js, "TOOLBATCH_OUT", "toolbatch.out.mix.>")
+	if n := counts["toolbatch.out.mix.results"]; n != 1 {
 		t.Fatalf("%d results messages, want 1", n)
 	}
-	if n := info.State.Subjects["toolbatch.out.mix.awaiting"]; n != 3 {
+	if n := counts["toolbatch.out.mix.awaiting"]; n != 3 {
 		t.Fatalf("%d tickets, want 3", n)
 	}
 	outcomes := map[string]int{}
@@ -365,14 +354,10 @@ gate:
 `)
 	var skew atomic.Int64
 	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
-	srv := startServer(t, t.TempDir())
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
 	startEngine(t, url, engine.Config{Catalog: cat, Now: now})
 	c := newClient(t, url)
-	js, err := jetstream.New(connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, testnats.Connect(t, url))
 	ctx := ctxT(t, 30*time.Second)
 
 	if err := c.Submit(ctx, submitOf("rf", 1, "send_mail", `{"to":"x"}`, "report", `{"week":1}`)); err != nil {
@@ -448,6 +433,17 @@ gate:
 	if after := lastCommit(t, ctx, js, "rf"); after != before {
 		t.Fatalf("refusals committed: last commit %d, was %d", after, before)
 	}
+	// refusedUnchanged sends what, reads its refusal and checks that it
+	// committed nothing.
+	refusedUnchanged := func(what string, code events.Code, cid string, send func()) {
+		t.Helper()
+		before := lastCommit(t, ctx, js, "rf")
+		send()
+		w.refused(what, code, cid)
+		if after := lastCommit(t, ctx, js, "rf"); after != before {
+			t.Fatalf("%s committed: last commit %d, was %d", what, after, before)
+		}
+	}
 
 	// The ticket is still open: approve it. The second click (another
 	// principal, so not a stream duplicate) is not_awaiting.
@@ -458,14 +454,11 @@ gate:
 	if sched.Reason != events.WaitScheduledAction || sched.CallID != "c2" {
 		t.Fatalf("scheduled ticket: %+v", sched)
 	}
-	before = lastCommit(t, ctx, js, "rf")
-	if err := c.Approve(ctx, tk, "bob", ""); err != nil {
-		t.Fatal(err)
-	}
-	w.refused("a double approve", events.CodeNotAwaiting, tk.CorrelationID)
-	if after := lastCommit(t, ctx, js, "rf"); after != before {
-		t.Fatalf("the double approve committed: last commit %d, was %d", after, before)
-	}
+	refusedUnchanged("the double approve", events.CodeNotAwaiting, tk.CorrelationID, func() {
+		if err := c.Approve(ctx, tk, "bob", ""); err != nil {
+			t.Fatal(err)
+		}
+	})
 
 	// Perform the scheduled call now; a second perform is refused. (The
 	// client's Perform carries a deterministic message id, so a second one
@@ -478,12 +471,9 @@ gate:
 	if got := fmt.Sprint(resultTexts(res)); got != `[c1=ok "{\"to\":\"x\"}" c2=ok "{\"week\":1}"]` {
 		t.Fatalf("results: %s", got)
 	}
-	before = lastCommit(t, ctx, js, "rf")
-	publishJSON(t, ctx, js, "toolbatch.control.rf", map[string]any{"action": "perform", "correlation_id": sched.CorrelationID})
-	w.refused("a second perform", events.CodeNotAwaiting, sched.CorrelationID)
-	if after := lastCommit(t, ctx, js, "rf"); after != before {
-		t.Fatalf("the second perform committed: last commit %d, was %d", after, before)
-	}
+	refusedUnchanged("the second perform", events.CodeNotAwaiting, sched.CorrelationID, func() {
+		publishJSON(t, ctx, js, "toolbatch.control.rf", map[string]any{"action": "perform", "correlation_id": sched.CorrelationID})
+	})
 
 	// Expired: the engine's clock passes the deadline; the server's timer
 	// (at the real deadline) has not fired yet.
@@ -496,14 +486,11 @@ gate:
 		t.Fatal(err)
 	}
 	skew.Store(int64(time.Until(deadline) + time.Minute))
-	before = lastCommit(t, ctx, js, "rf")
-	if err := c.Approve(ctx, tk2, "alice", "late"); err != nil {
-		t.Fatal(err)
-	}
-	w.refused("an approval after the deadline", events.CodeExpired, tk2.CorrelationID)
-	if after := lastCommit(t, ctx, js, "rf"); after != before {
-		t.Fatalf("the late approval committed: last commit %d, was %d", after, before)
-	}
+	refusedUnchanged("the late approval", events.CodeExpired, tk2.CorrelationID, func() {
+		if err := c.Approve(ctx, tk2, "alice", "late"); err != nil {
+			t.Fatal(err)
+		}
+	})
 
 	// Cancel ends the parked run: its open call is indeterminate, the
 	// results and .ended are published once; repeating cancel and
@@ -540,15 +527,11 @@ gate:
     - {tools: ["send_*"], outcome: require_confirmation}
     - {tools: ["report"], outcome: schedule, after: 3s}
 `)
-	srv := startServer(t, t.TempDir())
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
 	re := startEngine(t, url, engine.Config{Catalog: cat})
-	nc := connect(t, url)
+	nc := testnats.Connect(t, url)
 	c := newClient(t, url)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, nc)
 	ctx := ctxT(t, 30*time.Second)
 
 	// report is a host service that counts its executions.
@@ -566,13 +549,7 @@ gate:
 	}); err != nil {
 		t.Fatal(err)
 	}
-	kv, err := js.KeyValue(ctx, "TOOLBATCH_REGISTRY")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "brain.report", []byte("replay_safe")); err != nil {
-		t.Fatal(err)
-	}
+	putKey(t, ctx, js, "TOOLBATCH_REGISTRY", "brain.report", "replay_safe")
 
 	if err := c.Submit(ctx, submitOf("pr", 1, "send_mail", `{"to":"z"}`, "report", `{"week":2}`)); err != nil {
 		t.Fatal(err)
@@ -598,18 +575,10 @@ gate:
 	if !time.Now().Before(due) {
 		t.Fatalf("the engine took until after the due time (%s) to stop", sched.Due)
 	}
-	timers, err := js.Stream(ctx, "TOOLBATCH_TIMERS")
-	if err != nil {
-		t.Fatal(err)
-	}
 	fired := func() uint64 {
-		info, err := timers.Info(ctx, jetstream.WithSubjectFilter("toolbatch.timer.fire.pr"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return info.State.Subjects["toolbatch.timer.fire.pr"]
+		return subjectCounts(t, ctx, js, "TOOLBATCH_TIMERS", "toolbatch.timer.fire.pr")["toolbatch.timer.fire.pr"]
 	}
-	poll(t, ctx, "the schedule fires while no engine runs", func() bool { return fired() == 1 })
+	testwait.Until(t, ctx, "the schedule fires while no engine runs", func() bool { return fired() == 1 })
 	if n := reports.Load(); n != 0 {
 		t.Fatalf("report ran %d times with no engine", n)
 	}
@@ -619,7 +588,7 @@ gate:
 	if got := fmt.Sprint(resultTexts(res)); got != `[c1=ok "{\"to\":\"z\"}" c2=ok "report for {\"week\":2}"]` {
 		t.Fatalf("results: %s", got)
 	}
-	poll(t, ctx, "the fired timer is consumed", func() bool { return fired() == 0 })
+	testwait.Until(t, ctx, "the fired timer is consumed", func() bool { return fired() == 0 })
 	if n := reports.Load(); n != 1 {
 		t.Fatalf("report ran %d times, want 1", n)
 	}
@@ -648,23 +617,13 @@ tools:
   - {id: lookup, recovery: {mode: replay_safe, max_attempts: 10}}
   - {id: ask_user, kind: client}
 `)
-	srv := startServer(t, t.TempDir())
-	url := srv.ClientURL()
+	url := testnats.Start(t, t.TempDir())
 	re := startEngine(t, url, engine.Config{Catalog: cat})
-	nc := connect(t, url)
+	nc := testnats.Connect(t, url)
 	c := newClient(t, url)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, nc)
 	ctx := ctxT(t, 30*time.Second)
-	kv, err := js.KeyValue(ctx, "TOOLBATCH_REGISTRY")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kv.Put(ctx, "brain.lookup", []byte("replay_safe")); err != nil {
-		t.Fatal(err)
-	}
+	putKey(t, ctx, js, "TOOLBATCH_REGISTRY", "brain.lookup", "replay_safe")
 
 	// lookup holds its first attempt until the test ends (the engine that
 	// sent it is gone by then) and answers every later one.

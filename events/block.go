@@ -98,24 +98,18 @@ func (b ContentBlock) EncodeMsgpack(enc *msgpack.Encoder) error {
 
 // DecodeMsgpack implements msgpack.CustomDecoder; it is strict.
 func (b *ContentBlock) DecodeMsgpack(dec *msgpack.Decoder) error {
-	v, err := decodeValue(dec, 0)
-	if err != nil {
-		return err
-	}
-	blk, err := parseBlock(v, "block")
-	if err != nil {
-		return err
-	}
-	*b = blk
-	return nil
+	return b.set(decodeValue(dec, 0))
 }
 
 // MarshalJSON implements json.Marshaler.
 func (b ContentBlock) MarshalJSON() ([]byte, error) { return marshalFields(b.fields()) }
 
 // UnmarshalJSON implements json.Unmarshaler; it is strict.
-func (b *ContentBlock) UnmarshalJSON(data []byte) error {
-	v, err := jsonToValue(data)
+func (b *ContentBlock) UnmarshalJSON(data []byte) error { return b.set(jsonToValue(data)) }
+
+// set stores in b the block parsed from v; err is the error of reading v
+// off the wire, returned as it is.
+func (b *ContentBlock) set(v any, err error) error {
 	if err != nil {
 		return err
 	}
@@ -137,16 +131,7 @@ func (s *ImageSource) EncodeMsgpack(enc *msgpack.Encoder) error {
 
 // DecodeMsgpack implements msgpack.CustomDecoder.
 func (s *ImageSource) DecodeMsgpack(dec *msgpack.Decoder) error {
-	v, err := decodeValue(dec, 0)
-	if err != nil {
-		return err
-	}
-	src, err := parseImageSource(v, "source")
-	if err != nil {
-		return err
-	}
-	*s = *src
-	return nil
+	return s.set(decodeValue(dec, 0))
 }
 
 // MarshalJSON implements json.Marshaler.
@@ -158,8 +143,11 @@ func (s *ImageSource) MarshalJSON() ([]byte, error) {
 }
 
 // UnmarshalJSON implements json.Unmarshaler.
-func (s *ImageSource) UnmarshalJSON(data []byte) error {
-	v, err := jsonToValue(data)
+func (s *ImageSource) UnmarshalJSON(data []byte) error { return s.set(jsonToValue(data)) }
+
+// set stores in s the image source parsed from v; err is the error of
+// reading v off the wire, returned as it is.
+func (s *ImageSource) set(v any, err error) error {
 	if err != nil {
 		return err
 	}

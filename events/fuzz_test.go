@@ -187,6 +187,39 @@ func wireSeeds(f *testing.F, names ...string) (mp, js [][]byte) {
 	return mp, js
 }
 
+// roundTrips checks that v, which decode read from the wire, decodes to an
+// equal value again from its msgpack encoding and, when it came as JSON,
+// from its JSON encoding; it returns what the msgpack encoding decoded to.
+func roundTrips[T any](t *testing.T, what string, v T, isJSON bool, decode func(b []byte, isJSON bool) (T, error)) T {
+	t.Helper()
+	enc, err := events.Marshal(v)
+	if err != nil {
+		t.Fatalf("a decoded %s does not encode: %v", what, err)
+	}
+	v2, err := decode(enc, false)
+	if err != nil {
+		t.Fatalf("a re-encoded %s does not decode: %v", what, err)
+	}
+	if !reflect.DeepEqual(v, v2) {
+		t.Fatalf("msgpack round trip changed the %s\n first: %s\nsecond: %s", what, show(v), show(v2))
+	}
+	if !isJSON {
+		return v2
+	}
+	j, err := json.Marshal(v)
+	if err != nil {
+		t.Fatalf("a decoded %s does not encode as JSON: %v", what, err)
+	}
+	v3, err := decode(j, true)
+	if err != nil {
+		t.Fatalf("a re-encoded JSON %s does not decode: %v\n%s", what, err, j)
+	}
+	if !reflect.DeepEqual(v, v3) {
+		t.Fatalf("JSON round trip changed the %s\n first: %s\nsecond: %s", what, show(v), show(v3))
+	}
+	return v2
+}
+
 func FuzzDecodeSubmit(f *testing.F) {
 	mp, js := wireSeeds(f, "submit")
 	addBoth(f, mp, js)
@@ -208,33 +241,11 @@ func FuzzDecodeSubmit(f *testing.F) {
 			t.Fatalf("a decoded submission does not validate: %v", err)
 		}
 		digest := s.Digest()
-		enc, err := events.Marshal(s)
-		if err != nil {
-			t.Fatalf("a decoded submission does not encode: %v", err)
-		}
-		s2, err := protocol.DecodeSubmit(enc, false, lim)
-		if err != nil {
-			t.Fatalf("a re-encoded submission does not decode: %v", err)
-		}
-		if !reflect.DeepEqual(s, s2) {
-			t.Fatalf("msgpack round trip changed the submission\n first: %s\nsecond: %s", show(s), show(s2))
-		}
+		s2 := roundTrips(t, "submission", s, isJSON, func(b []byte, isJSON bool) (*protocol.Submit, error) {
+			return protocol.DecodeSubmit(b, isJSON, lim)
+		})
 		if d := s2.Digest(); d != digest {
 			t.Fatalf("digest changed in a round trip: %s, then %s", digest, d)
-		}
-		if !isJSON {
-			return
-		}
-		j, err := json.Marshal(s)
-		if err != nil {
-			t.Fatalf("a decoded submission does not encode as JSON: %v", err)
-		}
-		s3, err := protocol.DecodeSubmit(j, true, lim)
-		if err != nil {
-			t.Fatalf("a re-encoded JSON submission does not decode: %v\n%s", err, j)
-		}
-		if !reflect.DeepEqual(s, s3) {
-			t.Fatalf("JSON round trip changed the submission\n first: %s\nsecond: %s", show(s), show(s3))
 		}
 	})
 }
@@ -255,31 +266,9 @@ func FuzzDecodeResume(f *testing.F) {
 		if isJSON {
 			checkValidJSON(t, b)
 		}
-		enc, err := events.Marshal(r)
-		if err != nil {
-			t.Fatalf("a decoded resume does not encode: %v", err)
-		}
-		r2, err := protocol.DecodeResume(enc, false, lim)
-		if err != nil {
-			t.Fatalf("a re-encoded resume does not decode: %v", err)
-		}
-		if !reflect.DeepEqual(r, r2) {
-			t.Fatalf("msgpack round trip changed the resume\n first: %s\nsecond: %s", show(r), show(r2))
-		}
-		if !isJSON {
-			return
-		}
-		j, err := json.Marshal(r)
-		if err != nil {
-			t.Fatalf("a decoded resume does not encode as JSON: %v", err)
-		}
-		r3, err := protocol.DecodeResume(j, true, lim)
-		if err != nil {
-			t.Fatalf("a re-encoded JSON resume does not decode: %v\n%s", err, j)
-		}
-		if !reflect.DeepEqual(r, r3) {
-			t.Fatalf("JSON round trip changed the resume\n first: %s\nsecond: %s", show(r), show(r3))
-		}
+		roundTrips(t, "resume", r, isJSON, func(b []byte, isJSON bool) (*protocol.Resume, error) {
+			return protocol.DecodeResume(b, isJSON, lim)
+		})
 	})
 }
 
@@ -299,31 +288,7 @@ func FuzzDecodeControl(f *testing.F) {
 		if isJSON {
 			checkValidJSON(t, b)
 		}
-		enc, err := events.Marshal(c)
-		if err != nil {
-			t.Fatalf("a decoded control does not encode: %v", err)
-		}
-		c2, err := protocol.DecodeControl(enc, false)
-		if err != nil {
-			t.Fatalf("a re-encoded control does not decode: %v", err)
-		}
-		if !reflect.DeepEqual(c, c2) {
-			t.Fatalf("msgpack round trip changed the control\n first: %s\nsecond: %s", show(c), show(c2))
-		}
-		if !isJSON {
-			return
-		}
-		j, err := json.Marshal(c)
-		if err != nil {
-			t.Fatalf("a decoded control does not encode as JSON: %v", err)
-		}
-		c3, err := protocol.DecodeControl(j, true)
-		if err != nil {
-			t.Fatalf("a re-encoded JSON control does not decode: %v\n%s", err, j)
-		}
-		if !reflect.DeepEqual(c, c3) {
-			t.Fatalf("JSON round trip changed the control\n first: %s\nsecond: %s", show(c), show(c3))
-		}
+		roundTrips(t, "control", c, isJSON, protocol.DecodeControl)
 	})
 }
 

@@ -249,10 +249,7 @@ func TestDecodeSubmit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			lim := tt.lim
-			if lim == (events.Limits{}) {
-				lim = events.DefaultLimits()
-			}
+			lim := orDefault(tt.lim)
 			both(t, tt.body, tt.isJSON, func(t *testing.T, b []byte, isJSON bool) {
 				s, err := protocol.DecodeSubmit(b, isJSON, lim)
 				checkCode(t, err, tt.want)
@@ -264,6 +261,28 @@ func TestDecodeSubmit(t *testing.T) {
 			})
 		})
 	}
+}
+
+// orDefault is lim, or the default limits for a case that sets none.
+func orDefault(lim events.Limits) events.Limits {
+	if lim == (events.Limits{}) {
+		return events.DefaultLimits()
+	}
+	return lim
+}
+
+// decodeBoth decodes d with decode from JSON and from msgpack.
+func decodeBoth[T any](t *testing.T, d any, decode func([]byte, bool, events.Limits) (T, error)) (fromJSON, fromMsgpack T) {
+	t.Helper()
+	fromJSON, err := decode(mustJSON(t, d), true, events.DefaultLimits())
+	if err != nil {
+		t.Fatalf("decode JSON: %v", err)
+	}
+	fromMsgpack, err = decode(mustMsgpack(t, d), false, events.DefaultLimits())
+	if err != nil {
+		t.Fatalf("decode msgpack: %v", err)
+	}
+	return fromJSON, fromMsgpack
 }
 
 // TestDecodeSubmitJSONEqualsMsgpack decodes one submission, with blocks of
@@ -290,14 +309,7 @@ func TestDecodeSubmitJSONEqualsMsgpack(t *testing.T) {
 			{Type: events.BlockToolUse, ID: "call_2", Name: "write_file", Input: events.MustJSON(`{"n":2,"path":"/tmp/y"}`)},
 		}},
 	}
-	fromJSON, err := protocol.DecodeSubmit(mustJSON(t, d), true, events.DefaultLimits())
-	if err != nil {
-		t.Fatalf("decode JSON: %v", err)
-	}
-	fromMsgpack, err := protocol.DecodeSubmit(mustMsgpack(t, d), false, events.DefaultLimits())
-	if err != nil {
-		t.Fatalf("decode msgpack: %v", err)
-	}
+	fromJSON, fromMsgpack := decodeBoth(t, d, protocol.DecodeSubmit)
 	if !reflect.DeepEqual(fromJSON, want) {
 		t.Fatalf("from JSON:\n  got:  %s\n  want: %s", show(fromJSON), show(want))
 	}
@@ -388,10 +400,7 @@ func TestDecodeResume(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			lim := tt.lim
-			if lim == (events.Limits{}) {
-				lim = events.DefaultLimits()
-			}
+			lim := orDefault(tt.lim)
 			both(t, tt.body, tt.isJSON, func(t *testing.T, b []byte, isJSON bool) {
 				r, err := protocol.DecodeResume(b, isJSON, lim)
 				checkCode(t, err, tt.want)
@@ -416,14 +425,7 @@ func TestDecodeResumeJSONEqualsMsgpack(t *testing.T) {
 				{Scope: events.ScopeShared, Key: "lock", Merge: events.MergeExclusive, Action: events.ActionRemove},
 			},
 		}}}
-	fromJSON, err := protocol.DecodeResume(mustJSON(t, d), true, events.DefaultLimits())
-	if err != nil {
-		t.Fatalf("decode JSON: %v", err)
-	}
-	fromMsgpack, err := protocol.DecodeResume(mustMsgpack(t, d), false, events.DefaultLimits())
-	if err != nil {
-		t.Fatalf("decode msgpack: %v", err)
-	}
+	fromJSON, fromMsgpack := decodeBoth(t, d, protocol.DecodeResume)
 	if !reflect.DeepEqual(fromJSON, want) {
 		t.Fatalf("from JSON:\n  got:  %s\n  want: %s", show(fromJSON), show(want))
 	}
@@ -505,10 +507,7 @@ func TestDecodeResult(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			lim := tt.lim
-			if lim == (events.Limits{}) {
-				lim = events.DefaultLimits()
-			}
+			lim := orDefault(tt.lim)
 			r, err := protocol.DecodeResult(tt.body, lim)
 			if tt.wantErr == nil {
 				if err != nil {

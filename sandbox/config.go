@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -262,27 +261,14 @@ func ParseConfig(data []byte) (Config, error) {
 // relative paths against the file's directory (see Config.ResolvePaths).
 // Every problem names the file.
 func LoadConfig(path string) (Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := located.ReadFile(path)
 	if err != nil {
-		var pe *fs.PathError
-		if errors.As(err, &pe) {
-			err = pe.Err
-		}
-		return Config{}, fmt.Errorf("%s: %w", path, err)
+		return Config{}, err
 	}
 	cfg, err := ParseConfig(data)
 	if err != nil {
-		var list []error
-		if j, ok := err.(interface{ Unwrap() []error }); ok {
-			list = j.Unwrap()
-		} else {
-			list = []error{err}
-		}
-		for _, e := range list {
-			var p *ConfigError
-			if errors.As(e, &p) {
-				p.Path = path
-			}
+		for _, p := range located.Problems[*ConfigError](err) {
+			p.Path = path
 		}
 		return Config{}, err
 	}

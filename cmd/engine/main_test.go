@@ -18,6 +18,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/internal/testproc"
 	"github.com/toolbatch/toolbatch/protocol"
 )
@@ -67,15 +68,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 // NATS client and reads its results from the out stream.
 func TestJSONBatchFromAPlainClient(t *testing.T) {
 	p := startEngine(t, t.TempDir(), testproc.FreePort(t))
-	nc, err := nats.Connect(p.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, testnats.Connect(t, p.url))
 	ctx := ctxT(t, 30*time.Second)
 	msg := nats.NewMsg("toolbatch.submit.plain1")
 	msg.Header.Set("Content-Type", "application/json")
@@ -160,11 +153,7 @@ func TestSIGTERMExitsZero(t *testing.T) {
 func TestKillNineLosesNothing(t *testing.T) {
 	store, port := t.TempDir(), testproc.FreePort(t)
 	p := startEngine(t, store, port)
-	nc, err := nats.Connect(p.url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := testnats.Connect(t, p.url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	c, err := client.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -226,10 +215,7 @@ func TestKillNineLosesNothing(t *testing.T) {
 	if ctx.Err() != nil {
 		t.Fatalf("runs did not finish:\n%s", p.Logs())
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, nc)
 	out, err := js.Stream(ctx, "TOOLBATCH_OUT")
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/internal/testproc"
 	"github.com/toolbatch/toolbatch/replay"
 )
@@ -34,15 +35,7 @@ func TestEndToEnd(t *testing.T) {
 	testproc.Start(t, "engine", `"engine ready"`, engineBin,
 		"--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-format", "json")
 
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testnats.JetStream(t, testnats.Connect(t, url))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 

@@ -11,10 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/internal/testproc"
 	"github.com/toolbatch/toolbatch/protocol"
 )
@@ -63,33 +62,42 @@ tools:
 // directory before it does anything else.
 func workerYAML(name, effects string) string {
 	rec := fmt.Sprintf(`echo "$WORKER $TOOLBATCH_OPERATION_ID" >> %s/effects.log`, effects)
-	return fmt.Sprintf(`
+	// tool is a shell tool that records its effect, then runs script.
+	tool := func(id, capability, timeout, script string) string {
+		return fmt.Sprintf(`
+  - id: %s
+    command: ["/bin/sh", "-c", %q]
+    capability: %s
+    timeout: %s
+    env: {WORKER: %s}
+    mounts: [{path: %s, writable: true}]`, id, rec+"; "+script, capability, timeout, name, effects)
+	}
+	return `
 pools: [default]
 isolation: bubblewrap
-tools:
-  - id: append
-    command: ["/bin/sh", "-c", %q]
-    capability: replay_safe
-    timeout: 20s
-    env: {WORKER: %s}
-    mounts: [{path: %s, writable: true}]
-  - id: slow_nr
-    command: ["/bin/sh", "-c", %q]
-    capability: non_recoverable
-    timeout: 60s
-    env: {WORKER: %s}
-    mounts: [{path: %s, writable: true}]
-  - id: slow_rs
-    command: ["/bin/sh", "-c", %q]
-    capability: replay_safe
-    timeout: 60s
-    env: {WORKER: %s}
-    mounts: [{path: %s, writable: true}]
+tools:` +
+		tool("append", "replay_safe", "20s", "echo ok") +
+		tool("slow_nr", "non_recoverable", "60s", "sleep 30; echo late") +
+		tool("slow_rs", "replay_safe", "60s", `if [ "$TOOLBATCH_ATTEMPT" = 1 ]; then sleep 30; fi; echo "done by $WORKER"`) + `
   - id: missing_binary
     command: ["/nonexistent/tool"]
-`, rec+"; echo ok", name, effects,
-		rec+"; sleep 30; echo late", name, effects,
-		rec+`; if [ "$TOOLBATCH_ATTEMPT" = 1 ]; then sleep 30; fi; echo "done by $WORKER"`, name, effects)
+`
+}
+
+// reachableDir makes a directory with mode below the system temp dir,
+// where the sandbox's user can reach it (it cannot reach t.TempDir), and
+// removes it at cleanup.
+func reachableDir(t *testing.T, pattern string, mode os.FileMode) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, mode); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 func startCluster(t *testing.T, workers ...string) *cluster {
@@ -102,14 +110,7 @@ func startCluster(t *testing.T, workers ...string) *cluster {
 	}
 	// The tools run as an unprivileged user in the sandbox: the effects
 	// directory must be reachable and writable by it (t.TempDir is not).
-	effects, err := os.MkdirTemp("", "toolbatch-effects")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(effects) })
-	if err := os.Chmod(effects, 0o777); err != nil {
-		t.Fatal(err)
-	}
+	effects := reachableDir(t, "toolbatch-effects", 0o777)
 	c := &cluster{url: fmt.Sprintf("nats://127.0.0.1:%d", port), effects: effects, workers: map[string]*testproc.Proc{}}
 	testproc.Start(t, "engine", `"engine ready"`, engineBin, "--store", filepath.Join(dir, "store"), "--listen", fmt.Sprintf("127.0.0.1:%d", port),
 		"--catalog", cat, "--log-format", "json", "--lease", "1s", "--ack-wait", "2s")
@@ -121,14 +122,11 @@ func startCluster(t *testing.T, workers ...string) *cluster {
 		c.workers[name] = testproc.Start(t, name, `"ready"`, workerBin, "--nats-url", c.url, "--config", cfg,
 			"--worker-id", name, "--log-format", "json", "--concurrency", "8")
 	}
-	nc, err := nats.Connect(c.url)
+	cl, err := client.New(testnats.Connect(t, c.url))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(nc.Close)
-	if c.client, err = client.New(nc); err != nil {
-		t.Fatal(err)
-	}
+	c.client = cl
 	return c
 }
 
@@ -339,17 +337,7 @@ func sandboxesUnder(t *testing.T, dir string) (procs, workdirs int) {
 func TestDrainTearsDownPrestartedSandboxes(t *testing.T) {
 	c := startCluster(t)
 	ctx := ctxT(t, 60*time.Second)
-	newRoot := func() string {
-		root, err := os.MkdirTemp("", "toolbatch-worker-root")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(root) })
-		if err := os.Chmod(root, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		return root
-	}
+	newRoot := func() string { return reachableDir(t, "toolbatch-worker-root", 0o755) }
 	cfg := filepath.Join(t.TempDir(), "dr.yaml")
 	if err := os.WriteFile(cfg, []byte(workerYAML("dr", c.effects)), 0o644); err != nil {
 		t.Fatal(err)

@@ -89,6 +89,23 @@ func (c *common) parse(args []string, names ...string) ([]string, error) {
 	return pos, nil
 }
 
+// parseTicket reads the arguments RUN_ID CORRELATION_ID of a command that
+// answers a ticket, and checks both.
+func (c *common) parseTicket(args []string) (runID, corr string, err error) {
+	pos, err := c.parse(args, "RUN_ID", "CORRELATION_ID")
+	if err != nil {
+		return "", "", err
+	}
+	runID, corr = pos[0], pos[1]
+	if err := validRun(c.fs.Name(), runID); err != nil {
+		return "", "", err
+	}
+	if err := validCorrelation(c.fs.Name(), corr); err != nil {
+		return "", "", err
+	}
+	return runID, corr, nil
+}
+
 // context returns a context bounded by --timeout (none for 0) and ended by
 // SIGINT or SIGTERM.
 func (c *common) context() (context.Context, context.CancelFunc) {
@@ -112,6 +129,19 @@ func (c *common) connect() (*nats.Conn, *client.Client, error) {
 		return nil, nil, usageErrorf("%v", err)
 	}
 	return nc, cl, nil
+}
+
+// withClient connects, runs fn with the connection, the client and the
+// command's context, and closes them when fn returns.
+func (c *common) withClient(fn func(ctx context.Context, nc *nats.Conn, cl *client.Client) error) error {
+	nc, cl, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, cancel := c.context()
+	defer cancel()
+	return fn(ctx, nc, cl)
 }
 
 // explain turns an error of the client into the CLI's one-line error: a
@@ -164,19 +194,20 @@ func cmdSubmit(args []string, stdin io.Reader, stdout io.Writer) error {
 	if err != nil {
 		return rejected(err)
 	}
-	nc, cl, err := c.connect()
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	ctx, cancel := c.context()
-	defer cancel()
+	return c.withClient(func(ctx context.Context, nc *nats.Conn, cl *client.Client) error {
+		return submit(ctx, nc, cl, c.prefix, sub, *wait, stdout)
+	})
+}
+
+// submit publishes sub and, with wait, prints its results.
+func submit(ctx context.Context, nc *nats.Conn, cl *client.Client, prefix string, sub *protocol.Submit, wait bool, stdout io.Writer) error {
 	// A step that already holds a batch publishes no results for this
 	// submission: the engine is silent for the identical batch (its results
 	// are the answer) and rejects any other.
 	var accepted string
-	if *wait {
-		if accepted, err = acceptedDigest(ctx, nc, c.prefix, sub.RunID, sub.Step); err != nil {
+	if wait {
+		var err error
+		if accepted, err = acceptedDigest(ctx, nc, prefix, sub.RunID, sub.Step); err != nil {
 			return explain(ctx, err, "reading the event log of run "+sub.RunID)
 		}
 	}
@@ -186,10 +217,13 @@ func cmdSubmit(args []string, stdin io.Reader, stdout io.Writer) error {
 		}
 		return explain(ctx, err, "publishing batch "+sub.BatchID())
 	}
-	if !*wait {
+	if !wait {
 		return nil
 	}
-	var res *protocol.ResultsOut
+	var (
+		res *protocol.ResultsOut
+		err error
+	)
 	if accepted != "" && accepted != sub.Digest() {
 		err = waitRejection(ctx, cl, sub.RunID, sub.BatchID())
 	} else {
@@ -329,45 +363,33 @@ func cmdAnswer(cmd string, args []string) error {
 	} else {
 		text = c.fs.String("reason", "", "the reason shown to the model (blocked: <reason>; default denied)")
 	}
-	pos, err := c.parse(args, "RUN_ID", "CORRELATION_ID")
+	runID, corr, err := c.parseTicket(args)
 	if err != nil {
-		return err
-	}
-	runID, corr := pos[0], pos[1]
-	if err := validRun(cmd, runID); err != nil {
-		return err
-	}
-	if err := validCorrelation(cmd, corr); err != nil {
 		return err
 	}
 	if *principal != "" && !events.ValidRunID(*principal) {
 		return usageErrorf("%s: --principal %q must match [A-Za-z0-9_-]{1,64}", cmd, *principal)
 	}
-	nc, cl, err := c.connect()
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	ctx, cancel := c.context()
-	defer cancel()
-	t, err := findTicket(ctx, nc, cl, runID, corr)
-	if err != nil {
-		return err
-	}
-	switch t.Reason {
-	case events.WaitPermission, events.WaitScheduledAction:
-	default:
-		return failf("ticket %s of run %s waits for a %s, not for a permission", corr, runID, t.Reason)
-	}
-	if cmd == "approve" {
-		err = cl.Approve(ctx, *t, *principal, *text)
-	} else {
-		err = cl.Deny(ctx, *t, *principal, *text)
-	}
-	if err != nil {
-		return explain(ctx, err, "answering ticket "+corr)
-	}
-	return nil
+	return c.withClient(func(ctx context.Context, nc *nats.Conn, cl *client.Client) error {
+		t, err := findTicket(ctx, nc, cl, runID, corr)
+		if err != nil {
+			return err
+		}
+		switch t.Reason {
+		case events.WaitPermission, events.WaitScheduledAction:
+		default:
+			return failf("ticket %s of run %s waits for a %s, not for a permission", corr, runID, t.Reason)
+		}
+		if cmd == "approve" {
+			err = cl.Approve(ctx, *t, *principal, *text)
+		} else {
+			err = cl.Deny(ctx, *t, *principal, *text)
+		}
+		if err != nil {
+			return explain(ctx, err, "answering ticket "+corr)
+		}
+		return nil
+	})
 }
 
 // findTicket reads the run's out messages until it has caught up and
@@ -405,12 +427,8 @@ func findTicket(ctx context.Context, nc *nats.Conn, cl *client.Client, runID, co
 		closed string // why the ticket is no longer open
 	)
 	for {
-		m, err := w.Next(ctx)
-		var derr *client.DecodeError
-		switch {
-		case errors.As(err, &derr):
-			continue
-		case err != nil:
+		m, err := nextReadable(ctx, w)
+		if err != nil {
 			return nil, explain(ctx, err, "reading the tickets of run "+runID)
 		}
 		switch {
@@ -449,47 +467,31 @@ func cmdEnd(cmd string, args []string) error {
 	if err := validRun(cmd, runID); err != nil {
 		return err
 	}
-	nc, cl, err := c.connect()
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	ctx, cancel := c.context()
-	defer cancel()
-	if cmd == "cancel" {
-		err = cl.Cancel(ctx, runID, *reason)
-	} else {
-		err = cl.Interrupt(ctx, runID, *reason)
-	}
-	if err != nil {
-		return explain(ctx, err, cmd+"ing run "+runID)
-	}
-	return nil
+	return c.withClient(func(ctx context.Context, _ *nats.Conn, cl *client.Client) error {
+		var err error
+		if cmd == "cancel" {
+			err = cl.Cancel(ctx, runID, *reason)
+		} else {
+			err = cl.Interrupt(ctx, runID, *reason)
+		}
+		if err != nil {
+			return explain(ctx, err, cmd+"ing run "+runID)
+		}
+		return nil
+	})
 }
 
 // cmdPerform: toolbatch perform RUN_ID CORRELATION_ID
 func cmdPerform(args []string) error {
 	c := newCommon("perform")
-	pos, err := c.parse(args, "RUN_ID", "CORRELATION_ID")
+	runID, corr, err := c.parseTicket(args)
 	if err != nil {
 		return err
 	}
-	runID, corr := pos[0], pos[1]
-	if err := validRun("perform", runID); err != nil {
-		return err
-	}
-	if err := validCorrelation("perform", corr); err != nil {
-		return err
-	}
-	nc, cl, err := c.connect()
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	ctx, cancel := c.context()
-	defer cancel()
-	if err := cl.Perform(ctx, runID, corr); err != nil {
-		return explain(ctx, err, "performing ticket "+corr)
-	}
-	return nil
+	return c.withClient(func(ctx context.Context, _ *nats.Conn, cl *client.Client) error {
+		if err := cl.Perform(ctx, runID, corr); err != nil {
+			return explain(ctx, err, "performing ticket "+corr)
+		}
+		return nil
+	})
 }

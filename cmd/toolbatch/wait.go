@@ -57,12 +57,8 @@ func waitRejection(ctx context.Context, cl *client.Client, runID, batchID string
 	defer w.Stop()
 	var verdict *events.Refusal
 	for {
-		m, err := w.Next(ctx)
-		var derr *client.DecodeError
-		switch {
-		case errors.As(err, &derr):
-			continue
-		case err != nil:
+		m, err := nextReadable(ctx, w)
+		if err != nil {
 			return err
 		}
 		if m.Rejected != nil && m.Rejected.BatchID == batchID {
@@ -70,6 +66,18 @@ func waitRejection(ctx context.Context, cl *client.Client, runID, batchID string
 		}
 		if verdict != nil && m.Pending == 0 {
 			return fmt.Errorf("%w: %s: %w", client.ErrRejected, batchID, verdict)
+		}
+	}
+}
+
+// nextReadable returns the next message of w, passing over the ones that
+// do not decode.
+func nextReadable(ctx context.Context, w *client.Watch) (client.Message, error) {
+	for {
+		m, err := w.Next(ctx)
+		var derr *client.DecodeError
+		if !errors.As(err, &derr) {
+			return m, err
 		}
 	}
 }

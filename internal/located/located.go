@@ -3,6 +3,8 @@ package located
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"regexp"
 	"sort"
 	"strconv"
@@ -48,6 +50,38 @@ func Join[P error](ps []P, line func(P) int) error {
 		errs[i] = p
 	}
 	return errors.Join(errs...)
+}
+
+// ReadFile reads the document at path. Its error starts with the path,
+// as the document's problems do, and says what went wrong without the
+// operation's name ("catalog.yaml: no such file or directory").
+func ReadFile(path string) ([]byte, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return data, nil
+}
+
+// Problems returns the problems of type P in err: err itself, or each
+// error it joins, that is or wraps a P.
+func Problems[P error](err error) []P {
+	list := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	}
+	var out []P
+	for _, e := range list {
+		var p P
+		if errors.As(e, &p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // ToolWhere names the i-th tool of a document, with its id when it has

@@ -41,12 +41,22 @@ func Build(dir string, pkgs ...string) ([]string, error) {
 // FreePort returns a TCP port free on 127.0.0.1 now.
 func FreePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := Port()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return port
+}
+
+// Port returns a TCP port that is free on 127.0.0.1 now, for programs
+// that start processes outside a test.
+func Port() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
 	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Proc is a running program.
