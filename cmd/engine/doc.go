@@ -6,6 +6,7 @@
 // clients can connect. With --nats-url it uses an existing server or
 // cluster instead.
 //
-// Imports: catalog, engine, protocol, github.com/nats-io/nats-server/v2,
-// github.com/nats-io/nats.go, github.com/rs/zerolog.
+// Imports: catalog, engine, internal/cli, protocol,
+// github.com/nats-io/nats-server/v2, github.com/nats-io/nats.go,
+// github.com/rs/zerolog.
 package main

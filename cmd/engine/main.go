@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/engine"
+	"github.com/toolbatch/toolbatch/internal/cli"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -54,16 +54,8 @@ func run(args []string, stderr io.Writer) error {
 	fs.DurationVar(&o.lease, "lease", engine.DefaultLease, "how long a sandbox worker's claim lasts without a heartbeat")
 	fs.IntVar(&o.cacheRuns, "cache-runs", engine.DefaultCacheRuns, "runs whose folded state is kept in memory (the rest are folded from the log when touched)")
 	fs.BoolVar(&o.syncAlways, "sync-always", false, "embedded server: fsync every write (slower; survives power loss)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stderr)
-			fs.PrintDefaults()
-			return nil
-		}
+	if done, err := cli.Parse(fs, args, stderr); done {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if o.cacheRuns < 1 {
 		return fmt.Errorf("--cache-runs %d: want at least 1", o.cacheRuns)

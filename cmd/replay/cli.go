@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/cli"
 	"github.com/toolbatch/toolbatch/protocol"
 	"github.com/toolbatch/toolbatch/replay"
 )
@@ -70,22 +71,14 @@ const defaultNATSURL = "nats://127.0.0.1:4222"
 // defaultPrefix is the engine's default subject prefix.
 const defaultPrefix = protocol.DefaultPrefix
 
-// exitError carries an exit status with its one-line message.
-type exitError struct {
-	code int
-	msg  string
-}
-
-func (e *exitError) Error() string { return e.msg }
-
 // usageErrorf is a usage or read error: exit status 2.
 func usageErrorf(format string, args ...any) error {
-	return &exitError{code: 2, msg: fmt.Sprintf(format, args...)}
+	return cli.Errorf(2, format, args...)
 }
 
 // errViolations makes replay audit exit with status 1; its report is
 // already on stdout.
-var errViolations = &exitError{code: 1}
+var errViolations = &cli.ExitError{Code: 1}
 
 // options are the flags of every command; each command registers the ones
 // it takes.
@@ -132,27 +125,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	default:
 		err = usageErrorf("unknown command %q (want export, audit, what-if, or flags; replay --help)", cmd)
 	}
-	if err == nil {
-		return 0
-	}
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, usage)
-		return 0
-	}
-	code := 2
-	var ee *exitError
-	if errors.As(err, &ee) {
-		code = ee.code
-	}
-	if msg := oneLine(err.Error()); msg != "" {
+	code, msg := cli.Status(err, 2, usage, stdout)
+	if msg != "" {
 		fmt.Fprintln(stderr, "replay: "+msg)
 	}
 	return code
-}
-
-// oneLine folds a message onto one line.
-func oneLine(s string) string {
-	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
 }
 
 // withOptions parses a command's flags, checks them, and runs fn.

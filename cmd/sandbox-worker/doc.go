@@ -15,6 +15,6 @@
 // SIGTERM or SIGINT drains: no new jobs, running calls finish within the
 // grace period and report; a second signal stops them at once.
 //
-// Imports: protocol, sandbox, worker, github.com/nats-io/nats.go,
-// github.com/rs/zerolog.
+// Imports: internal/cli, protocol, sandbox, worker,
+// github.com/nats-io/nats.go, github.com/rs/zerolog.
 package main

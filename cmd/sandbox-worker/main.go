@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
+	"github.com/toolbatch/toolbatch/internal/cli"
 	"github.com/toolbatch/toolbatch/protocol"
 	"github.com/toolbatch/toolbatch/sandbox"
 	"github.com/toolbatch/toolbatch/worker"
@@ -42,16 +43,8 @@ func run(args []string, stderr io.Writer) error {
 	logFormat := fs.String("log-format", "console", "console or json")
 	prestart := fs.Int("prestart", -1, "pre-started sandboxes kept for each subprocess tool (isolation bubblewrap only): -1 takes the config's prestart (default 2), 0 turns them off, N overrides the config for every tool")
 	workRoot := fs.String("work-root", "", "where the calls' working directories are made (default: a directory of this worker under the system temp dir); working directories left there by a killed worker are removed at start")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stderr)
-			fs.PrintDefaults()
-			return nil
-		}
+	if done, err := cli.Parse(fs, args, stderr); done {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if *configPath == "" {
 		return errors.New("--config is required")

@@ -16,5 +16,6 @@
 // stderr; the exit status is 2 for a usage error and 1 for anything else
 // that failed (a refusal, a rejection, a timeout, NATS unreachable).
 //
-// Imports: client, events, protocol, github.com/nats-io/nats.go.
+// Imports: client, events, internal/cli, protocol,
+// github.com/nats-io/nats.go.
 package main

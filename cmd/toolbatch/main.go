@@ -1,12 +1,11 @@
 package main
 
 import (
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"strings"
+
+	"github.com/toolbatch/toolbatch/internal/cli"
 )
 
 func main() {
@@ -39,22 +38,14 @@ flags of every command:
 exit status: 0 done, 1 refused, rejected, timed out or failed, 2 usage error
 `
 
-// exitError is an error with its exit status.
-type exitError struct {
-	code int
-	msg  string
-}
-
-func (e *exitError) Error() string { return e.msg }
-
 // usageErrorf is a usage error: exit status 2.
 func usageErrorf(format string, args ...any) error {
-	return &exitError{code: 2, msg: fmt.Sprintf(format, args...)}
+	return cli.Errorf(2, format, args...)
 }
 
 // failf is any other failure: exit status 1.
 func failf(format string, args ...any) error {
-	return &exitError{code: 1, msg: fmt.Sprintf(format, args...)}
+	return cli.Errorf(1, format, args...)
 }
 
 // run runs one command and returns its exit status.
@@ -82,20 +73,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	default:
 		err = usageErrorf("unknown command %q (want submit, watch, approve, deny, cancel, interrupt or perform; toolbatch help)", cmd)
 	}
-	if err == nil {
-		return 0
+	code, msg := cli.Status(err, 1, usage, stdout)
+	if code != 0 {
+		fmt.Fprintln(stderr, "toolbatch: "+msg) // one line, whatever the error holds
 	}
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, usage)
-		return 0
-	}
-	code := 1
-	var ee *exitError
-	if errors.As(err, &ee) {
-		code = ee.code
-	}
-	// One line, whatever the error holds.
-	msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
-	fmt.Fprintln(stderr, "toolbatch: "+msg)
 	return code
 }
