@@ -6,8 +6,9 @@
 //     first sequence), from export files (FileSource) or from JetStream
 //     with an ordered consumer (NATSSource);
 //   - the export format: ExportRecord, one JSON line per message, written
-//     by WriteRecord and read by ParseRecord (and by FileSource, with a
-//     hand-written fast path for the lines WriteRecord writes);
+//     by WriteRecord (a whole stream by Export) and read by ParseRecord
+//     (and by FileSource, with a hand-written fast path for the lines
+//     WriteRecord writes);
 //   - the ordered decode pipeline: one goroutine reads, workers on every
 //     core decode the records and their commits, and the caller's function
 //     gets each Message in stream order;
@@ -18,9 +19,9 @@
 //   - HoldGC, the garbage collector's setting for a read that keeps what
 //     it reads.
 //
-// The invariant checks are package audit's: a program feeds it what a
-// Source reads. Flags, progress lines, the audit's report and exit
-// statuses are the program's.
+// The invariant checks are package audit's; Audit feeds it what a Source
+// reads (the events, then the out messages derived from them). Flags,
+// progress lines, the audit's report and exit statuses are the program's.
 //
 // It may import events, aggregate, projector, protocol (every subject,
 // stream and header name comes from there), audit, the standard library

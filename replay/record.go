@@ -1,7 +1,9 @@
 package replay
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -372,3 +374,35 @@ func checkRecord(w ExportRecord) error {
 	}
 	return nil
 }
+
+// Export writes the selected messages of one stream to w as export lines
+// (WriteRecord), in stream order, and returns how many it wrote; keep sees
+// each message first and may leave it out.
+func Export(ctx context.Context, src Source, which Stream, sel Selection, w io.Writer, keep func(audit.Record) bool) (int, error) {
+	bw := bufio.NewWriterSize(w, 1<<20)
+	n := 0
+	err := src.Read(ctx, which, sel, false, func(m *Message) error {
+		if !keep(m.Record) {
+			return nil
+		}
+		n++
+		if err := WriteRecord(bw, m.Record); err != nil {
+			return &WriteError{Err: err}
+		}
+		return nil
+	})
+	if err != nil {
+		return n, err
+	}
+	if err := bw.Flush(); err != nil {
+		return n, &WriteError{Err: err}
+	}
+	return n, nil
+}
+
+// WriteError is a failure to write an export, as opposed to reading the
+// log.
+type WriteError struct{ Err error }
+
+func (e *WriteError) Error() string { return e.Err.Error() }
+func (e *WriteError) Unwrap() error { return e.Err }

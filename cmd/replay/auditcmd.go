@@ -21,43 +21,18 @@ func cmdAudit(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeSrc()
-	a := audit.New(o.prefix)
 	prog := newProgress(stderr)
-	var lastEvent uint64
-	err = src.Read(ctx, replay.EventsStream, o.sel, true, func(m *replay.Message) error {
-		prog.add(m)
-		evs, err := m.Commit()
-		a.EventDecoded(m.WithHeaders(), evs, err)
-		lastEvent = m.Seq
-		return nil
-	})
+	rep, err := replay.Audit(ctx, src, o.prefix, o.sel, prog.add)
 	if err != nil {
 		return err
 	}
 	prog.done()
-	outs := 0
-	err = src.Read(ctx, replay.OutStream, o.sel, false, func(m *replay.Message) error {
-		r := m.Record
-		if replay.DerivedAfter(r, lastEvent) {
-			return nil // derived from a commit stored after the events were read
-		}
-		outs++
-		a.Out(r)
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	// The out stream was read (even empty) unless a file source has none.
-	s := summary{Type: "summary", OutMessages: outs, OutChecked: true}
-	if fs, ok := src.(*replay.FileSource); ok && !fs.HasOut() {
-		s.OutChecked = false
+	vs := rep.Violations
+	s := summary{Type: "summary", OK: len(vs) == 0, Violations: len(vs), Runs: rep.Runs, Commits: prog.msgs,
+		Events: prog.events, OutMessages: rep.OutMessages, OutChecked: rep.OutChecked}
+	if !rep.OutChecked {
 		s.OutNote = "invariant 8 not checked (no out stream: --out-file)"
-	} else {
-		a.OutRead()
 	}
-	vs := a.Finish()
-	s.OK, s.Violations, s.Runs, s.Commits, s.Events = len(vs) == 0, len(vs), len(a.Runs()), prog.msgs, prog.events
 	if err := printAudit(stdout, vs, s, o.json); err != nil {
 		return err
 	}

@@ -1,8 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -70,23 +70,10 @@ func exportStream(ctx context.Context, src replay.Source, which replay.Stream, s
 		}()
 		w = f
 	}
-	bw := bufio.NewWriterSize(w, 1<<20)
-	err = src.Read(ctx, which, sel, false, func(m *replay.Message) error {
-		r := m.Record
-		if !keep(r) {
-			return nil
-		}
-		n++
-		if err := replay.WriteRecord(bw, r); err != nil {
-			return usageErrorf("write %s: %v", path, err)
-		}
-		return nil
-	})
-	if err != nil {
-		return n, err
+	n, err = replay.Export(ctx, src, which, sel, w, keep)
+	var werr *replay.WriteError
+	if errors.As(err, &werr) {
+		return n, usageErrorf("write %s: %v", path, werr.Err)
 	}
-	if err := bw.Flush(); err != nil {
-		return n, usageErrorf("write %s: %v", path, err)
-	}
-	return n, nil
+	return n, err
 }
