@@ -291,17 +291,21 @@ func clientLoop(ctx context.Context, lc loopConfig, stop <-chan struct{}, record
 
 // runWatch reads one run's out messages as client.Watch does (an ordered
 // consumer on the out stream filtered to <prefix>.out.<run_id>.>, from the
-// first message), except that its consumer goes away 5 s after the watch
-// stops: client.Watch's stays for the ordered consumer's default of 5
-// minutes, and the server allows 1,000 consumers per stream, which W2
-// would exceed within a minute (see docs/performance.md).
+// first message), except that its consumer is deleted when the watch
+// stops: the server allows 1,000 consumers per stream, which W2 would
+// exceed within seconds if they waited for an inactivity threshold (see
+// docs/performance.md).
 type runWatch struct {
-	base string // <prefix>.out.<run_id>.
-	iter jetstream.MessagesContext
+	base   string // <prefix>.out.<run_id>.
+	iter   jetstream.MessagesContext
+	js     jetstream.JetStream
+	stream string
+	cons   jetstream.Consumer
 }
 
 func watchRun(ctx context.Context, js jetstream.JetStream, prefix, runID string) (*runWatch, error) {
-	cons, err := js.OrderedConsumer(ctx, protocol.Names{Prefix: prefix}.OutStream(), jetstream.OrderedConsumerConfig{
+	stream := protocol.Names{Prefix: prefix}.OutStream()
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{protocol.Names{Prefix: prefix}.RunOut(runID)}, DeliverPolicy: jetstream.DeliverAllPolicy,
 		InactiveThreshold: 5 * time.Second,
 	})
@@ -312,10 +316,20 @@ func watchRun(ctx context.Context, js jetstream.JetStream, prefix, runID string)
 	if err != nil {
 		return nil, fmt.Errorf("watch run %s: %w", runID, err)
 	}
-	return &runWatch{base: protocol.Names{Prefix: prefix}.Out(runID, ""), iter: iter}, nil
+	return &runWatch{base: protocol.Names{Prefix: prefix}.Out(runID, ""), iter: iter, js: js, stream: stream, cons: cons}, nil
 }
 
-func (w *runWatch) stop() { w.iter.Stop() }
+// stop ends the watch and deletes its consumer: at W2's rate of runs,
+// consumers left to the inactivity threshold reach the server's default
+// of 1,000 per stream (nats-server 2.15) within seconds.
+func (w *runWatch) stop() {
+	w.iter.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if info := w.cons.CachedInfo(); info != nil {
+		_ = w.js.DeleteConsumer(ctx, w.stream, info.Name)
+	}
+}
 
 // awaitResults reads the watch until the batch's results, and checks that
 // every call succeeded.
