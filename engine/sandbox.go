@@ -111,23 +111,16 @@ const DefaultDispatchDeadline = 30 * time.Second
 // shard, so that it is decided in order with the run's other work.
 func (e *Engine) serveWorkers() ([]*nats.Subscription, error) {
 	var subs []*nats.Subscription
-	for _, fam := range []protocol.Family{protocol.ClaimFamily, protocol.HeartbeatFamily} {
-		kind := fam.Name
+	for _, api := range []struct {
+		subject string
+		decode  func(*nats.Msg) (work, string, error)
+	}{{e.names.Claim(), decodeClaim}, {e.names.Heartbeat(), decodeHeartbeat}} {
 		// Every engine receives every request; only the run's owner answers.
-		sub, err := e.nc.Subscribe(e.names.Subject(fam), func(m *nats.Msg) {
-			var op string
-			var w work
-			var err error
-			if fam.Name == protocol.ClaimFamily.Name {
-				cr := &claimReq{req: m}
-				err, op, w = events.Unmarshal(m.Data, &cr.body), cr.body.OperationID, cr
-			} else {
-				hr := &heartbeatReq{req: m}
-				err, op, w = events.Unmarshal(m.Data, &hr.body), hr.body.OperationID, hr
-			}
+		sub, err := e.nc.Subscribe(api.subject, func(m *nats.Msg) {
+			w, op, err := api.decode(m)
 			runID, _, _, ok := splitOperationID(op)
 			if err != nil || !ok {
-				respond(m, protocol.ClaimReply{Reason: fmt.Sprintf("undecodable %s request", kind)})
+				respond(m, protocol.ClaimReply{Reason: fmt.Sprintf("undecodable %s request", w.kindName())})
 				return
 			}
 			e.shardOf(runID).post(item{runID: runID, work: w})
@@ -138,6 +131,20 @@ func (e *Engine) serveWorkers() ([]*nats.Subscription, error) {
 		subs = append(subs, sub)
 	}
 	return subs, nil
+}
+
+// decodeClaim and decodeHeartbeat decode a worker's request into its work
+// item, once, and return the operation id that names its run.
+func decodeClaim(m *nats.Msg) (work, string, error) {
+	cr := &claimReq{req: m}
+	err := events.Unmarshal(m.Data, &cr.body)
+	return cr, cr.body.OperationID, err
+}
+
+func decodeHeartbeat(m *nats.Msg) (work, string, error) {
+	hr := &heartbeatReq{req: m}
+	err := events.Unmarshal(m.Data, &hr.body)
+	return hr, hr.body.OperationID, err
 }
 
 func respond(m *nats.Msg, r protocol.ClaimReply) {

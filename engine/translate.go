@@ -150,7 +150,7 @@ func (s *shard) refuse(ctx context.Context, rs *runState, m jetstream.Msg, corre
 	if merr != nil {
 		return merr
 	}
-	out := nats.NewMsg(s.e.names.Out(rs.id, "refused"))
+	out := nats.NewMsg(s.e.names.Out(rs.id, protocol.OutRefused))
 	out.Data = body
 	if _, perr := s.e.js.PublishMsg(ctx, out, jetstream.WithMsgID(fmt.Sprintf("refused/%d", meta.Sequence.Stream))); perr != nil {
 		return perr

@@ -90,7 +90,7 @@ func marshalFields(fs []field) ([]byte, error) {
 
 // EncodeMsgpack implements msgpack.CustomEncoder.
 func (b ContentBlock) EncodeMsgpack(enc *msgpack.Encoder) error {
-	if err := checkBlocks([]ContentBlock{b}); err != nil {
+	if err := CheckBlocks([]ContentBlock{b}); err != nil {
 		return err
 	}
 	return encodeFields(enc, b.fields())

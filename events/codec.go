@@ -203,15 +203,15 @@ func DecodeEvent(t Type, version int, data []byte) (Event, error) {
 func validBlocksOf(e Event) error {
 	switch ev := e.(type) {
 	case *BatchSubmitted:
-		return checkBlocks(ev.Assistant.Content)
+		return CheckBlocks(ev.Assistant.Content)
 	case *CallGated:
 		if ev.Output != nil {
-			return checkBlocks(ev.Output.Content)
+			return CheckBlocks(ev.Output.Content)
 		}
 	case *CallCompleted:
-		return checkBlocks(ev.Output.Content)
+		return CheckBlocks(ev.Output.Content)
 	case *BatchFinalized:
-		return checkBlocks(ev.Results)
+		return CheckBlocks(ev.Results)
 	}
 	return nil
 }

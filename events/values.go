@@ -275,13 +275,11 @@ func (o Output) CheckBlocks() error {
 			return fmt.Errorf("state[%d]: %w", i, err)
 		}
 	}
-	return checkBlocks(o.Content)
+	return CheckBlocks(o.Content)
 }
 
 // CheckBlocks checks that every block has a known type.
-func CheckBlocks(bs []ContentBlock) error { return checkBlocks(bs) }
-
-func checkBlocks(bs []ContentBlock) error {
+func CheckBlocks(bs []ContentBlock) error {
 	for i, b := range bs {
 		switch b.Type {
 		case BlockText, BlockToolUse, BlockJSON:
@@ -290,7 +288,7 @@ func checkBlocks(bs []ContentBlock) error {
 				return fmt.Errorf("%w: content[%d]: image without a source", ErrMalformed, i)
 			}
 		case BlockToolResult:
-			if err := checkBlocks(b.Content); err != nil {
+			if err := CheckBlocks(b.Content); err != nil {
 				return err
 			}
 		default:

@@ -19,13 +19,15 @@ var (
 	ErrNoPayload = errors.New("projector: output has no payload for its kind")
 )
 
-// Output kinds: the last token of the subject toolbatch.out.<run_id>.<kind>.
+// Output kinds: the last token of the subject <prefix>.out.<run_id>.<kind>
+// (protocol's out kinds; refusals of resumes and controls are published
+// by the engine, not derived here).
 const (
-	KindDisposition = "disposition"
-	KindResults     = "results"
-	KindAwaiting    = "awaiting"
-	KindEnded       = "ended"
-	KindRejected    = "rejected"
+	KindDisposition = protocol.OutDisposition
+	KindResults     = protocol.OutResults
+	KindAwaiting    = protocol.OutAwaiting
+	KindEnded       = protocol.OutEnded
+	KindRejected    = protocol.OutRejected
 )
 
 // Output is one message to publish on toolbatch.out.<run_id>.<kind>. Exactly
