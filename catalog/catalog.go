@@ -155,6 +155,19 @@ func (c *Catalog) Tool(id string) (Tool, bool) {
 // Tools returns every tool, in the order of the file.
 func (c *Catalog) Tools() []Tool { return append([]Tool(nil), c.tools...) }
 
+// PoolTools lists the sandbox tools of each pool, in the order of the
+// file: the dispatch consumers the engine creates, and what a worker of a
+// pool may consume.
+func (c *Catalog) PoolTools() map[string][]string {
+	out := map[string][]string{}
+	for _, t := range c.tools {
+		if t.Target == events.TargetSandbox {
+			out[t.Pool] = append(out[t.Pool], t.ID)
+		}
+	}
+	return out
+}
+
 // Descriptor returns the descriptor of the tool with the id, and whether the
 // catalog has it.
 func (c *Catalog) Descriptor(id string) (events.Descriptor, bool) {

@@ -137,21 +137,34 @@ func (l *liveCapabilities) stop() {
 	l.watchers = nil
 }
 
-// sandbox is what the live workers advertise for a tool: the latest live
-// advertisement; none means non_recoverable.
+// sandbox is what the live workers advertise for a tool: their
+// capability when they agree; when they disagree the most conservative,
+// non_recoverable (a mode is supported by one capability only, so no
+// other is safe for every worker that may run the call); none means
+// non_recoverable.
 func (l *liveCapabilities) sandbox(ctx context.Context, pool, toolID string) events.Capability {
 	l.mu.Lock()
-	var best advert
+	var live []events.Capability
 	for _, a := range l.adverts[pool+"."+toolID] {
-		if time.Since(a.written) < WorkerTTL && a.written.After(best.written) && knownCapability(a.capability) {
-			best = a
+		if time.Since(a.written) < WorkerTTL {
+			live = append(live, a.capability)
 		}
 	}
 	l.mu.Unlock()
-	if best.capability != "" {
-		return best.capability
+	if len(live) > 0 {
+		return agreed(live)
 	}
 	return l.sandboxFromBucket(ctx, pool, toolID)
+}
+
+// agreed is the capability every advertisement gives, or non_recoverable.
+func agreed(caps []events.Capability) events.Capability {
+	for _, c := range caps {
+		if c != caps[0] || !knownCapability(c) {
+			return events.CapNonRecoverable
+		}
+	}
+	return caps[0]
 }
 
 // sandboxFromBucket reads the workers bucket itself.
@@ -161,16 +174,18 @@ func (l *liveCapabilities) sandboxFromBucket(ctx context.Context, pool, toolID s
 		return events.CapNonRecoverable
 	}
 	defer lister.Stop()
+	var live []events.Capability
 	for key := range lister.Keys() {
 		entry, err := l.workers.Get(ctx, key)
 		if err != nil {
 			continue
 		}
-		if c := events.Capability(entry.Value()); knownCapability(c) {
-			return c
-		}
+		live = append(live, events.Capability(entry.Value()))
 	}
-	return events.CapNonRecoverable
+	if len(live) == 0 {
+		return events.CapNonRecoverable
+	}
+	return agreed(live)
 }
 
 // brainTool is what a brain tool's host service registered; none means

@@ -216,6 +216,30 @@ func (e *Engine) Setup(ctx context.Context) error {
 	if _, err := e.catalogKV.Put(ctx, e.cfg.Catalog.SnapshotID(), e.cfg.Catalog.Raw()); err != nil {
 		return fmt.Errorf("store catalog %s: %w", e.cfg.Catalog.SnapshotID(), err)
 	}
+	return e.ensurePoolConsumers(ctx)
+}
+
+// PoolAckWait is how long a worker may hold a dispatch job before it is
+// delivered again (a worker heartbeats the job while its tool runs).
+const PoolAckWait = 30 * time.Second
+
+// ensurePoolConsumers creates the dispatch consumer of every sandbox tool
+// of the catalog, one per pool and tool, that the pool's workers share.
+// The engine creates them, not the workers: a worker may only bind to its
+// pools' consumers (docs/security.md).
+func (e *Engine) ensurePoolConsumers(ctx context.Context) error {
+	for pool, tools := range e.cfg.Catalog.PoolTools() {
+		for _, tool := range tools {
+			_, err := e.js.CreateOrUpdateConsumer(ctx, e.names.DispatchStream(), jetstream.ConsumerConfig{
+				Durable: protocol.PoolConsumer(pool, tool), FilterSubject: e.names.Dispatch(pool, tool),
+				AckPolicy: jetstream.AckExplicitPolicy, AckWait: PoolAckWait, MaxDeliver: -1,
+				Description: "toolbatch sandbox workers of pool " + pool + ", tool " + tool,
+			})
+			if err != nil {
+				return fmt.Errorf("dispatch consumer of pool %s tool %s: %w", pool, tool, err)
+			}
+		}
+	}
 	return nil
 }
 
@@ -332,6 +356,9 @@ func (e *Engine) catalogFor(ctx context.Context, snapshotID string) (*catalog.Ca
 	c, err = catalog.Parse(entry.Value())
 	if err != nil {
 		return nil, fmt.Errorf("catalog snapshot %s: %w", snapshotID, err)
+	}
+	if c.SnapshotID() != snapshotID { // the id is the content's hash
+		return nil, fmt.Errorf("catalog snapshot %s: the stored catalog's content is snapshot %s: refused", snapshotID, c.SnapshotID())
 	}
 	e.catMu.Lock()
 	e.catalogs[snapshotID] = c

@@ -61,7 +61,7 @@ type lease struct {
 // dispatch publishes a sandbox attempt's job.
 func (e *Engine) dispatch(ctx context.Context, inv invocation) error {
 	body, err := events.Marshal(protocol.Dispatch{BatchID: inv.batchID, RunID: inv.runID, CallID: inv.callID, ToolID: inv.toolID,
-		Arguments: inv.arguments, Attempt: inv.attempt, OperationID: inv.operationID})
+		Attempt: inv.attempt, OperationID: inv.operationID}) // a notice: the claim reply carries the arguments
 	if err != nil {
 		return err
 	}
@@ -123,7 +123,12 @@ func (e *Engine) serveWorkers() ([]*nats.Subscription, error) {
 				respond(m, protocol.ClaimReply{Reason: fmt.Sprintf("undecodable %s request", w.kindName())})
 				return
 			}
-			e.shardOf(runID).post(item{runID: runID, work: w})
+			// Never block the subscription behind a full shard: a claim
+			// that cannot be queued is answered busy at once (the worker
+			// gives the job back), so no other answer can overtake it.
+			if !e.shardOf(runID).tryPost(item{runID: runID, work: w}) {
+				respond(m, protocol.ClaimReply{Reason: protocol.ReasonBusy})
+			}
 		})
 		if err != nil {
 			return nil, err
@@ -183,7 +188,9 @@ func (s *shard) onClaim(ctx context.Context, rs *runState, cr *claimReq) error {
 	}
 	rs.leases[callID] = lease{attempt: req.Attempt, token: token, deadline: time.Now().Add(s.e.cfg.Lease)}
 	delete(rs.unclaimed, callID)
-	respond(cr.req, protocol.ClaimReply{Granted: true, ClaimToken: token, LeaseMS: leaseMS})
+	c, _ := rs.run.OpenBatch().Call(callID)
+	respond(cr.req, protocol.ClaimReply{Granted: true, ClaimToken: token, LeaseMS: leaseMS, Job: &protocol.Dispatch{
+		BatchID: batchID, RunID: rs.id, CallID: callID, ToolID: c.ToolID, Arguments: c.Arguments, Attempt: req.Attempt, OperationID: req.OperationID}})
 	return nil
 }
 
@@ -220,9 +227,13 @@ func (s *shard) onResult(ctx context.Context, rs *runState, in *inboxMsg) error 
 		res = &protocol.Result{OperationID: head.OperationID, Attempt: head.Attempt, ClaimToken: head.ClaimToken,
 			Error: &events.ToolError{Kind: events.ErrorExecution, Message: "malformed result from the worker: " + err.Error()}}
 	}
-	_, batchID, callID, ok := splitOperationID(res.OperationID)
+	runID, batchID, callID, ok := splitOperationID(res.OperationID)
 	if !ok {
 		return in.msg.TermWithReason("result with a bad operation id " + res.OperationID)
+	}
+	if runID != rs.id {
+		s.e.log.Warn().Str(fieldRunID, rs.id).Str("operation_id", res.OperationID).Msg("result names another run: terminated")
+		return in.msg.TermWithReason("result for operation " + res.OperationID + " published on run " + rs.id + "'s subject")
 	}
 	evs, err := s.decide(ctx, rs, aggregate.Result{BatchID: batchID, Complete: aggregate.Complete{CallID: callID, Attempt: res.Attempt,
 		ClaimToken: res.ClaimToken, Output: res.Output, Error: res.Error, Limits: s.e.outputLimits(), At: s.e.cfg.Now()}})

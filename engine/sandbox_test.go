@@ -32,8 +32,8 @@ tools:
 
 	// Advertise the tool as a worker does.
 	putKey(t, ctx, js, "TOOLBATCH_WORKERS", "sandbox.default.build.fake", "replay_safe")
-	cons, err := js.CreateOrUpdateConsumer(ctx, "TOOLBATCH_DISPATCH", jetstream.ConsumerConfig{
-		Durable: "fake", FilterSubject: "toolbatch.dispatch.default.build", AckPolicy: jetstream.AckExplicitPolicy})
+	// The engine made the pool's consumer; a worker binds to it.
+	cons, err := js.Consumer(ctx, "TOOLBATCH_DISPATCH", protocol.PoolConsumer("default", "build"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,6 +84,14 @@ tools:
 	g1 := request("toolbatch.api.claim", protocol.ClaimRequest{OperationID: d1.OperationID, Attempt: 1, WorkerID: "old"})
 	if !g1.Granted || g1.ClaimToken == "" {
 		t.Fatalf("first claim: %+v", g1)
+	}
+	// The notice carries no arguments; the grant carries the job as the
+	// log has it.
+	if d1.Arguments != nil {
+		t.Fatalf("dispatch notice carries arguments %s", d1.Arguments)
+	}
+	if j := g1.Job; j == nil || j.ToolID != "build" || string(j.Arguments) != `{"x":1}` || j.OperationID != d1.OperationID || j.Attempt != 1 || j.RunID != "fence" {
+		t.Fatalf("granted job: %+v", g1.Job)
 	}
 	// The same attempt again (a redelivered dispatch) is refused.
 	if g := request("toolbatch.api.claim", protocol.ClaimRequest{OperationID: d1.OperationID, Attempt: 1, WorkerID: "other"}); g.Granted {

@@ -130,6 +130,17 @@ func newShard(e *Engine, max int) *shard {
 
 func (s *shard) post(it item) { s.in <- it }
 
+// tryPost posts unless the shard's queue is full, and reports whether it
+// posted.
+func (s *shard) tryPost(it item) bool {
+	select {
+	case s.in <- it:
+		return true
+	default:
+		return false
+	}
+}
+
 // postCtx posts unless ctx is done (executors finishing after shutdown),
 // and reports whether it posted.
 func (s *shard) postCtx(ctx context.Context, it item) bool {

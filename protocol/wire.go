@@ -260,14 +260,17 @@ func DecodeControl(body []byte, isJSON bool) (*Control, error) {
 	return c, nil
 }
 
-// Dispatch is a sandbox job on <prefix>.dispatch.<pool>.<tool_id>, with
-// Nats-Msg-Id <operation_id>/<attempt>.
+// Dispatch is a sandbox job. On <prefix>.dispatch.<pool>.<tool_id> (with
+// Nats-Msg-Id <operation_id>/<attempt>) it is a notice without arguments:
+// a worker claims the attempt it names and runs the job of the engine's
+// claim reply, never the notice itself, so that only what an engine
+// granted runs.
 type Dispatch struct {
 	BatchID     string         `msgpack:"batch_id" json:"batch_id"`
 	RunID       string         `msgpack:"run_id" json:"run_id"`
 	CallID      string         `msgpack:"call_id" json:"call_id"`
 	ToolID      string         `msgpack:"tool_id" json:"tool_id"`
-	Arguments   events.RawJSON `msgpack:"arguments" json:"arguments"`
+	Arguments   events.RawJSON `msgpack:"arguments,omitempty" json:"arguments,omitempty"`
 	Attempt     int            `msgpack:"attempt" json:"attempt"`
 	OperationID string         `msgpack:"operation_id" json:"operation_id"`
 }
@@ -279,13 +282,16 @@ type ClaimRequest struct {
 	WorkerID    string `msgpack:"worker_id" json:"worker_id"`
 }
 
-// ClaimReply answers a claim: granted with a token and a lease, or refused
-// with a reason.
+// ClaimReply answers a claim: granted with a token, a lease and the job as
+// the engine's log holds it (tool and arguments), or refused with a
+// reason. It reaches only the claiming worker's own inbox. A heartbeat is
+// answered the same way, without a job.
 type ClaimReply struct {
-	Granted    bool   `msgpack:"granted" json:"granted"`
-	ClaimToken string `msgpack:"claim_token,omitempty" json:"claim_token,omitempty"`
-	LeaseMS    int64  `msgpack:"lease_ms,omitempty" json:"lease_ms,omitempty"`
-	Reason     string `msgpack:"reason,omitempty" json:"reason,omitempty"`
+	Granted    bool      `msgpack:"granted" json:"granted"`
+	ClaimToken string    `msgpack:"claim_token,omitempty" json:"claim_token,omitempty"`
+	LeaseMS    int64     `msgpack:"lease_ms,omitempty" json:"lease_ms,omitempty"`
+	Reason     string    `msgpack:"reason,omitempty" json:"reason,omitempty"`
+	Job        *Dispatch `msgpack:"job,omitempty" json:"job,omitempty"`
 }
 
 // ReasonBusy in a refused ClaimReply means the engine could not decide

@@ -103,13 +103,13 @@ func (w *Worker) Run(drain, abort context.Context) error {
 	var consumers []jetstream.Consumer
 	for _, pool := range w.cfg.Pools {
 		for _, t := range w.tools {
-			c, err := w.js.CreateOrUpdateConsumer(setup, w.names().DispatchStream(), jetstream.ConsumerConfig{
-				Durable: protocol.PoolConsumer(pool, t.ID), FilterSubject: w.names().Dispatch(pool, t.ID),
-				AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: -1,
-				Description: "toolbatch sandbox workers of pool " + pool + ", tool " + t.ID,
-			})
+			// The engine creates each catalog tool's consumer; a worker binds.
+			c, err := w.js.Consumer(setup, w.names().DispatchStream(), protocol.PoolConsumer(pool, t.ID))
+			if errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return fmt.Errorf("pool %s tool %s: no dispatch consumer: the engine's catalog has no sandbox tool %s in pool %s", pool, t.ID, t.ID, pool)
+			}
 			if err != nil {
-				return fmt.Errorf("consumer for pool %s tool %s: %w", pool, t.ID, err)
+				return fmt.Errorf("dispatch consumer of pool %s tool %s: %w", pool, t.ID, err)
 			}
 			consumers = append(consumers, c)
 		}
@@ -243,6 +243,16 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 		_ = m.Ack()
 		return
 	}
+	// Run what the engine granted, not what the notice said: the job of
+	// the claim reply, which only an engine can send to this worker's
+	// inbox. It must be the attempt claimed, of a tool of this subject.
+	job := reply.Job
+	where, _ := w.names().Match(protocol.DispatchFamily, m.Subject()) // pool, tool
+	if job == nil || job.OperationID != d.OperationID || job.Attempt != d.Attempt || len(where) != 2 || where[1] != job.ToolID {
+		log.Warn().Str("subject", m.Subject()).Msg("claim granted without this job: not run; the lease runs out and the engine decides")
+		_ = m.Ack()
+		return
+	}
 	lease := time.Duration(reply.LeaseMS) * time.Millisecond
 	if lease <= 0 {
 		lease = 10 * time.Second
@@ -269,7 +279,7 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 			}
 		}
 	}()
-	res := w.runner.Run(toolCtx, sandbox.Call{ToolID: d.ToolID, CallID: d.CallID, OperationID: d.OperationID, Attempt: d.Attempt, Arguments: d.Arguments})
+	res := w.runner.Run(toolCtx, sandbox.Call{ToolID: job.ToolID, CallID: job.CallID, OperationID: job.OperationID, Attempt: job.Attempt, Arguments: job.Arguments})
 	stopTool()
 	<-beatDone
 	result := protocol.Result{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, Output: res.Output, Error: res.Err}
@@ -281,7 +291,7 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 		log.Error().Err(err).Msg("encode result")
 		return
 	}
-	msg := nats.NewMsg(w.names().Result(d.RunID))
+	msg := nats.NewMsg(w.names().Result(job.RunID))
 	msg.Data = body
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -6,7 +6,6 @@
 // clients can connect. With --nats-url it uses an existing server or
 // cluster instead.
 //
-// Imports: catalog, engine, internal/cli, protocol,
-// github.com/nats-io/nats-server/v2, github.com/nats-io/nats.go,
-// github.com/rs/zerolog.
+// Imports: access, catalog, embedded, engine, internal/cli, protocol,
+// github.com/nats-io/nats.go, github.com/rs/zerolog.
 package main

@@ -2,21 +2,21 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/signal"
-	"strconv"
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
+	"github.com/toolbatch/toolbatch/access"
 	"github.com/toolbatch/toolbatch/catalog"
+	"github.com/toolbatch/toolbatch/embedded"
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/internal/cli"
 	"github.com/toolbatch/toolbatch/protocol"
@@ -24,6 +24,8 @@ import (
 
 type options struct {
 	store, listen, natsURL, prefix, catalogPath string
+	auth, tlsCert, tlsKey, tlsClientCA          string
+	conn                                        access.Conn
 	replicas, cacheRuns                         int
 	logFormat, logLevel                         string
 	outMaxAge, ackWait, lease                   time.Duration
@@ -54,6 +56,11 @@ func run(args []string, stderr io.Writer) error {
 	fs.DurationVar(&o.lease, "lease", engine.DefaultLease, "how long a sandbox worker's claim lasts without a heartbeat")
 	fs.IntVar(&o.cacheRuns, "cache-runs", engine.DefaultCacheRuns, "runs whose folded state is kept in memory (the rest are folded from the log when touched)")
 	fs.BoolVar(&o.syncAlways, "sync-always", false, "embedded server: fsync every write (slower; survives power loss)")
+	fs.StringVar(&o.auth, "auth", "", "embedded server: users and roles (toolbatch auth create); every connection authenticates (SIGHUP reloads it)")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "embedded server: TLS certificate")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "embedded server: TLS certificate's key")
+	fs.StringVar(&o.tlsClientCA, "tls-client-ca", "", "embedded server: require client certificates signed by this CA (mutual TLS)")
+	o.conn.Flags(fs)
 	if done, err := cli.Parse(fs, args, stderr); done {
 		return err
 	}
@@ -74,20 +81,34 @@ func run(args []string, stderr io.Writer) error {
 
 	url := o.natsURL
 	connOpts := []nats.Option{nats.Name("toolbatch-engine"), nats.MaxReconnects(-1)}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	if url == "" {
-		srv, err := embedded(o)
+		if o.conn != (access.Conn{}) {
+			return errors.New("--creds and --tls-ca are for --nats-url: the engine connects to its embedded server in process")
+		}
+		srv, err := embedded.Start(embedded.Config{Listen: o.listen, Store: o.store, SyncAlways: o.syncAlways, Auth: o.auth,
+			Layout: access.Layout{Names: protocol.Names{Prefix: o.prefix}, PoolTools: cat.PoolTools()},
+			TLSCert: o.tlsCert, TLSKey: o.tlsKey, TLSClientCA: o.tlsClientCA})
 		if err != nil {
 			return err
 		}
-		defer func() {
-			srv.Shutdown()
-			srv.WaitForShutdown()
-		}()
-		log.Info().Str("url", srv.ClientURL()).Str("store", o.store).Msg("embedded NATS server ready")
+		defer srv.Stop()
+		go reloadOnHangup(ctx, srv, log)
+		log.Info().Str("url", srv.ClientURL()).Str("store", o.store).Bool("auth", o.auth != "").Bool("tls", o.tlsCert != "").Msg("embedded NATS server ready")
 		// The engine itself talks to its server in process, without a
 		// socket: about half the CPU per message of a loopback connection.
 		url = "in-process"
-		connOpts = append(connOpts, nats.InProcessServer(srv))
+		connOpts = append(connOpts, srv.EngineOptions()...)
+	} else {
+		if o.auth != "" || o.tlsCert != "" || o.tlsClientCA != "" {
+			return errors.New("--auth and --tls-cert configure the embedded server: with --nats-url, give --creds (and --tls-ca)")
+		}
+		opts, err := o.conn.Options()
+		if err != nil {
+			return err
+		}
+		connOpts = append(connOpts, opts...)
 	}
 	nc, err := nats.Connect(url, connOpts...)
 	if err != nil {
@@ -98,34 +119,27 @@ func run(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	return eng.Run(ctx)
 }
 
-func embedded(o options) (*server.Server, error) {
-	host, portStr, err := net.SplitHostPort(o.listen)
-	if err != nil {
-		return nil, fmt.Errorf("--listen %q: %w", o.listen, err)
+// reloadOnHangup reloads the auth file on every SIGHUP: new users may
+// connect, revoked users' connections are closed.
+func reloadOnHangup(ctx context.Context, srv *embedded.Server, log zerolog.Logger) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			if err := srv.Reload(); err != nil {
+				log.Error().Err(err).Msg("auth file not reloaded: the previous users stay")
+			} else {
+				log.Info().Msg("auth file reloaded")
+			}
+		}
 	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil {
-		return nil, fmt.Errorf("--listen %q: port: %w", o.listen, err)
-	}
-	srv, err := server.NewServer(&server.Options{
-		ServerName: "toolbatch", Host: host, Port: port, JetStream: true, StoreDir: o.store,
-		MaxPayload: 8 << 20, // a commit holds a whole batch: up to 128 calls' arguments
-		SyncAlways: o.syncAlways, NoSigs: true, NoLog: true,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("embedded NATS server: %w", err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		return nil, fmt.Errorf("embedded NATS server did not start on %s (is the port in use?)", o.listen)
-	}
-	return srv, nil
 }
 
 func logger(format, level string, w io.Writer) (zerolog.Logger, error) {

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/toolbatch/toolbatch/access"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/cli"
 	"github.com/toolbatch/toolbatch/protocol"
@@ -84,6 +85,7 @@ var errViolations = &cli.ExitError{Code: 1}
 // it takes.
 type options struct {
 	natsURL   string
+	conn      access.Conn
 	file      string
 	prefix    string
 	run       string
@@ -138,6 +140,7 @@ func withOptions(cmd string, args []string, stdout io.Writer, fn func(*options) 
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // a bad flag is one line, from run
 	fs.StringVar(&o.natsURL, "nats-url", defaultNATSURL, "NATS server")
+	o.conn.Flags(fs)
 	fs.StringVar(&o.file, "file", "", "export file to read")
 	fs.StringVar(&o.prefix, "prefix", defaultPrefix, "subject prefix")
 	fs.StringVar(&o.run, "run", "", "one run only")

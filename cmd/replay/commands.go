@@ -31,7 +31,11 @@ func openSource(o *options, outFile string) (replay.Source, func(), error) {
 		}
 		return replay.NewFileSource(o.file, out, o.prefix), func() {}, nil
 	}
-	nc, err := nats.Connect(o.natsURL, nats.Name("toolbatch-replay"), nats.Timeout(connectTimeout))
+	connOpts, err := o.conn.Options()
+	if err != nil {
+		return nil, nil, usageErrorf("%v", err)
+	}
+	nc, err := nats.Connect(o.natsURL, append(connOpts, nats.Name("toolbatch-replay"), nats.Timeout(connectTimeout))...)
 	if err != nil {
 		return nil, nil, usageErrorf("connect to %s: %v", o.natsURL, err)
 	}

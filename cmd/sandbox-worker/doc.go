@@ -15,6 +15,6 @@
 // SIGTERM or SIGINT drains: no new jobs, running calls finish within the
 // grace period and report; a second signal stops them at once.
 //
-// Imports: internal/cli, protocol, sandbox, worker,
+// Imports: access, internal/cli, protocol, sandbox, worker,
 // github.com/nats-io/nats.go, github.com/rs/zerolog.
 package main

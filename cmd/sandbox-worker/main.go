@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
+	"github.com/toolbatch/toolbatch/access"
 	"github.com/toolbatch/toolbatch/internal/cli"
 	"github.com/toolbatch/toolbatch/protocol"
 	"github.com/toolbatch/toolbatch/sandbox"
@@ -34,6 +35,8 @@ func run(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("sandbox-worker", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	natsURL := fs.String("nats-url", "nats://127.0.0.1:4222", "NATS server or cluster")
+	var conn access.Conn
+	conn.Flags(fs)
 	configPath := fs.String("config", "", "worker config (YAML): pools, isolation, tools (required)")
 	pools := fs.String("pools", "", "comma-separated pools to serve (default: the config's)")
 	concurrency := fs.Int("concurrency", worker.DefaultConcurrency, "calls run at once")
@@ -111,7 +114,11 @@ func run(args []string, stderr io.Writer) error {
 	if *pools != "" {
 		poolList = strings.Split(*pools, ",")
 	}
-	nc, err := nats.Connect(*natsURL, nats.Name("toolbatch-sandbox-worker"), nats.MaxReconnects(-1))
+	connOpts, err := conn.Options()
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(*natsURL, append(connOpts, nats.Name("toolbatch-sandbox-worker"), nats.MaxReconnects(-1))...)
 	if err != nil {
 		return fmt.Errorf("connect to %s: %w", *natsURL, err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbatch/toolbatch/access"
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/protocol"
@@ -38,6 +39,7 @@ var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 type common struct {
 	fs      *flag.FlagSet
 	natsURL string
+	conn    access.Conn
 	prefix  string
 	timeout time.Duration
 }
@@ -46,6 +48,7 @@ func newCommon(name string) *common {
 	c := &common{fs: flag.NewFlagSet(name, flag.ContinueOnError)}
 	c.fs.SetOutput(io.Discard) // a bad flag is one line, from run
 	c.fs.StringVar(&c.natsURL, "nats-url", defaultURL, "NATS server")
+	c.conn.Flags(c.fs)
 	c.fs.StringVar(&c.prefix, "prefix", client.DefaultPrefix, "subject prefix")
 	c.fs.DurationVar(&c.timeout, "timeout", defaultTimeout, "how long to wait for NATS and the engine")
 	return c
@@ -119,7 +122,11 @@ func (c *common) context() (context.Context, context.CancelFunc) {
 
 // connect opens the NATS connection and the client.
 func (c *common) connect() (*nats.Conn, *client.Client, error) {
-	nc, err := nats.Connect(c.natsURL, nats.Name("toolbatch-cli"))
+	connOpts, err := c.conn.Options()
+	if err != nil {
+		return nil, nil, usageErrorf("%v", err)
+	}
+	nc, err := nats.Connect(c.natsURL, append(connOpts, nats.Name("toolbatch-cli"))...)
 	if err != nil {
 		return nil, nil, failf("connect to %s: %v", c.natsURL, err)
 	}

@@ -16,6 +16,7 @@
 // stderr; the exit status is 2 for a usage error and 1 for anything else
 // that failed (a refusal, a rejection, a timeout, NATS unreachable).
 //
-// Imports: client, events, internal/cli, protocol,
-// github.com/nats-io/nats.go.
+// Imports: access, catalog, client, events, internal/cli, protocol,
+// github.com/nats-io/jwt/v2, github.com/nats-io/nats.go,
+// github.com/nats-io/nkeys.
 package main

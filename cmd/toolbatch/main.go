@@ -28,12 +28,18 @@ const usage = `usage:
       end the run
   toolbatch perform RUN_ID CORRELATION_ID [flags]
       perform the run's scheduled action now
+  toolbatch auth create|list|revoke|permissions ...
+      users, roles and credentials (toolbatch auth -h)
 
 flags of every command:
   --nats-url URL   NATS server (default nats://127.0.0.1:4222)
   --prefix P       subject prefix, the engine's --prefix (default toolbatch)
   --timeout D      how long to wait for NATS and the engine (default 30s;
                    0 waits without limit; watch: only while starting)
+  --creds FILE     this user's credentials (toolbatch auth create)
+  --tls-ca FILE    CA of the server's TLS certificate
+  --tls-client-cert FILE, --tls-client-key FILE
+                   a client certificate, for a server that requires one
 
 exit status: 0 done, 1 refused, rejected, timed out or failed, 2 usage error
 `
@@ -70,8 +76,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = cmdEnd(cmd, rest)
 	case "perform":
 		err = cmdPerform(rest)
+	case "auth":
+		err = cmdAuth(rest, stdout)
 	default:
-		err = usageErrorf("unknown command %q (want submit, watch, approve, deny, cancel, interrupt or perform; toolbatch help)", cmd)
+		err = usageErrorf("unknown command %q (want submit, watch, approve, deny, cancel, interrupt, perform or auth; toolbatch help)", cmd)
 	}
 	code, msg := cli.Status(err, 1, usage, stdout)
 	if code != 0 {

@@ -1,0 +1,262 @@
+package access
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/toolbatch/toolbatch/protocol"
+)
+
+// Role is what a NATS user of toolbatch may do.
+type Role string
+
+// The roles.
+const (
+	// RoleEngine runs the engine: the only writer of the events, dispatch,
+	// out and timers streams, the buckets and the forward subjects.
+	RoleEngine Role = "engine"
+	// RoleWorker is a sandbox worker of some pools: it pulls its pools'
+	// jobs, claims, heartbeats, publishes results and advertises its own
+	// tools under its own name.
+	RoleWorker Role = "worker"
+	// RoleClient submits batches, controls runs and reads the out stream;
+	// it resumes (unattributed) only when its user allows it.
+	RoleClient Role = "client"
+	// RoleApprover answers tickets as one principal, and reads the out
+	// stream.
+	RoleApprover Role = "approver"
+	// RoleGate, RoleBrain and RoleDelegate are the services the engine
+	// calls: each answers its own subjects and nothing else.
+	RoleGate     Role = "gate"
+	RoleBrain    Role = "brain"
+	RoleDelegate Role = "delegate"
+	// RoleAuditor reads the events and out streams (for replay) and the
+	// catalogs, and nothing else.
+	RoleAuditor Role = "auditor"
+	// RoleAdmin reads and writes everything except that it may not
+	// delete or purge toolbatch's streams and buckets.
+	RoleAdmin Role = "admin"
+)
+
+// Roles lists every role, in the order of docs/security.md.
+var Roles = []Role{RoleEngine, RoleWorker, RoleClient, RoleApprover, RoleGate, RoleBrain, RoleDelegate, RoleAuditor, RoleAdmin}
+
+// Rule is an allow list and a deny list of subjects. An empty allow list
+// allows nothing.
+type Rule struct {
+	Allow []string `json:"allow,omitempty"`
+	Deny  []string `json:"deny,omitempty"`
+}
+
+// Permissions is a NATS user's permission set.
+type Permissions struct {
+	Publish   Rule `json:"publish"`
+	Subscribe Rule `json:"subscribe"`
+	// AllowResponses lets the user answer each request it receives once,
+	// on the request's reply subject (NATS's allow_responses).
+	AllowResponses bool `json:"allow_responses,omitempty"`
+}
+
+// Layout is what a permission set is computed from: the subject layout,
+// and the sandbox tools of each pool (a worker may consume only its
+// pools' dispatch consumers, one per tool).
+type Layout struct {
+	Names protocol.Names
+	// PoolTools lists the sandbox tools of each pool, from the catalog.
+	PoolTools map[string][]string
+}
+
+// InboxPrefix is the reply-subject prefix of the user with public key
+// nkey: each user subscribes to its own inbox only, so that no one reads
+// another's replies (a claim's token, a granted job).
+func InboxPrefix(nkey string) string { return "_INBOX_" + nkey }
+
+// Permissions computes u's permission set. It is the one place where a
+// role becomes subjects: every subject comes from the families of package
+// protocol.
+func (l Layout) Permissions(u User) (Permissions, error) {
+	if err := u.Check(); err != nil {
+		return Permissions{}, err
+	}
+	n := l.Names
+	own := InboxPrefix(u.NKey) + ".>"
+	var p Permissions
+	p.Subscribe.Allow = []string{own}
+	pub := func(s ...string) { p.Publish.Allow = append(p.Publish.Allow, s...) }
+	sub := func(s ...string) { p.Subscribe.Allow = append(p.Subscribe.Allow, s...) }
+	switch u.Role {
+	case RoleEngine:
+		pub(n.Prefix+".>", "$JS.API.>", "$JS.ACK.>")
+		for _, b := range buckets {
+			pub(n.KVSubject(b, ">"))
+		}
+		sub(n.Pattern(protocol.ClaimFamily), n.Pattern(protocol.HeartbeatFamily), n.Pattern(protocol.ForwardFamily))
+		p.AllowResponses = true // claims and heartbeats are answered on the worker's inbox
+		p.Publish.Deny = l.destructive()
+	case RoleWorker:
+		pub(n.Pattern(protocol.ClaimFamily), n.Pattern(protocol.HeartbeatFamily), n.Pattern(protocol.ResultFamily))
+		pub(streamInfo(kvStream(n, protocol.BucketWorkers)))
+		for _, pool := range u.Pools {
+			for _, tool := range l.PoolTools[pool] {
+				c := protocol.PoolConsumer(pool, tool)
+				pub(consumerAPI("INFO", n.DispatchStream(), c), consumerAPI("MSG.NEXT", n.DispatchStream(), c),
+					"$JS.ACK."+n.DispatchStream()+"."+c+".>")
+			}
+			// its own advertisements only: sandbox.<pool>.<tool_id>.<its name>
+			pub(n.KVSubject(protocol.BucketWorkers, protocol.WorkerKey(pool, "*", u.Name)))
+		}
+	case RoleClient, RoleApprover:
+		if u.Role == RoleClient {
+			pub(n.Pattern(protocol.SubmitFamily), n.Pattern(protocol.ControlFamily))
+			if u.Resume {
+				pub(n.Pattern(protocol.ResumeFamily))
+			}
+		} else {
+			pub(n.Subject(protocol.ResumeAsFamily, "*", u.Principal))
+		}
+		pub(reader(n.OutStream())...)
+	case RoleGate:
+		sub(n.Pattern(protocol.GateFamily))
+		p.AllowResponses = true
+	case RoleBrain, RoleDelegate:
+		f := protocol.BrainFamily
+		if u.Role == RoleDelegate {
+			f = protocol.DelegateFamily
+		}
+		for _, tool := range toolsOr(u.Tools) {
+			sub(n.Subject(f, tool))
+			if u.Role == RoleBrain { // a host service registers its tools' capability
+				pub(n.KVSubject(protocol.BucketRegistry, protocol.RegistryKey(tool)))
+			}
+		}
+		if u.Role == RoleBrain {
+			pub(streamInfo(kvStream(n, protocol.BucketRegistry)))
+		}
+		p.AllowResponses = true
+	case RoleAuditor:
+		pub(reader(n.EventsStream())...)
+		pub(reader(n.OutStream())...)
+		cat := kvStream(n, protocol.BucketCatalogs)
+		pub(streamInfo(cat), "$JS.API.DIRECT.GET."+cat+".>", "$JS.API.STREAM.MSG.GET."+cat)
+	case RoleAdmin:
+		pub(">")
+		sub(">")
+		p.Publish.Deny = l.destructive()
+	}
+	if len(p.Publish.Allow) == 0 {
+		// NATS reads an empty allow list as no restriction: deny every
+		// subject instead (answers to requests stay allowed).
+		p.Publish.Deny = []string{">"}
+	}
+	if u.Role == RoleWorker && l.PoolTools == nil {
+		return Permissions{}, fmt.Errorf("user %s: a worker's permissions name its pools' tools: the catalog is needed", u.Name)
+	}
+	return p, nil
+}
+
+// buckets lists every bucket.
+var buckets = []protocol.Bucket{protocol.BucketCatalogs, protocol.BucketRegistry, protocol.BucketState, protocol.BucketWorkers, protocol.BucketOwners}
+
+// destructive lists the JetStream API subjects that delete or purge a
+// toolbatch stream or bucket, or a message of one: no role may publish
+// them (the operator deletes a deployment's data with the server's own
+// system account, or by removing the store of a stopped embedded server).
+func (l Layout) destructive() []string {
+	n := l.Names
+	var streams []string
+	for _, s := range []protocol.Stream{protocol.StreamEvents, protocol.StreamInbox, protocol.StreamDispatch, protocol.StreamOut, protocol.StreamTimers} {
+		streams = append(streams, n.StreamName(s))
+	}
+	for _, b := range buckets {
+		streams = append(streams, kvStream(n, b))
+	}
+	var out []string
+	for _, s := range streams {
+		out = append(out, "$JS.API.STREAM.DELETE."+s, "$JS.API.STREAM.PURGE."+s, "$JS.API.STREAM.MSG.DELETE."+s)
+	}
+	return out
+}
+
+// reader is what reading a stream through ordered consumers needs:
+// finding the stream by subject, creating consumers on it (with any
+// filter: NATS puts a consumer's filters in the request subject only when
+// there is one), pulling from them, deleting them, and the stream's and
+// consumers' info.
+func reader(stream string) []string {
+	return []string{
+		"$JS.API.STREAM.NAMES", streamInfo(stream),
+		"$JS.API.CONSUMER.CREATE." + stream + ".>",
+		consumerAPI("MSG.NEXT", stream, "*"), consumerAPI("INFO", stream, "*"), consumerAPI("DELETE", stream, "*"),
+	}
+}
+
+func streamInfo(stream string) string { return "$JS.API.STREAM.INFO." + stream }
+
+func consumerAPI(op, stream, consumer string) string {
+	return "$JS.API.CONSUMER." + op + "." + stream + "." + consumer
+}
+
+// kvStream is the stream behind a bucket (NATS's layout).
+func kvStream(n protocol.Names, b protocol.Bucket) string { return "KV_" + n.BucketName(b) }
+
+func toolsOr(tools []string) []string {
+	if len(tools) == 0 {
+		return []string{"*"}
+	}
+	return tools
+}
+
+// Check reports what is wrong with a user's entry.
+func (u User) Check() error {
+	if !validName(u.Name) {
+		return fmt.Errorf("user %q: a name must match [A-Za-z0-9_-]{1,64}", u.Name)
+	}
+	if !slices.Contains(Roles, u.Role) {
+		return fmt.Errorf("user %s: unknown role %q (want one of %s)", u.Name, u.Role, roleList())
+	}
+	if !validNKey(u.NKey) {
+		return fmt.Errorf("user %s: nkey %q is not a user public key (U...)", u.Name, u.NKey)
+	}
+	if u.Role == RoleWorker && len(u.Pools) == 0 {
+		return fmt.Errorf("user %s: a worker names its pools", u.Name)
+	}
+	for _, p := range u.Pools {
+		if !validName(p) {
+			return fmt.Errorf("user %s: pool %q must match [A-Za-z0-9_-]{1,64}", u.Name, p)
+		}
+	}
+	if u.Role == RoleApprover && !validName(u.Principal) {
+		return fmt.Errorf("user %s: an approver names its principal ([A-Za-z0-9_-]{1,64}), got %q", u.Name, u.Principal)
+	}
+	for _, t := range u.Tools {
+		if !validName(t) {
+			return fmt.Errorf("user %s: tool %q must match [A-Za-z0-9_-]{1,64}", u.Name, t)
+		}
+	}
+	if len(u.Pools) > 0 && u.Role != RoleWorker || u.Principal != "" && u.Role != RoleApprover ||
+		len(u.Tools) > 0 && u.Role != RoleBrain && u.Role != RoleDelegate || u.Resume && u.Role != RoleClient {
+		return fmt.Errorf("user %s: pools are a worker's, principal an approver's, tools a brain or delegate service's, resume a client's", u.Name)
+	}
+	return nil
+}
+
+func roleList() string {
+	s := make([]string, len(Roles))
+	for i, r := range Roles {
+		s[i] = string(r)
+	}
+	return strings.Join(s, ", ")
+}
+
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,539 @@
+package embedded_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/access"
+	"github.com/toolbatch/toolbatch/catalog"
+	"github.com/toolbatch/toolbatch/client"
+	"github.com/toolbatch/toolbatch/embedded"
+	"github.com/toolbatch/toolbatch/engine"
+	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
+)
+
+const matrixCatalog = `
+tools:
+  - {id: build, target: sandbox, recovery: {mode: replay_safe, max_attempts: 3}}
+  - {id: render, target: sandbox, pool: gpu, recovery: {mode: replay_safe, max_attempts: 3}}
+  - {id: echo, builtin: echo, recovery: {mode: replay_safe, max_attempts: 3}}
+  - {id: confirm, builtin: echo, recovery: {mode: replay_safe, max_attempts: 3}}
+gate:
+  rules:
+    - tools: ["confirm"]
+      outcome: require_confirmation
+`
+
+// deployment is an engine with its embedded server and an auth file with
+// one user of every role (two workers of different pools, two clients,
+// two approvers), each with a credentials file written by package access.
+type deployment struct {
+	srv   *embedded.Server
+	url   string
+	creds map[string]string // user name -> credentials file
+	keys  map[string]string // user name -> public nkey
+	names protocol.Names
+}
+
+func deploy(t *testing.T, tls *embedded.Config) *deployment {
+	t.Helper()
+	dir := t.TempDir()
+	cat, err := catalog.Parse([]byte(matrixCatalog))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &deployment{creds: map[string]string{}, keys: map[string]string{}, names: protocol.Names{Prefix: protocol.DefaultPrefix}}
+	var f access.File
+	for _, u := range []access.User{
+		{Name: "w1", Role: access.RoleWorker, Pools: []string{"default"}},
+		{Name: "w2", Role: access.RoleWorker, Pools: []string{"gpu"}},
+		{Name: "c1", Role: access.RoleClient},
+		{Name: "c2", Role: access.RoleClient, Resume: true},
+		{Name: "alice", Role: access.RoleApprover, Principal: "alice"},
+		{Name: "bob", Role: access.RoleApprover, Principal: "bob"},
+		{Name: "g1", Role: access.RoleGate},
+		{Name: "b1", Role: access.RoleBrain, Tools: []string{"search"}},
+		{Name: "d1", Role: access.RoleDelegate},
+		{Name: "aud", Role: access.RoleAuditor},
+		{Name: "adm", Role: access.RoleAdmin},
+	} {
+		made, seed, err := access.NewUser(u.Name, u.Role)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.NKey = made.NKey
+		f.Users = append(f.Users, u)
+		d.creds[u.Name] = filepath.Join(dir, u.Name+".creds")
+		d.keys[u.Name] = u.NKey
+		if err := access.WriteCreds(d.creds[u.Name], seed); err != nil {
+			t.Fatal(err)
+		}
+	}
+	authFile := filepath.Join(dir, "auth.yaml")
+	if err := f.Save(authFile); err != nil {
+		t.Fatal(err)
+	}
+	cfg := embedded.Config{Listen: "127.0.0.1:-1", Store: filepath.Join(dir, "store"), Auth: authFile,
+		Layout: access.Layout{Names: d.names, PoolTools: cat.PoolTools()}}
+	if tls != nil {
+		cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA = tls.TLSCert, tls.TLSKey, tls.TLSClientCA
+	}
+	d.srv, err = embedded.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.srv.Stop)
+	d.url = d.srv.ClientURL()
+	nc, err := nats.Connect("in-process", d.srv.EngineOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	eng, err := engine.New(nc, engine.Config{Catalog: cat})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- eng.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	select {
+	case <-eng.Ready():
+	case err := <-done:
+		t.Fatalf("engine: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("engine not ready")
+	}
+	return d
+}
+
+// conn is one user's connection, with the permission errors the server
+// sent it.
+type conn struct {
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	errs chan error
+}
+
+func (d *deployment) connect(t *testing.T, name string, extra ...nats.Option) *conn {
+	t.Helper()
+	opts, err := access.Conn{Creds: d.creds[name]}.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &conn{errs: make(chan error, 64)}
+	opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case c.errs <- err:
+		default:
+		}
+	}))
+	c.nc, err = nats.Connect(d.url, append(opts, extra...)...)
+	if err != nil {
+		t.Fatalf("connect as %s: %v", name, err)
+	}
+	t.Cleanup(c.nc.Close)
+	c.js, err = jetstream.New(c.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// op is an operation on NATS. A core publish or subscription is async:
+// it returns before the server answers, so only the server's error says
+// whether it was refused.
+type op struct {
+	run   func(ctx context.Context) error
+	async bool
+}
+
+// attempt runs o and returns its error and the first error the server
+// sent the connection afterwards (nil: none within the wait).
+func (c *conn) attempt(o op) (opErr, serverErr error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	opErr = o.run(ctx)
+	_ = c.nc.Flush() // the server answers in order: its -ERR comes before the PONG
+	select {
+	case serverErr = <-c.errs:
+	case <-time.After(2 * time.Second):
+	}
+	return opErr, serverErr
+}
+
+// checkRefused asserts that the server refused an operation with a
+// permissions violation, and that the operation did not succeed.
+func checkRefused(t *testing.T, o op, opErr, serverErr error) {
+	t.Helper()
+	switch {
+	case serverErr == nil:
+		t.Fatalf("no permissions violation (the operation returned %v)", opErr)
+	case !errors.Is(serverErr, nats.ErrPermissionViolation) && !strings.Contains(strings.ToLower(serverErr.Error()), "permissions violation"):
+		t.Fatalf("an error, but not a permissions violation: %v", serverErr)
+	case opErr == nil && !o.async:
+		t.Fatal("the operation succeeded")
+	}
+}
+
+func (c *conn) allowed(t *testing.T, what string, o op) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := o.run(ctx); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if err := c.nc.FlushWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-c.errs:
+		t.Fatalf("%s: %v", what, err)
+	default:
+	}
+}
+
+func publish(c *conn, subject string) op {
+	return op{run: func(context.Context) error { return c.nc.Publish(subject, []byte("{}")) }, async: true}
+}
+
+func subscribe(c *conn, subject string) op {
+	return op{run: func(context.Context) error { _, err := c.nc.SubscribeSync(subject); return err }, async: true}
+}
+
+func jsPublish(c *conn, subject string) op {
+	return do(func(ctx context.Context) error { _, err := c.js.Publish(ctx, subject, []byte("{}")); return err })
+}
+
+func do(fn func(ctx context.Context) error) op { return op{run: fn} }
+
+func kvPut(c *conn, bucket, key string) op {
+	return do(func(ctx context.Context) error {
+		kv, err := c.js.KeyValue(ctx, bucket)
+		if err != nil {
+			return err
+		}
+		_, err = kv.Put(ctx, key, []byte("replay_safe"))
+		return err
+	})
+}
+
+func request(c *conn, subject string) op {
+	return do(func(ctx context.Context) error {
+		_, err := c.nc.RequestWithContext(ctx, subject, []byte("{}"))
+		return err
+	})
+}
+
+// snapshot is the last sequence of every stream that only an engine or
+// an allowed operation may change, so that a refused operation can be
+// shown to change nothing.
+func (d *deployment) snapshot(t *testing.T, admin *conn) map[string]uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n := d.names
+	out := map[string]uint64{}
+	for _, s := range []string{n.EventsStream(), n.InboxStream(), n.DispatchStream(), n.OutStream(), n.TimersStream(),
+		"KV_" + n.StateBucket(), "KV_" + n.CatalogBucket(), "KV_" + n.WorkersBucket(), "KV_" + n.RegistryBucket()} {
+		st, err := admin.js.Stream(ctx, s)
+		if err != nil {
+			t.Fatalf("stream %s: %v", s, err)
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[s] = info.State.LastSeq
+	}
+	return out
+}
+
+// TestPermissionMatrix runs every role's allowed operations, then every
+// forbidden one, on an embedded server set up from an auth file: each
+// forbidden operation is refused by NATS and changes nothing.
+func TestPermissionMatrix(t *testing.T) {
+	d := deploy(t, nil)
+	n := d.names
+	adm := d.connect(t, "adm")
+
+	// Without credentials nobody gets in.
+	if nc, err := nats.Connect(d.url); err == nil {
+		nc.Close()
+		t.Fatal("an anonymous connection was accepted")
+	} else if !strings.Contains(strings.ToLower(err.Error()), "authorization violation") {
+		t.Fatalf("anonymous connection: %v", err)
+	}
+
+	// Allowed: a client submits and reads its results; an approver
+	// answers a ticket as itself; a worker binds to its pool's consumer,
+	// advertises under its own name, claims and publishes a result;
+	// services subscribe to their subjects; the auditor reads the log.
+	c1 := d.connect(t, "c1")
+	cl, err := client.New(c1.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c1.allowed(t, "client submits and waits for the results", do(func(ctx context.Context) error {
+		if err := cl.Submit(ctx, submitOf("r1", "echo", `{"text":"hi"}`)); err != nil {
+			return err
+		}
+		_, err := cl.WaitResults(ctx, "r1", "r1/1")
+		return err
+	}))
+	c1.allowed(t, "client submits a call that needs confirmation", do(func(ctx context.Context) error {
+		return cl.Submit(ctx, submitOf("r2", "confirm", `{"text":"hi"}`))
+	}))
+	ticket := awaiting(t, ctx, cl, "r2")
+	alice := d.connect(t, "alice")
+	acl, err := client.New(alice.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice.allowed(t, "approver approves as itself", do(func(ctx context.Context) error {
+		if err := acl.Approve(ctx, ticket, "alice", "ok"); err != nil {
+			return err
+		}
+		res, err := acl.WaitResults(ctx, "r2", "r2/1")
+		if err == nil && len(res.Results) != 1 {
+			err = fmt.Errorf("results %+v", res)
+		}
+		return err
+	}))
+	w1 := d.connect(t, "w1")
+	w1.allowed(t, "worker binds to its pool's consumer", do(func(ctx context.Context) error {
+		_, err := w1.js.Consumer(ctx, n.DispatchStream(), protocol.PoolConsumer("default", "build"))
+		return err
+	}))
+	w1.allowed(t, "worker advertises under its own name", kvPut(w1, n.WorkersBucket(), protocol.WorkerKey("default", "build", "w1")))
+	w1.allowed(t, "worker claims (refused by the engine: nothing to claim)", do(func(ctx context.Context) error {
+		body, _ := events.Marshal(protocol.ClaimRequest{OperationID: "r9/1/c1", Attempt: 1, WorkerID: "w1"})
+		_, err := w1.nc.RequestWithContext(ctx, n.Claim(), body)
+		return err
+	}))
+	w1.allowed(t, "worker publishes a result", jsPublish(w1, n.Result("r9")))
+	g1 := d.connect(t, "g1")
+	g1.allowed(t, "gate subscribes to the gate subject", subscribe(g1, n.Gate()))
+	b1 := d.connect(t, "b1")
+	b1.allowed(t, "brain service subscribes to its tool", subscribe(b1, n.Brain("search")))
+	b1.allowed(t, "brain service registers its tool", kvPut(b1, n.RegistryBucket(), protocol.RegistryKey("search")))
+	d1 := d.connect(t, "d1")
+	d1.allowed(t, "delegate service subscribes to delegations", subscribe(d1, n.Delegate("child")))
+	aud := d.connect(t, "aud")
+	aud.allowed(t, "auditor reads the log", do(func(ctx context.Context) error {
+		count := 0
+		err := protocol.ReadOrdered(ctx, aud.js, n.EventsStream(), protocol.ReadOptions{Subjects: []string{n.Events("r1")}},
+			func(jetstream.Msg, *jetstream.MsgMetadata) error { count++; return nil })
+		if err == nil && count == 0 {
+			err = errors.New("no commits")
+		}
+		return err
+	}))
+	adm.allowed(t, "admin reads the inbox stream", do(func(ctx context.Context) error {
+		_, err := adm.js.Stream(ctx, n.InboxStream())
+		return err
+	}))
+
+	// Let the engine settle what the allowed operations asked (the result
+	// of nobody's call is terminated), then take the snapshot.
+	waitQuiet(t, ctx, d, adm)
+	before := d.snapshot(t, adm)
+
+	w2key := d.keys["w2"]
+	type row struct {
+		user, what string
+		op         func(c *conn) op
+	}
+	destructive := []row{}
+	for _, u := range []string{"w1", "c1", "alice", "g1", "b1", "aud", "adm"} {
+		destructive = append(destructive,
+			row{u, "delete the events stream", func(c *conn) op {
+				return do(func(ctx context.Context) error { return c.js.DeleteStream(ctx, n.EventsStream()) })
+			}},
+			row{u, "purge the out stream", func(c *conn) op {
+				return do(func(ctx context.Context) error {
+					_, err := c.nc.RequestWithContext(ctx, "$JS.API.STREAM.PURGE."+n.OutStream(), nil)
+					return err
+				})
+			}},
+			row{u, "delete the state bucket", func(c *conn) op {
+				return do(func(ctx context.Context) error { return c.js.DeleteKeyValue(ctx, n.StateBucket()) })
+			}},
+			row{u, "delete a message of the inbox", func(c *conn) op {
+				return do(func(ctx context.Context) error {
+					_, err := c.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.DELETE."+n.InboxStream(), []byte(`{"seq":1}`))
+					return err
+				})
+			}},
+		)
+	}
+	rows := append(destructive, []row{
+		// workers
+		{"w1", "publish a commit on a run's events subject", func(c *conn) op { return jsPublish(c, n.Events("r1")) }},
+		{"w1", "publish a dispatch job", func(c *conn) op { return jsPublish(c, n.Dispatch("default", "build")) }},
+		{"w1", "bind to another pool's consumer", func(c *conn) op {
+			return do(func(ctx context.Context) error {
+				_, err := c.js.Consumer(ctx, n.DispatchStream(), protocol.PoolConsumer("gpu", "render"))
+				return err
+			})
+		}},
+		{"w1", "create a consumer on the dispatch stream", func(c *conn) op {
+			return do(func(ctx context.Context) error {
+				_, err := c.js.CreateConsumer(ctx, n.DispatchStream(), jetstream.ConsumerConfig{Durable: "mine", FilterSubject: n.Dispatch("default", "build"), AckPolicy: jetstream.AckExplicitPolicy})
+				return err
+			})
+		}},
+		{"w1", "advertise another pool's tool", func(c *conn) op {
+			return kvPut(c, n.WorkersBucket(), protocol.WorkerKey("gpu", "render", "w1"))
+		}},
+		{"w1", "advertise under another worker's name", func(c *conn) op {
+			return kvPut(c, n.WorkersBucket(), protocol.WorkerKey("default", "build", "w2"))
+		}},
+		{"w1", "write the state bucket", func(c *conn) op { return kvPut(c, n.StateBucket(), "shared.budget") }},
+		{"w1", "subscribe to every subject", func(c *conn) op { return subscribe(c, ">") }},
+		{"w1", "subscribe to the shared inbox prefix", func(c *conn) op { return subscribe(c, "_INBOX.>") }},
+		{"w1", "subscribe to another worker's inbox", func(c *conn) op { return subscribe(c, access.InboxPrefix(w2key)+".>") }},
+		{"w1", "subscribe to the claim subject (answer claims)", func(c *conn) op { return subscribe(c, n.Claim()) }},
+		{"w1", "publish a claim grant to another worker's inbox", func(c *conn) op { return publish(c, access.InboxPrefix(w2key)+".x.y") }},
+		{"w1", "publish to an engine's forward subject", func(c *conn) op { return publish(c, n.Forward("e1")) }},
+		{"w1", "submit a batch", func(c *conn) op { return jsPublish(c, n.Submit("r3")) }},
+		// clients
+		{"c1", "publish a commit on a run's events subject", func(c *conn) op { return jsPublish(c, n.Events("r1")) }},
+		{"c1", "resume unattributed (not allowed for this client)", func(c *conn) op { return jsPublish(c, n.Resume("r2")) }},
+		{"c1", "resume as a principal", func(c *conn) op { return jsPublish(c, n.ResumeAs("r2", "alice")) }},
+		{"c1", "publish a result", func(c *conn) op { return jsPublish(c, n.Result("r1")) }},
+		{"c1", "read the events stream", func(c *conn) op {
+			return do(func(ctx context.Context) error {
+				_, err := c.js.OrderedConsumer(ctx, n.EventsStream(), jetstream.OrderedConsumerConfig{})
+				return err
+			})
+		}},
+		{"c1", "read other clients' submits in the inbox", func(c *conn) op {
+			return do(func(ctx context.Context) error {
+				_, err := c.js.OrderedConsumer(ctx, n.InboxStream(), jetstream.OrderedConsumerConfig{})
+				return err
+			})
+		}},
+		{"c1", "store a catalog", func(c *conn) op { return kvPut(c, n.CatalogBucket(), "cat-0000000000000000") }},
+		{"c1", "write the state bucket", func(c *conn) op { return kvPut(c, n.StateBucket(), "shared.budget") }},
+		{"c1", "subscribe to the shared inbox prefix", func(c *conn) op { return subscribe(c, "_INBOX.>") }},
+		{"c1", "subscribe to submits", func(c *conn) op { return subscribe(c, n.Submit("*")) }},
+		{"c1", "publish to an engine's forward subject", func(c *conn) op { return publish(c, n.Forward("e1")) }},
+		{"c1", "ask a brain tool directly", func(c *conn) op { return request(c, n.Brain("search")) }},
+		// approvers
+		{"alice", "resume as another principal", func(c *conn) op { return jsPublish(c, n.ResumeAs("r2", "bob")) }},
+		{"alice", "resume unattributed", func(c *conn) op { return jsPublish(c, n.Resume("r2")) }},
+		{"alice", "submit a batch", func(c *conn) op { return jsPublish(c, n.Submit("r4")) }},
+		{"alice", "subscribe to the shared inbox prefix", func(c *conn) op { return subscribe(c, "_INBOX.>") }},
+		// services
+		{"g1", "publish a commit", func(c *conn) op { return jsPublish(c, n.Events("r1")) }},
+		{"g1", "subscribe to a brain tool", func(c *conn) op { return subscribe(c, n.Brain("search")) }},
+		{"g1", "publish to the gate subject", func(c *conn) op { return publish(c, n.Gate()) }},
+		{"b1", "subscribe to another brain tool", func(c *conn) op { return subscribe(c, n.Brain("other")) }},
+		{"b1", "register another tool's capability", func(c *conn) op {
+			return kvPut(c, n.RegistryBucket(), protocol.RegistryKey("other"))
+		}},
+		{"b1", "submit a batch", func(c *conn) op { return jsPublish(c, n.Submit("r5")) }},
+		{"d1", "subscribe to the gate subject", func(c *conn) op { return subscribe(c, n.Gate()) }},
+		{"d1", "submit a batch", func(c *conn) op { return jsPublish(c, n.Submit("r6")) }},
+		// auditor
+		{"aud", "submit a batch", func(c *conn) op { return jsPublish(c, n.Submit("r7")) }},
+		{"aud", "read the inbox", func(c *conn) op {
+			return do(func(ctx context.Context) error {
+				_, err := c.js.OrderedConsumer(ctx, n.InboxStream(), jetstream.OrderedConsumerConfig{})
+				return err
+			})
+		}},
+		{"aud", "write the state bucket", func(c *conn) op { return kvPut(c, n.StateBucket(), "shared.budget") }},
+	}...)
+	// Every forbidden operation at once, each on its own connection (a
+	// refused request waits for its timeout), then the verdicts.
+	type outcome struct{ opErr, serverErr error }
+	outcomes := make([]outcome, len(rows))
+	ops := make([]op, len(rows))
+	var wg sync.WaitGroup
+	for i, r := range rows {
+		c := d.connect(t, r.user)
+		ops[i] = r.op(c)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outcomes[i].opErr, outcomes[i].serverErr = c.attempt(ops[i])
+		}()
+	}
+	wg.Wait()
+	for i, r := range rows {
+		t.Run("refused/"+r.user+": "+r.what, func(t *testing.T) {
+			checkRefused(t, ops[i], outcomes[i].opErr, outcomes[i].serverErr)
+		})
+	}
+	after := d.snapshot(t, adm)
+	for s, seq := range before {
+		if after[s] != seq {
+			t.Errorf("stream %s: last sequence %d before the refused operations, %d after", s, seq, after[s])
+		}
+	}
+}
+
+func submitOf(runID, tool, args string) *protocol.Submit {
+	in, err := events.CanonicalJSON([]byte(args))
+	if err != nil {
+		panic(err)
+	}
+	return &protocol.Submit{RunID: runID, ThreadID: "t", Step: 1, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{
+		events.TextBlock("calling"), {Type: events.BlockToolUse, ID: "c1", Name: tool, Input: in}}}}
+}
+
+// awaiting waits for the run's ticket.
+func awaiting(t *testing.T, ctx context.Context, cl *client.Client, runID string) protocol.AwaitingOut {
+	t.Helper()
+	w, err := cl.Watch(ctx, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	for {
+		m, err := w.Next(ctx)
+		if err != nil {
+			t.Fatalf("waiting for run %s's ticket: %v", runID, err)
+		}
+		if m.Awaiting != nil {
+			return *m.Awaiting
+		}
+	}
+}
+
+// waitQuiet waits until the engine has taken every inbox message.
+func waitQuiet(t *testing.T, ctx context.Context, d *deployment, adm *conn) {
+	t.Helper()
+	cons, err := adm.js.Consumer(ctx, d.names.InboxStream(), protocol.ConsumerEngine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumPending == 0 && info.NumAckPending == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the engine did not take every inbox message: %+v", info)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
