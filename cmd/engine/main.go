@@ -88,7 +88,7 @@ func run(args []string, stderr io.Writer) error {
 			return errors.New("--creds and --tls-ca are for --nats-url: the engine connects to its embedded server in process")
 		}
 		srv, err := embedded.Start(embedded.Config{Listen: o.listen, Store: o.store, SyncAlways: o.syncAlways, Auth: o.auth,
-			Layout: access.Layout{Names: protocol.Names{Prefix: o.prefix}, PoolTools: cat.PoolTools()},
+			Layout:  access.Layout{Names: protocol.Names{Prefix: o.prefix}, PoolTools: cat.PoolTools()},
 			TLSCert: o.tlsCert, TLSKey: o.tlsKey, TLSClientCA: o.tlsClientCA})
 		if err != nil {
 			return err
