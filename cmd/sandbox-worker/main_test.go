@@ -22,7 +22,7 @@ import (
 // from this module, against the engine's embedded JetStream, and talk to
 // them only over NATS.
 
-var engineBin, workerBin string
+var engineBin, workerBin, toolbatchBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "toolbatch-worker-bin")
@@ -30,12 +30,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	bins, err := testproc.Build(dir, "../engine", ".")
+	bins, err := testproc.Build(dir, "../engine", ".", "../toolbatch")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	engineBin, workerBin = bins[0], bins[1]
+	engineBin, workerBin, toolbatchBin = bins[0], bins[1], bins[2]
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

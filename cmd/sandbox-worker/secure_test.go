@@ -1,0 +1,218 @@
+package main_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/access"
+	"github.com/toolbatch/toolbatch/client"
+	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testproc"
+	"github.com/toolbatch/toolbatch/internal/testtls"
+	"github.com/toolbatch/toolbatch/protocol"
+)
+
+const secureCatalog = `
+tools:
+  - {id: local, target: sandbox, recovery: {mode: replay_safe}, dispatch_deadline: 20s}
+  - {id: remote, target: sandbox, pool: gpu, recovery: {mode: replay_safe}, dispatch_deadline: 20s}
+gate:
+  rules:
+    - tools: ["remote"]
+      outcome: require_confirmation
+  external: {timeout: 5s, on_timeout: block}
+`
+
+func secureWorkerYAML(pool, tool, text string) string {
+	return fmt.Sprintf(`
+pools: [%s]
+isolation: none
+tools:
+  - id: %s
+    command: ["/bin/echo", %q]
+    capability: replay_safe
+`, pool, tool, text)
+}
+
+// TestSecuredDeployment runs the production setup of docs/security.md:
+// users made with toolbatch auth, an engine whose embedded server
+// requires them and mutual TLS, two workers of different pools, a gate
+// service, a client and two approvers, each with its own credentials. A
+// batch runs end to end; an approver cannot answer as the other; nobody
+// connects without credentials or a client certificate.
+func TestSecuredDeployment(t *testing.T) {
+	dir := t.TempDir()
+	pki := testtls.Write(t, dir)
+	authFile := filepath.Join(dir, "auth.yaml")
+	creds := func(name string) string { return filepath.Join(dir, name+".creds") }
+	for _, args := range [][]string{
+		{"--role", "worker", "--name", "w1", "--pool", "default"},
+		{"--role", "worker", "--name", "w2", "--pool", "gpu"},
+		{"--role", "client", "--name", "c1"},
+		{"--role", "approver", "--name", "alice", "--principal", "alice"},
+		{"--role", "approver", "--name", "bob", "--principal", "bob"},
+		{"--role", "gate", "--name", "g1"},
+		{"--role", "auditor", "--name", "aud"},
+	} {
+		name := args[3]
+		out, err := exec.Command(toolbatchBin, append([]string{"auth", "create", "--file", authFile, "--out", creds(name)}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("toolbatch auth create %s: %v: %s", name, err, out)
+		}
+		if st, err := os.Stat(creds(name)); err != nil || st.Mode().Perm() != 0o600 {
+			t.Fatalf("credentials of %s: %v %v", name, st.Mode(), err)
+		}
+	}
+	cat := filepath.Join(dir, "catalog.yaml")
+	if err := os.WriteFile(cat, []byte(secureCatalog), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port := testproc.FreePort(t)
+	url := fmt.Sprintf("tls://127.0.0.1:%d", port)
+	testproc.Start(t, "engine", `"engine ready"`, engineBin, "--store", filepath.Join(dir, "store"), "--listen", fmt.Sprintf("127.0.0.1:%d", port),
+		"--catalog", cat, "--log-format", "json", "--auth", authFile,
+		"--tls-cert", pki.ServerCert, "--tls-key", pki.ServerKey, "--tls-client-ca", pki.CA)
+	tlsFlags := []string{"--tls-ca", pki.CA, "--tls-client-cert", pki.ClientCert, "--tls-client-key", pki.ClientKey}
+	for _, w := range []struct{ name, pool, tool string }{{"w1", "default", "local"}, {"w2", "gpu", "remote"}} {
+		cfg := filepath.Join(dir, w.name+".yaml")
+		if err := os.WriteFile(cfg, []byte(secureWorkerYAML(w.pool, w.tool, "ran on "+w.name)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		testproc.Start(t, w.name, `"ready"`, workerBin, append([]string{"--nats-url", url, "--config", cfg, "--worker-id", w.name,
+			"--log-format", "json", "--creds", creds(w.name)}, tlsFlags...)...)
+	}
+	connect := func(name string) *nats.Conn {
+		t.Helper()
+		opts, err := access.Conn{Creds: creds(name), TLSCA: pki.CA, TLSCert: pki.ClientCert, TLSKey: pki.ClientKey}.Options()
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := nats.Connect(url, opts...)
+		if err != nil {
+			t.Fatalf("connect as %s: %v", name, err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+
+	// Nobody gets in without a client certificate, or without credentials.
+	if nc, err := nats.Connect(url, nats.RootCAs(pki.CA)); err == nil {
+		nc.Close()
+		t.Fatal("connected without a client certificate")
+	}
+	if nc, err := nats.Connect(url, nats.RootCAs(pki.CA), nats.ClientCert(pki.ClientCert, pki.ClientKey)); err == nil {
+		nc.Close()
+		t.Fatal("connected without credentials")
+	}
+
+	// The gate service allows every call and records what it was asked.
+	var gateMu sync.Mutex
+	var gated []string
+	gate := connect("g1")
+	if _, err := gate.Subscribe(protocol.Names{Prefix: protocol.DefaultPrefix}.Gate(), func(m *nats.Msg) {
+		var req protocol.GateRequest
+		if err := events.Unmarshal(m.Data, &req); err != nil {
+			return
+		}
+		gateMu.Lock()
+		gated = append(gated, req.ToolID)
+		gateMu.Unlock()
+		body, _ := events.Marshal(protocol.GateReply{Outcome: events.GateAllow})
+		_ = m.Respond(body)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := gate.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c1, err := client.New(connect("c1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c1.Submit(ctx, batch("sec", 1, "local", "remote")); err != nil {
+		t.Fatal(err)
+	}
+	w, err := c1.Watch(ctx, "sec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ticket *protocol.AwaitingOut
+	for ticket == nil {
+		m, err := w.Next(ctx)
+		if err != nil {
+			t.Fatalf("waiting for the ticket: %v", err)
+		}
+		ticket = m.Awaiting
+	}
+	w.Stop()
+
+	// bob cannot answer as alice: NATS refuses the publish, and the
+	// ticket stays open.
+	bob, err := client.New(connect("bob"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, stop := context.WithTimeout(ctx, 2*time.Second)
+	err = bob.Approve(short, *ticket, "alice", "as alice")
+	stop()
+	if err == nil {
+		t.Fatal("bob approved as alice")
+	}
+	alice, err := client.New(connect("alice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := alice.Approve(ctx, *ticket, "alice", "fine"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c1.WaitResults(ctx, "sec", "sec/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(texts(res)); got != `[ok "ran on w1\n" ok "ran on w2\n"]` {
+		t.Fatalf("results %q", got)
+	}
+	// The operator's rule decided remote (a confirmation); the gate
+	// service decided local.
+	gateMu.Lock()
+	if fmt.Sprint(gated) != "[local]" {
+		t.Errorf("the gate service was asked about %v", gated)
+	}
+	gateMu.Unlock()
+
+	// The log records alice, and only alice, as the principal.
+	js, err := jetstream.New(connect("aud"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var principals []string
+	err = protocol.ReadOrdered(ctx, js, protocol.Names{Prefix: protocol.DefaultPrefix}.EventsStream(),
+		protocol.ReadOptions{Subjects: []string{"toolbatch.events.sec"}}, func(m jetstream.Msg, _ *jetstream.MsgMetadata) error {
+			evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
+			for _, e := range evs {
+				if r, ok := e.(*events.TicketResolved); ok {
+					principals = append(principals, r.Principal)
+				}
+			}
+			return err
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(principals, ",") != "alice" {
+		t.Fatalf("ticket resolutions by %v", principals)
+	}
+}
