@@ -40,6 +40,7 @@ gate:
 type deployment struct {
 	srv   *embedded.Server
 	url   string
+	auth  string // the auth file
 	creds map[string]string // user name -> credentials file
 	keys  map[string]string // user name -> public nkey
 	names protocol.Names
@@ -80,6 +81,7 @@ func deploy(t *testing.T, tls *embedded.Config) *deployment {
 		}
 	}
 	authFile := filepath.Join(dir, "auth.yaml")
+	d.auth = authFile
 	if err := f.Save(authFile); err != nil {
 		t.Fatal(err)
 	}
@@ -479,6 +481,24 @@ func TestPermissionMatrix(t *testing.T) {
 			checkRefused(t, ops[i], outcomes[i].opErr, outcomes[i].serverErr)
 		})
 	}
+	// NATS does not check a push consumer's deliver subject against its
+	// creator's permissions: a client may create one on the out stream
+	// delivering to a run's events subject. It delivers only where
+	// someone subscribes, and no role but admin may subscribe there (the
+	// engine does not), so nothing is delivered and nothing is stored
+	// (docs/security.md).
+	push := d.connect(t, "c1")
+	pc, err := push.js.CreateConsumer(ctx, n.OutStream(), jetstream.ConsumerConfig{DeliverSubject: n.Events("r1"), AckPolicy: jetstream.AckNonePolicy})
+	if err != nil {
+		t.Fatalf("push consumer: %v", err)
+	}
+	info, err := pc.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.PushBound || info.Delivered.Consumer != 0 || info.NumPending == 0 {
+		t.Fatalf("a push consumer into the events subjects is bound or delivering: %+v", info)
+	}
 	after := d.snapshot(t, adm)
 	for s, seq := range before {
 		if after[s] != seq {
@@ -535,5 +555,54 @@ func waitQuiet(t *testing.T, ctx context.Context, d *deployment, adm *conn) {
 			t.Fatalf("the engine did not take every inbox message: %+v", info)
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+}
+
+// TestReloadRevokes: after a user is removed from the auth file and the
+// server reloads it, the user's open connection is closed and it cannot
+// connect again; a user added meanwhile can.
+func TestReloadRevokes(t *testing.T) {
+	d := deploy(t, nil)
+	c2 := d.connect(t, "c2")
+	closed := make(chan struct{})
+	c2.nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
+
+	f, err := access.LoadFile(d.auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.Remove("c2") {
+		t.Fatal("no c2")
+	}
+	added, seed, err := access.NewUser("c3", access.RoleClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Users = append(f.Users, added)
+	d.creds["c3"] = filepath.Join(t.TempDir(), "c3.creds")
+	if err := access.WriteCreds(d.creds["c3"], seed); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Save(d.auth); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.srv.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	d.connect(t, "c3") // the new user gets in
+	// The revoked user's connection is dropped, and every reconnect is
+	// refused, so it ends closed.
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the revoked user's connection is still %v", c2.nc.Status())
+	}
+	opts, err := access.Conn{Creds: d.creds["c2"]}.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nc, err := nats.Connect(d.url, opts...); err == nil {
+		nc.Close()
+		t.Fatal("a revoked user connected")
 	}
 }

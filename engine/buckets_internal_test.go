@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/internal/testwait"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // TestLiveCapabilitiesFollowTheBuckets: the mirror answers what the
@@ -76,6 +78,25 @@ func TestLiveCapabilitiesFollowTheBuckets(t *testing.T) {
 	if got := e.live.sandbox(ctx, "default", "t"); got != events.CapIdempotent {
 		t.Fatalf("fresh advertisement: %s", got)
 	}
+	// Workers of one tool that disagree: the most conservative wins, so
+	// that a worker claiming more than the others cannot raise the tool's
+	// capability (a replay of a call another worker cannot survive).
+	if _, err := workers.Put(ctx, "sandbox.default.t.w3", []byte(events.CapReplaySafe)); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, ctx, "second advertisement mirrored", func() bool { return e.live.mirrored("default.t", "w3") })
+	if got := e.live.sandbox(ctx, "default", "t"); got != events.CapNonRecoverable {
+		t.Fatalf("workers disagree (idempotent, replay_safe): %s", got)
+	}
+	if got := e.live.sandboxFromBucket(ctx, "default", "t"); got != events.CapReplaySafe {
+		t.Fatalf("the bucket holds w3 only: %s", got)
+	}
+	if _, err := workers.Put(ctx, "sandbox.default.t.w4", []byte(events.CapNonRecoverable)); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.live.sandboxFromBucket(ctx, "default", "t"); got != events.CapNonRecoverable {
+		t.Fatalf("the bucket's workers disagree: %s", got)
+	}
 
 	if _, err := registry.Put(ctx, "brain.x", []byte(events.CapIdempotent)); err != nil {
 		t.Fatal(err)
@@ -119,3 +140,72 @@ func (f fakeEntry) Revision() uint64                { return 1 }
 func (f fakeEntry) Created() time.Time              { return f.created }
 func (f fakeEntry) Delta() uint64                   { return 0 }
 func (f fakeEntry) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePut }
+
+// TestStoredCatalogMustHashToItsID: a catalog stored under a snapshot id
+// that is not its content's hash (a forged entry of the catalogs bucket)
+// is refused, so a batch pinned to that id cannot be gated by it.
+func TestStoredCatalogMustHashToItsID(t *testing.T) {
+	url := testnats.Start(t, t.TempDir())
+	nc := testnats.Connect(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	e, err := New(nc, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	real := e.cfg.Catalog.SnapshotID()
+	if _, err := e.catalogFor(ctx, real); err != nil {
+		t.Fatalf("the engine's own catalog: %v", err)
+	}
+	forged := "cat-00000000000000ff"
+	if _, err := e.catalogKV.Put(ctx, forged, []byte("tools:\n  - {id: echo, builtin: echo}\n")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.catalogFor(ctx, forged)
+	if err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("a catalog stored under another id: %v", err)
+	}
+}
+
+// TestClaimNeverBlocksBehindAFullShard: when a run's shard cannot take
+// more work, a claim is answered busy at once rather than held in the
+// subscription (where it would delay every later claim and heartbeat,
+// and let another answer overtake the engine's).
+func TestClaimNeverBlocksBehindAFullShard(t *testing.T) {
+	url := testnats.Start(t, t.TempDir())
+	nc := testnats.Connect(t, url)
+	e, err := New(nc, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subs, err := e.serveWorkers() // the shards' loops are not running: nothing drains them
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+	}()
+	s := e.shardOf("flood")
+	for len(s.in) < cap(s.in) {
+		s.in <- item{runID: "flood", work: &unclaimedExpiry{callID: "c1", attempt: 1}}
+	}
+	for i := range 3 {
+		body, _ := events.Marshal(protocol.ClaimRequest{OperationID: "flood/1/c1", Attempt: 1, WorkerID: "w"})
+		m, err := nc.Request(e.names.Claim(), body, 5*time.Second)
+		if err != nil {
+			t.Fatalf("claim %d: %v", i, err)
+		}
+		var r protocol.ClaimReply
+		if err := events.Unmarshal(m.Data, &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Granted || r.Reason != protocol.ReasonBusy {
+			t.Fatalf("claim %d behind a full shard: %+v", i, r)
+		}
+	}
+}

@@ -67,7 +67,7 @@ tools:
 		t.Helper()
 		o := events.TextOutput(d.CallID, text)
 		body, _ := events.Marshal(protocol.Result{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: token, Output: &o})
-		m := nats.NewMsg("toolbatch.result." + d.RunID)
+		m := nats.NewMsg("toolbatch.result.fence")
 		m.Data = body
 		if _, err := js.PublishMsg(ctx, m); err != nil {
 			t.Fatal(err)
@@ -109,6 +109,11 @@ tools:
 	if !g2.Granted {
 		t.Fatalf("claim of attempt 2: %+v", g2)
 	}
+	// A result on this run's subject naming another run's operation,
+	// with this run's current token, is terminated: it reaches no run.
+	forged := d2
+	forged.OperationID = "other/1/c1"
+	result(forged, g2.ClaimToken, "forged")
 	// The old worker's late result is refused; the current one applies.
 	result(d1, g1.ClaimToken, "stale")
 	result(d2, g2.ClaimToken, "fresh")

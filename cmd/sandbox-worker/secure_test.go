@@ -46,7 +46,8 @@ tools:
 
 // TestSecuredDeployment runs the production setup of docs/security.md:
 // users made with toolbatch auth, an engine whose embedded server
-// requires them and mutual TLS, two workers of different pools, a gate
+// requires them and mutual TLS, a second engine connected with engine
+// credentials, two workers of different pools, a gate
 // service, a client and two approvers, each with its own credentials. A
 // batch runs end to end; an approver cannot answer as the other; nobody
 // connects without credentials or a client certificate.
@@ -63,6 +64,7 @@ func TestSecuredDeployment(t *testing.T) {
 		{"--role", "approver", "--name", "bob", "--principal", "bob"},
 		{"--role", "gate", "--name", "g1"},
 		{"--role", "auditor", "--name", "aud"},
+		{"--role", "engine", "--name", "e2"},
 	} {
 		name := args[3]
 		out, err := exec.Command(toolbatchBin, append([]string{"auth", "create", "--file", authFile, "--out", creds(name)}, args...)...).CombinedOutput()
@@ -83,6 +85,10 @@ func TestSecuredDeployment(t *testing.T) {
 		"--catalog", cat, "--log-format", "json", "--auth", authFile,
 		"--tls-cert", pki.ServerCert, "--tls-key", pki.ServerKey, "--tls-client-ca", pki.CA)
 	tlsFlags := []string{"--tls-ca", pki.CA, "--tls-client-cert", pki.ClientCert, "--tls-client-key", pki.ClientKey}
+	// A second engine shares the work over the network with an engine
+	// user's credentials, as engines on other machines do.
+	testproc.Start(t, "engine2", `"engine ready"`, engineBin, append([]string{"--nats-url", url, "--creds", creds("e2"),
+		"--catalog", cat, "--log-format", "json"}, tlsFlags...)...)
 	for _, w := range []struct{ name, pool, tool string }{{"w1", "default", "local"}, {"w2", "gpu", "remote"}} {
 		cfg := filepath.Join(dir, w.name+".yaml")
 		if err := os.WriteFile(cfg, []byte(secureWorkerYAML(w.pool, w.tool, "ran on "+w.name)), 0o644); err != nil {
