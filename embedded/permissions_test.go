@@ -40,7 +40,7 @@ gate:
 type deployment struct {
 	srv   *embedded.Server
 	url   string
-	auth  string // the auth file
+	auth  string            // the auth file
 	creds map[string]string // user name -> credentials file
 	keys  map[string]string // user name -> public nkey
 	names protocol.Names
