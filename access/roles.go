@@ -149,6 +149,7 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 		// subject instead (answers to requests stay allowed).
 		p.Publish.Deny = []string{">"}
 	}
+	p.Publish.Allow = unique(p.Publish.Allow)
 	if u.Role == RoleWorker && l.PoolTools == nil {
 		return Permissions{}, fmt.Errorf("user %s: a worker's permissions name its pools' tools: the catalog is needed", u.Name)
 	}
@@ -199,6 +200,18 @@ func consumerAPI(op, stream, consumer string) string {
 
 // kvStream is the stream behind a bucket (NATS's layout).
 func kvStream(n protocol.Names, b protocol.Bucket) string { return "KV_" + n.BucketName(b) }
+
+// unique drops repeated subjects, keeping the first of each.
+func unique(s []string) []string {
+	seen := map[string]bool{}
+	return slices.DeleteFunc(s, func(x string) bool {
+		if seen[x] {
+			return true
+		}
+		seen[x] = true
+		return false
+	})
+}
 
 func toolsOr(tools []string) []string {
 	if len(tools) == 0 {

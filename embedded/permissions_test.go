@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -46,7 +48,13 @@ type deployment struct {
 	names protocol.Names
 }
 
-func deploy(t *testing.T, tls *embedded.Config) *deployment {
+// Where a deployment's NATS server comes from.
+const (
+	embeddedServer = "embedded" // the engine's, from the auth file
+	externalServer = "external" // a nats-server configured with toolbatch auth permissions' block
+)
+
+func deploy(t *testing.T, mode string) *deployment {
 	t.Helper()
 	dir := t.TempDir()
 	cat, err := catalog.Parse([]byte(matrixCatalog))
@@ -67,6 +75,7 @@ func deploy(t *testing.T, tls *embedded.Config) *deployment {
 		{Name: "d1", Role: access.RoleDelegate},
 		{Name: "aud", Role: access.RoleAuditor},
 		{Name: "adm", Role: access.RoleAdmin},
+		{Name: "eng", Role: access.RoleEngine},
 	} {
 		made, seed, err := access.NewUser(u.Name, u.Role)
 		if err != nil {
@@ -80,23 +89,51 @@ func deploy(t *testing.T, tls *embedded.Config) *deployment {
 			t.Fatal(err)
 		}
 	}
-	authFile := filepath.Join(dir, "auth.yaml")
-	d.auth = authFile
-	if err := f.Save(authFile); err != nil {
+	d.auth = filepath.Join(dir, "auth.yaml")
+	if err := f.Save(d.auth); err != nil {
 		t.Fatal(err)
 	}
-	cfg := embedded.Config{Listen: "127.0.0.1:-1", Store: filepath.Join(dir, "store"), Auth: authFile,
-		Layout: access.Layout{Names: d.names, PoolTools: cat.PoolTools()}}
-	if tls != nil {
-		cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA = tls.TLSCert, tls.TLSKey, tls.TLSClientCA
+	layout := access.Layout{Names: d.names, PoolTools: cat.PoolTools()}
+	var engineOpts []nats.Option
+	switch mode {
+	case embeddedServer:
+		d.srv, err = embedded.Start(embedded.Config{Listen: "127.0.0.1:-1", Store: filepath.Join(dir, "store"), Auth: d.auth, Layout: layout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(d.srv.Stop)
+		d.url = d.srv.ClientURL()
+		engineOpts = d.srv.EngineOptions()
+	case externalServer:
+		var conf strings.Builder
+		fmt.Fprintf(&conf, "listen: \"127.0.0.1:-1\"\njetstream { store_dir: %q }\nmax_payload: %d\n", filepath.Join(dir, "ext"), embedded.MaxPayload)
+		if err := access.ServerConfig(&conf, layout, f.Users, "auth.yaml"); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, "nats.conf")
+		if err := os.WriteFile(path, []byte(conf.String()), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		opts, err := server.ProcessConfigFile(path)
+		if err != nil {
+			t.Fatalf("the printed configuration: %v\n%s", err, conf.String())
+		}
+		opts.NoLog, opts.NoSigs = true, true
+		srv, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Start()
+		t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+		if !srv.ReadyForConnections(10 * time.Second) {
+			t.Fatal("nats-server did not start")
+		}
+		d.url = srv.ClientURL()
+		if engineOpts, err = (access.Conn{Creds: d.creds["eng"]}).Options(); err != nil {
+			t.Fatal(err)
+		}
 	}
-	d.srv, err = embedded.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.srv.Stop)
-	d.url = d.srv.ClientURL()
-	nc, err := nats.Connect("in-process", d.srv.EngineOptions()...)
+	nc, err := nats.Connect(d.url, engineOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,10 +299,17 @@ func (d *deployment) snapshot(t *testing.T, admin *conn) map[string]uint64 {
 }
 
 // TestPermissionMatrix runs every role's allowed operations, then every
-// forbidden one, on an embedded server set up from an auth file: each
-// forbidden operation is refused by NATS and changes nothing.
+// forbidden one, on the two production setups: the engine's embedded
+// server with an auth file, and a nats-server configured with the block
+// toolbatch auth permissions prints, the engine connecting as an engine
+// user. Each forbidden operation is refused by NATS and changes nothing.
 func TestPermissionMatrix(t *testing.T) {
-	d := deploy(t, nil)
+	for _, mode := range []string{embeddedServer, externalServer} {
+		t.Run(mode, func(t *testing.T) { permissionMatrix(t, deploy(t, mode)) })
+	}
+}
+
+func permissionMatrix(t *testing.T, d *deployment) {
 	n := d.names
 	adm := d.connect(t, "adm")
 
@@ -562,7 +606,7 @@ func waitQuiet(t *testing.T, ctx context.Context, d *deployment, adm *conn) {
 // server reloads it, the user's open connection is closed and it cannot
 // connect again; a user added meanwhile can.
 func TestReloadRevokes(t *testing.T) {
-	d := deploy(t, nil)
+	d := deploy(t, embeddedServer)
 	c2 := d.connect(t, "c2")
 	closed := make(chan struct{})
 	c2.nc.SetClosedHandler(func(*nats.Conn) { close(closed) })

@@ -167,24 +167,11 @@ func signedCreds(u access.User, seedFile []byte, accountSeed string, layout acce
 	if err != nil {
 		return nil, err
 	}
-	token, err := userClaims(u, p).Encode(akp)
+	token, err := access.UserClaims(u, p).Encode(akp)
 	if err != nil {
 		return nil, err
 	}
 	return jwt.FormatUserConfig(token, seed)
-}
-
-func userClaims(u access.User, p access.Permissions) *jwt.UserClaims {
-	uc := jwt.NewUserClaims(u.NKey)
-	uc.Name = u.Name
-	uc.Pub.Allow.Add(p.Publish.Allow...)
-	uc.Pub.Deny.Add(p.Publish.Deny...)
-	uc.Sub.Allow.Add(p.Subscribe.Allow...)
-	uc.Sub.Deny.Add(p.Subscribe.Deny...)
-	if p.AllowResponses {
-		uc.Resp = &jwt.ResponsePermission{MaxMsgs: 1}
-	}
-	return uc
 }
 
 func authList(file string, stdout io.Writer) error {
@@ -249,53 +236,22 @@ func authPermissions(file, catalogPath, prefix, format, name string, stdout io.W
 	}
 	switch format {
 	case "server":
-		fmt.Fprintf(stdout, "# toolbatch users of %s (prefix %s), for nats-server's configuration\nauthorization {\n  users = [\n", filepath.Base(file), prefix)
-		for _, u := range users {
-			p, err := layout.Permissions(u)
-			if err != nil {
-				return failf("%v", err)
-			}
-			fmt.Fprintf(stdout, "    # %s (role %s)\n    { nkey: %q, permissions: {\n", u.Name, u.Role, u.NKey)
-			fmt.Fprintf(stdout, "        publish: %s\n        subscribe: %s\n", rule(p.Publish), rule(p.Subscribe))
-			if p.AllowResponses {
-				fmt.Fprintln(stdout, "        allow_responses: true")
-			}
-			fmt.Fprintln(stdout, "    } }")
+		if err := access.ServerConfig(stdout, layout, users, filepath.Base(file)); err != nil {
+			return failf("%v", err)
 		}
-		fmt.Fprintln(stdout, "  ]\n}")
 	case "jwt":
 		for _, u := range users {
 			p, err := layout.Permissions(u)
 			if err != nil {
 				return failf("%v", err)
 			}
-			b, _ := json.MarshalIndent(userClaims(u, p), "", "  ")
+			b, _ := json.MarshalIndent(access.UserClaims(u, p), "", "  ")
 			fmt.Fprintf(stdout, "%s\n", b)
 		}
 	default:
 		return usageErrorf("auth permissions: --format %q: want server or jwt", format)
 	}
 	return nil
-}
-
-// rule prints a permission rule in nats-server's configuration syntax.
-func rule(r access.Rule) string {
-	allow, deny := r.Allow, r.Deny
-	q := func(list []string) string {
-		b, _ := json.Marshal(list)
-		return string(b)
-	}
-	s := "{ "
-	if len(allow) > 0 {
-		s += "allow: " + q(allow)
-	}
-	if len(deny) > 0 {
-		if len(allow) > 0 {
-			s += ", "
-		}
-		s += "deny: " + q(deny)
-	}
-	return s + " }"
 }
 
 // loadLayout is the subject layout of prefix, with the sandbox tools of

@@ -17,6 +17,6 @@
 // that failed (a refusal, a rejection, a timeout, NATS unreachable).
 //
 // Imports: access, catalog, client, events, internal/cli, protocol,
-// github.com/nats-io/jwt/v2, github.com/nats-io/nats.go,
-// github.com/nats-io/nkeys.
+// github.com/nats-io/jwt/v2,
+// github.com/nats-io/nats.go, github.com/nats-io/nkeys.
 package main
