@@ -114,7 +114,8 @@ func (w *Worker) Run(drain, abort context.Context) error {
 			consumers = append(consumers, c)
 		}
 	}
-	advertise := func(ctx context.Context) {
+	advertise := func(ctx context.Context) error {
+		var errs []error
 		for _, pool := range w.cfg.Pools {
 			for _, t := range w.tools {
 				capability := t.Capability
@@ -122,12 +123,21 @@ func (w *Worker) Run(drain, abort context.Context) error {
 					capability = events.CapNonRecoverable
 				}
 				if _, err := kv.Put(ctx, protocol.WorkerKey(pool, t.ID, w.cfg.WorkerID), []byte(capability)); err != nil {
-					w.log.Warn().Err(err).Msg("advertise failed")
+					errs = append(errs, fmt.Errorf("advertise pool %s tool %s as %s: %w", pool, t.ID, w.cfg.WorkerID, err))
 				}
 			}
 		}
+		return errors.Join(errs...)
 	}
-	advertise(setup)
+	// The first advertisement must work: a worker may advertise only its
+	// own pools under its own user's name, and one that cannot would never
+	// be counted on.
+	first, cancelFirst := context.WithTimeout(setup, 5*time.Second)
+	err = advertise(first)
+	cancelFirst()
+	if err != nil {
+		return fmt.Errorf("%w (with credentials, --worker-id must be the user's name and the pools its own)", err)
+	}
 
 	runCtx, stopRuns := context.WithCancel(context.Background())
 	defer stopRuns()
@@ -187,7 +197,9 @@ loop:
 			break loop
 		case <-tick.C:
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			advertise(ctx)
+			if err := advertise(ctx); err != nil {
+				w.log.Warn().Err(err).Msg("advertise failed")
+			}
 			cancel()
 		}
 	}

@@ -111,22 +111,33 @@ func TestBadFlagsAndCatalog(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("tools:\n  - id: x\n    target: cloud\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, args := range [][]string{
-		{"--no-such-flag"},
-		{"--log-format", "xml"},
-		{"--listen", "nonsense"},
-		{"--cache-runs", "0"},
-		{"--catalog", bad},
-		{"--catalog", filepath.Join(t.TempDir(), "missing.yaml")},
+	noAuth := filepath.Join(t.TempDir(), "none.yaml")
+	for _, c := range []struct {
+		args []string
+		want string // in the line
+	}{
+		{[]string{"--no-such-flag"}, "no-such-flag"},
+		{[]string{"--log-format", "xml"}, "xml"},
+		{[]string{"--listen", "nonsense"}, "nonsense"},
+		// An open listener without authentication: refused, saying what to do.
+		{[]string{"--listen", "0.0.0.0:4222"}, "give --auth FILE"},
+		{[]string{"--listen", ":4222"}, "loopback only"},
+		{[]string{"--auth", noAuth}, "auth file"},
+		{[]string{"--tls-cert", "x.pem"}, "--tls-cert and --tls-key go together"},
+		{[]string{"--creds", "x.creds"}, "--creds and --tls-ca are for --nats-url"},
+		{[]string{"--nats-url", "nats://127.0.0.1:1", "--auth", noAuth}, "with --nats-url, give --creds"},
+		{[]string{"--cache-runs", "0"}, "--cache-runs 0"},
+		{[]string{"--catalog", bad}, "cloud"},
+		{[]string{"--catalog", filepath.Join(t.TempDir(), "missing.yaml")}, "missing.yaml"},
 	} {
-		cmd := exec.Command(binary, append(args, "--store", t.TempDir())...)
+		cmd := exec.Command(binary, append(c.args, "--store", t.TempDir())...)
 		out, err := cmd.CombinedOutput()
 		if err == nil || cmd.ProcessState.ExitCode() == 0 {
-			t.Fatalf("%v: exited 0", args)
+			t.Fatalf("%v: exited 0", c.args)
 		}
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		if len(lines) != 1 || !strings.HasPrefix(lines[0], "engine: ") {
-			t.Fatalf("%v: want one line starting with \"engine: \", got:\n%s", args, out)
+		if len(lines) != 1 || !strings.HasPrefix(lines[0], "engine: ") || !strings.Contains(lines[0], c.want) {
+			t.Fatalf("%v: want one line starting with \"engine: \" and saying %q, got:\n%s", c.args, c.want, out)
 		}
 	}
 }

@@ -97,6 +97,13 @@ func TestSecuredDeployment(t *testing.T) {
 		testproc.Start(t, w.name, `"ready"`, workerBin, append([]string{"--nats-url", url, "--config", cfg, "--worker-id", w.name,
 			"--log-format", "json", "--creds", creds(w.name)}, tlsFlags...)...)
 	}
+	// A worker may advertise only under its own user's name: one started
+	// with another id stops at start, saying why.
+	out, err := exec.Command(workerBin, append([]string{"--nats-url", url, "--config", filepath.Join(dir, "w1.yaml"), "--worker-id", "w9",
+		"--creds", creds("w1")}, tlsFlags...)...).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--worker-id must be the user's name") {
+		t.Fatalf("a worker advertising under another name: %v: %s", err, out)
+	}
 	connect := func(name string) *nats.Conn {
 		t.Helper()
 		opts, err := access.Conn{Creds: creds(name), TLSCA: pki.CA, TLSCert: pki.ClientCert, TLSKey: pki.ClientKey}.Options()
