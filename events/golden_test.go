@@ -233,8 +233,12 @@ func wireFixtures() []wireFixture {
 				Arguments: events.MustJSON(goldenValue), Attempt: 2, OperationID: "run_7f3a/3/toolu_01"}},
 		{name: "claim_request", newValue: newOf[protocol.ClaimRequest](),
 			sample: &protocol.ClaimRequest{OperationID: "run_7f3a/3/toolu_01", Attempt: 2, WorkerID: "worker-a1"}},
-		{name: "claim_reply", newValue: newOf[protocol.ClaimReply](),
+		{name: "claim_reply", newValue: newOf[protocol.ClaimReply](), allowZero: []string{"Job"}, // a heartbeat's reply
 			sample: &protocol.ClaimReply{Granted: true, ClaimToken: "claim_5e2", LeaseMS: 30000, Reason: "granted on first claim"}},
+		{name: "claim_reply_job", newValue: newOf[protocol.ClaimReply](),
+			sample: &protocol.ClaimReply{Granted: true, ClaimToken: "claim_5e2", LeaseMS: 30000, Reason: "granted on first claim",
+				Job: &protocol.Dispatch{BatchID: "run_7f3a/3", RunID: "run_7f3a", CallID: "toolu_01", ToolID: "build",
+					Arguments: events.MustJSON(`{"target":"all"}`), Attempt: 2, OperationID: "run_7f3a/3/toolu_01"}}},
 		{name: "heartbeat", newValue: newOf[protocol.Heartbeat](),
 			sample: &protocol.Heartbeat{OperationID: "run_7f3a/3/toolu_01", Attempt: 2, ClaimToken: "claim_5e2", WorkerID: "worker-a1"}},
 		{name: "result_output", newValue: newOf[protocol.Result](), decode: decodeResult, allowZero: []string{"Error"},
