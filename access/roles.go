@@ -179,14 +179,15 @@ func (l Layout) destructive() []string {
 	return out
 }
 
-// reader is what reading a stream through ordered consumers needs:
-// finding the stream by subject, creating consumers on it (with any
-// filter: NATS puts a consumer's filters in the request subject only when
-// there is one), pulling from them, deleting them, and the stream's and
-// consumers' info.
+// reader is what reading a stream needs: finding the stream by subject,
+// getting a message (the last of a subject, say), creating consumers on it
+// (with any filter: NATS puts a consumer's filters in the request subject
+// only when there is one), pulling from them, deleting them, and the
+// stream's and consumers' info.
 func reader(stream string) []string {
 	return []string{
 		"$JS.API.STREAM.NAMES", streamInfo(stream),
+		"$JS.API.STREAM.MSG.GET." + stream, "$JS.API.DIRECT.GET." + stream + ".>", "$JS.API.DIRECT.GET." + stream,
 		"$JS.API.CONSUMER.CREATE." + stream + ".>",
 		consumerAPI("MSG.NEXT", stream, "*"), consumerAPI("INFO", stream, "*"), consumerAPI("DELETE", stream, "*"),
 	}

@@ -146,9 +146,23 @@ func (c *common) withClient(fn func(ctx context.Context, nc *nats.Conn, cl *clie
 		return err
 	}
 	defer nc.Close()
-	ctx, cancel := c.context()
+	tctx, cancel := c.context()
 	defer cancel()
+	// A publish or subscription NATS refuses (this user's role does not
+	// allow it) is reported to the connection, not to the call, which
+	// would wait for its timeout: end the command with it at once.
+	ctx, refuse := context.WithCancelCause(tctx)
+	defer refuse(nil)
+	nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if isPermissionViolation(err) {
+			refuse(err)
+		}
+	})
 	return fn(ctx, nc, cl)
+}
+
+func isPermissionViolation(err error) bool {
+	return errors.Is(err, nats.ErrPermissionViolation) || strings.Contains(strings.ToLower(err.Error()), "permissions violation")
 }
 
 // explain turns an error of the client into the CLI's one-line error: a
@@ -158,6 +172,8 @@ func explain(ctx context.Context, err error, what string) error {
 	switch {
 	case errors.As(err, &ref):
 		return failf("refused %s: %s", ref.Code, ref.Reason)
+	case ctx.Err() != nil && isPermissionViolation(context.Cause(ctx)):
+		return failf("%s: NATS refused it: %v (this user's role does not allow it: see docs/security.md)", what, context.Cause(ctx))
 	case ctx.Err() != nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded):
 		return failf("timed out %s", what)
 	case ctx.Err() != nil:
