@@ -18,18 +18,7 @@ import (
 // buckets hold, including an advertisement made a moment ago, and forgets
 // deleted keys and advertisements older than the workers' TTL.
 func TestLiveCapabilitiesFollowTheBuckets(t *testing.T) {
-	url := testnats.Start(t, t.TempDir())
-	nc := testnats.Connect(t, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-
-	e, err := New(nc, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	e, ctx := setUpEngine(t)
 	workers, registry := e.live.workers, e.live.registry
 	// Advertised before the watch starts: in the mirror once start returns.
 	if _, err := registry.Put(ctx, "brain.old", []byte(events.CapDurableRequest)); err != nil {
@@ -113,6 +102,23 @@ func TestLiveCapabilitiesFollowTheBuckets(t *testing.T) {
 	}
 }
 
+// setUpEngine returns an engine whose streams and buckets are set up on a
+// fresh server, not running, and a context for the test.
+func setUpEngine(t *testing.T) (*Engine, context.Context) {
+	t.Helper()
+	nc := testnats.Connect(t, testnats.Start(t, t.TempDir()))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	e, err := New(nc, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return e, ctx
+}
+
 func (l *liveCapabilities) mirrored(tool, worker string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -145,17 +151,7 @@ func (f fakeEntry) Operation() jetstream.KeyValueOp { return jetstream.KeyValueP
 // that is not its content's hash (a forged entry of the catalogs bucket)
 // is refused, so a batch pinned to that id cannot be gated by it.
 func TestStoredCatalogMustHashToItsID(t *testing.T) {
-	url := testnats.Start(t, t.TempDir())
-	nc := testnats.Connect(t, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	e, err := New(nc, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	e, ctx := setUpEngine(t)
 	real := e.cfg.Catalog.SnapshotID()
 	if _, err := e.catalogFor(ctx, real); err != nil {
 		t.Fatalf("the engine's own catalog: %v", err)
@@ -164,7 +160,7 @@ func TestStoredCatalogMustHashToItsID(t *testing.T) {
 	if _, err := e.catalogKV.Put(ctx, forged, []byte("tools:\n  - {id: echo, builtin: echo}\n")); err != nil {
 		t.Fatal(err)
 	}
-	_, err = e.catalogFor(ctx, forged)
+	_, err := e.catalogFor(ctx, forged)
 	if err == nil || !strings.Contains(err.Error(), "refused") {
 		t.Fatalf("a catalog stored under another id: %v", err)
 	}
@@ -175,12 +171,8 @@ func TestStoredCatalogMustHashToItsID(t *testing.T) {
 // subscription (where it would delay every later claim and heartbeat,
 // and let another answer overtake the engine's).
 func TestClaimNeverBlocksBehindAFullShard(t *testing.T) {
-	url := testnats.Start(t, t.TempDir())
-	nc := testnats.Connect(t, url)
-	e, err := New(nc, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, _ := setUpEngine(t)
+	nc := e.nc
 	subs, err := e.serveWorkers() // the shards' loops are not running: nothing drains them
 	if err != nil {
 		t.Fatal(err)

@@ -123,10 +123,12 @@ func (e *Engine) serveWorkers() ([]*nats.Subscription, error) {
 				respond(m, protocol.ClaimReply{Reason: fmt.Sprintf("undecodable %s request", w.kindName())})
 				return
 			}
-			// Never block the subscription behind a full shard: a claim
+			// Never block the subscription behind a full shard: a request
 			// that cannot be queued is answered busy at once (the worker
-			// gives the job back), so no other answer can overtake it.
-			if !e.shardOf(runID).tryPost(item{runID: runID, work: w}) {
+			// gives the job back, or heartbeats again), so the
+			// subscription keeps up with any flood. An engine that sees
+			// another own the run stays silent: the owner answers.
+			if !e.shardOf(runID).tryPost(item{runID: runID, work: w}) && !e.ownedElsewhere(runID) {
 				respond(m, protocol.ClaimReply{Reason: protocol.ReasonBusy})
 			}
 		})
@@ -136,6 +138,15 @@ func (e *Engine) serveWorkers() ([]*nats.Subscription, error) {
 		subs = append(subs, sub)
 	}
 	return subs, nil
+}
+
+// ownedElsewhere reports whether the owners bucket names another engine
+// as the run's owner.
+func (e *Engine) ownedElsewhere(runID string) bool {
+	ctx, cancel := opCtx()
+	defer cancel()
+	entry, err := e.ownersKV.Get(ctx, protocol.OwnerKey(runID))
+	return err == nil && string(entry.Value()) != e.id
 }
 
 // decodeClaim and decodeHeartbeat decode a worker's request into its work
