@@ -159,18 +159,20 @@ func (w *Worker) Run(drain, abort context.Context) error {
 		go func() {
 			defer fetchers.Done()
 			for {
-				select {
-				case slots <- struct{}{}:
-				case <-drain.Done():
-					return
-				}
+				// Wait for a job holding no slot: a tool with nothing to do
+				// must not keep another tool's job from running.
 				m, err := it.Next()
 				if err != nil {
-					<-slots
 					if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 						return
 					}
 					continue
+				}
+				select {
+				case slots <- struct{}{}:
+				case <-drain.Done():
+					_ = m.Nak() // the drain began: give it back
+					return
 				}
 				if drain.Err() != nil {
 					_ = m.Nak() // taken after the drain began: give it back

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -386,5 +387,59 @@ func TestDrainTearsDownPrestartedSandboxes(t *testing.T) {
 		"--work-root", root0, "--prestart", "0")
 	if procs, dirs := sandboxesUnder(t, root0); procs != 0 || dirs != 0 {
 		t.Fatalf("--prestart 0: %d sandbox processes, %d working directories", procs, dirs)
+	}
+}
+
+// TestManyToolsNeverStarve: a worker serving more tools than it runs calls
+// at once keeps every tool served: a tool with nothing to do holds no
+// slot, so each call of each tool runs well within its dispatch deadline.
+func TestManyToolsNeverStarve(t *testing.T) {
+	dir := t.TempDir()
+	const tools = 6
+	var cat, wcfg strings.Builder
+	cat.WriteString("tools:\n")
+	wcfg.WriteString("pools: [default]\nisolation: none\ntools:\n")
+	var ids []string
+	for i := range tools {
+		id := fmt.Sprintf("t%d", i)
+		ids = append(ids, id)
+		fmt.Fprintf(&cat, "  - {id: %s, target: sandbox, recovery: {mode: replay_safe, max_attempts: 1}, dispatch_deadline: 10s}\n", id)
+		fmt.Fprintf(&wcfg, "  - {id: %s, builtin: noop, capability: replay_safe}\n", id)
+	}
+	catPath, cfgPath := filepath.Join(dir, "catalog.yaml"), filepath.Join(dir, "worker.yaml")
+	if err := os.WriteFile(catPath, []byte(cat.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgPath, []byte(wcfg.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port := testproc.FreePort(t)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	testproc.Start(t, "engine", `"engine ready"`, engineBin, "--store", filepath.Join(dir, "store"), "--listen", fmt.Sprintf("127.0.0.1:%d", port),
+		"--catalog", catPath, "--log-format", "json")
+	testproc.Start(t, "w", `"ready"`, workerBin, "--nats-url", url, "--config", cfgPath, "--worker-id", "w", "--log-format", "json", "--concurrency", "2")
+	cl, err := client.New(testnats.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 120*time.Second)
+	// Two rounds of every tool, the last tool first: each call must be
+	// claimed by the one worker.
+	for round := 1; round <= 2; round++ {
+		run := fmt.Sprintf("starve%d", round)
+		order := slices.Clone(ids)
+		slices.Reverse(order)
+		if err := cl.Submit(ctx, batch(run, 1, order...)); err != nil {
+			t.Fatal(err)
+		}
+		res, err := cl.WaitResults(ctx, run, run+"/1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, text := range texts(res) {
+			if !strings.HasPrefix(text, "ok") {
+				t.Fatalf("round %d: call of %s: %s", round, order[i], text)
+			}
+		}
 	}
 }
