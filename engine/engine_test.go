@@ -883,3 +883,37 @@ tools:
 		t.Fatalf("results: %s", got)
 	}
 }
+
+// TestPoisonCommitIsQuarantined: a commit the projector can never read
+// (bytes without headers on a run's events subject) is skipped, with its
+// run; every other run, before and after it in the stream, gets its
+// results.
+func TestPoisonCommitIsQuarantined(t *testing.T) {
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{})
+	js := testnats.JetStream(t, testnats.Connect(t, url))
+	c := newClient(t, url)
+	ctx := ctxT(t, 30*time.Second)
+
+	if err := c.Submit(ctx, submitOf("before", 1, "echo", `{"x":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitResults(ctx, "before", "before/1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "toolbatch.events.wedge", []byte("not a commit")); err != nil {
+		t.Fatal(err)
+	}
+	for _, run := range []string{"after1", "after2"} {
+		if err := c.Submit(ctx, submitOf(run, 1, "echo", `{"x":2}`)); err != nil {
+			t.Fatal(err)
+		}
+		res, err := c.WaitResults(ctx, run, run+"/1")
+		if err != nil {
+			t.Fatalf("%s behind a poison commit: %v", run, err)
+		}
+		if got := fmt.Sprint(resultTexts(res)); got != `[c1=ok "{\"x\":2}"]` {
+			t.Fatalf("%s: %s", run, got)
+		}
+	}
+}

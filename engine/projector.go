@@ -69,8 +69,12 @@ func newProjectorRunner(ctx context.Context, e *Engine) (*projectorRunner, error
 // run projects while this engine leads the projection: one engine at a
 // time (the key "projector" in the owners bucket), so that commits are
 // projected in stream order and the committed state has one writer. A
-// commit that fails is retried in place until it succeeds: it is never
-// skipped, and nothing after it is projected before it.
+// commit that fails for a passing reason (NATS) is retried in place until
+// it succeeds, and nothing after it is projected before it. A commit that
+// can never be projected (a poison commit: undecodable, without a valid
+// Toolbatch-Prev, or events the projection refuses) is logged and skipped
+// with every later commit of its run: that run gets no more out messages,
+// every other run goes on. replay audit reports the same commit.
 func (p *projectorRunner) run(ctx context.Context) error {
 	lead := &leader{e: p.e, key: protocol.ProjectorLeaderKey}
 	defer lead.resign()
@@ -96,6 +100,11 @@ func (p *projectorRunner) run(ctx context.Context) error {
 			for {
 				err := p.handle(m)
 				if err == nil {
+					break
+				}
+				var poison *poisonError
+				if errors.As(err, &poison) {
+					p.quarantine(m, poison)
 					break
 				}
 				p.e.log.Error().Err(err).Str(fieldSubject, m.Subject()).Msg("projector: commit not projected; retrying")
@@ -177,7 +186,7 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 	// may have projected the run's last commits).
 	prev, perr := strconv.ParseUint(m.Headers().Get(protocol.HeaderPrev), 10, 64)
 	if perr != nil {
-		return fmt.Errorf("commit %d: header %s: %w", seq, protocol.HeaderPrev, perr)
+		return poisoned(runID, "commit %d: header %s: %w", seq, protocol.HeaderPrev, perr)
 	}
 	if pm == nil || pm.seq != prev {
 		pm, err = p.loadUpTo(ctx, runID, prev)
@@ -188,8 +197,7 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 	}
 	evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
 	if err != nil {
-		// A commit the projector cannot read is a corrupt log: never skip it.
-		return fmt.Errorf("commit %d: %w", seq, err)
+		return poisoned(runID, "commit %d: %w", seq, err)
 	}
 	model := pm.model
 	var outs []projector.Output
@@ -197,7 +205,7 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 		var o []projector.Output
 		model, o, err = projector.Project(model, e)
 		if err != nil {
-			return fmt.Errorf("commit %d: %w", seq, err)
+			return poisoned(runID, "commit %d: %w", seq, err)
 		}
 		outs = append(outs, o...)
 	}
@@ -223,6 +231,33 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 	return m.Ack()
 }
 
+// poisonError is a commit the projector can never project.
+type poisonError struct {
+	runID string
+	err   error
+}
+
+func (e *poisonError) Error() string { return e.err.Error() }
+func (e *poisonError) Unwrap() error { return e.err }
+
+func poisoned(runID string, format string, args ...any) error {
+	return &poisonError{runID: runID, err: fmt.Errorf(format, args...)}
+}
+
+// quarantine skips a poison commit: its run is projected no further (a
+// later commit of it cannot be folded either), and the projector goes on
+// with the other runs.
+func (p *projectorRunner) quarantine(m jetstream.Msg, poison *poisonError) {
+	var seq uint64
+	if meta, err := m.Metadata(); err == nil {
+		seq = meta.Sequence.Stream
+	}
+	delete(p.models, poison.runID)
+	p.e.log.Error().Str(fieldRunID, poison.runID).Uint64(fieldStreamSeq, seq).Err(poison).
+		Msg("projector: a commit that can never be projected: skipped; this run gets no more out messages (replay audit reports it)")
+	_ = m.Ack()
+}
+
 // loadUpTo folds a run's commits up to and including seq (none for 0).
 func (p *projectorRunner) loadUpTo(ctx context.Context, runID string, seq uint64) (*projected, error) {
 	pm := &projected{model: projector.NewModel(runID), last: map[string]source{}}
@@ -233,11 +268,11 @@ func (p *projectorRunner) loadUpTo(ctx context.Context, runID string, seq uint64
 		s := meta.Sequence.Stream
 		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
 		if err != nil {
-			return err
+			return poisoned(runID, "commit %d: %w", s, err)
 		}
 		for _, e := range evs {
 			if pm.model, _, err = projector.Project(pm.model, e); err != nil {
-				return err
+				return poisoned(runID, "commit %d: %w", s, err)
 			}
 		}
 		pm.seq = s
@@ -247,7 +282,7 @@ func (p *projectorRunner) loadUpTo(ctx context.Context, runID string, seq uint64
 		return nil, fmt.Errorf("projector: load run %s: %w", runID, err)
 	}
 	if pm.seq != seq {
-		return nil, fmt.Errorf("projector: run %s has no commit at %d", runID, seq)
+		return nil, poisoned(runID, "projector: run %s has no commit at %d (a Toolbatch-Prev that names no commit of it)", runID, seq)
 	}
 	return pm, nil
 }
