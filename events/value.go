@@ -8,6 +8,7 @@ import (
 	"math"
 	"sort"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -267,6 +268,14 @@ func sortedKeys(m map[string]any) []string {
 
 // jsonToValue parses JSON into a generic value with numbers normalized.
 func jsonToValue(b []byte) (any, error) {
+	// encoding/json is lenient where msgpack is not: it reads invalid
+	// UTF-8 and lone surrogates as U+FFFD. Hold JSON to msgpack's rules.
+	if !utf8.Valid(b) {
+		return nil, errors.New("invalid UTF-8 in JSON")
+	}
+	if err := checkSurrogates(b); err != nil {
+		return nil, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	var v any
@@ -292,6 +301,10 @@ func normalizeJSON(v any, depth int) (any, error) {
 		}
 		if u, err := strconv.ParseUint(string(x), 10, 64); err == nil {
 			return u, nil
+		}
+		if !strings.ContainsAny(string(x), ".eE") {
+			// An integer msgpack could not carry: refused, never rounded.
+			return nil, fmt.Errorf("integer %s is outside the 64-bit range", x)
 		}
 		f, err := strconv.ParseFloat(string(x), 64)
 		if err != nil {
@@ -383,3 +396,47 @@ func checkValue(v any, depth int) error {
 // ValueJSON returns the canonical JSON of a generic value (nil, bool,
 // int64, uint64, float64, string, []any, map[string]any).
 func ValueJSON(v any) (RawJSON, error) { return valueToJSON(v) }
+
+// checkSurrogates refuses a \u escape of a UTF-16 surrogate that is not
+// half of a pair (a high one followed by a low one): JSON can spell it,
+// UTF-8 cannot hold it.
+func checkSurrogates(b []byte) error {
+	inString := false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '"':
+			inString = !inString
+		case c == '\\' && inString && i+1 < len(b):
+			if b[i+1] != 'u' {
+				i++ // an escaped character, '"' and '\\' included
+				continue
+			}
+			r, ok := hex4(b, i+2)
+			if !ok {
+				return nil // malformed: the decoder reports it
+			}
+			switch {
+			case r >= 0xD800 && r <= 0xDBFF:
+				lo, ok := hex4(b, i+8)
+				if !ok || b[i+6] != '\\' || b[i+7] != 'u' || lo < 0xDC00 || lo > 0xDFFF {
+					return fmt.Errorf("lone surrogate \\u%04x in a JSON string", r)
+				}
+				i += 11
+			case r >= 0xDC00 && r <= 0xDFFF:
+				return fmt.Errorf("lone surrogate \\u%04x in a JSON string", r)
+			default:
+				i += 5
+			}
+		}
+	}
+	return nil
+}
+
+// hex4 reads the 4 hex digits at b[i:].
+func hex4(b []byte, i int) (rune, bool) {
+	if i+4 > len(b) {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(b[i:i+4]), 16, 32)
+	return rune(v), err == nil
+}

@@ -38,7 +38,7 @@ func TestCanonicalJSON(t *testing.T) {
 		{"max int64", `9223372036854775807`, `9223372036854775807`},
 		{"min int64", `-9223372036854775808`, `-9223372036854775808`},
 		{"max uint64", `18446744073709551615`, `18446744073709551615`},
-		{"beyond uint64 is a float", `18446744073709551616`, `18446744073709552000`},
+		{"beyond uint64 is refused, not rounded to a float", `18446744073709551616`, refused},
 		{"integral float beyond 2^53 stays a float", `9007199254740993.0`, `9007199254740992`},
 		{"large float", `1.5e300`, `1.5e+300`},
 		{"small float", `0.000001`, `0.000001`},
@@ -202,5 +202,33 @@ func TestRawJSONNull(t *testing.T) {
 	}
 	if !got.IsObjectOrNull() {
 		t.Fatalf("the empty RawJSON is not IsObjectOrNull")
+	}
+}
+
+// TestJSONHeldToMsgpacksRules: what msgpack cannot carry is refused in
+// JSON too, never replaced or rounded: invalid UTF-8, lone surrogates,
+// integers beyond 64 bits. Surrogate pairs and escaped backslashes stay.
+func TestJSONHeldToMsgpacksRules(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want string // "" for accepted
+	}{
+		{"{\"a\":\"\xff\"}", "invalid UTF-8"},
+		{`{"a":"\ud800"}`, `lone surrogate \ud800`},
+		{`{"a":"x\udc00y"}`, `lone surrogate \udc00`},
+		{`{"a":"\ud800\u0041"}`, `lone surrogate \ud800`},
+		{`{"a":1180591620717411303424}`, "outside the 64-bit range"},
+		{`{"a":-9223372036854775809}`, "outside the 64-bit range"},
+		{`{"a":"\ud83d\ude00"}`, ""},
+		{`{"a":"\\ud800"}`, ""},
+		{`{"a":1e30,"b":18446744073709551615,"c":-9223372036854775808}`, ""},
+	} {
+		_, err := events.CanonicalJSON([]byte(c.in))
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: refused: %v", c.in, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: %v, want %q", c.in, err, c.want)
+		}
 	}
 }
