@@ -201,7 +201,7 @@ func TestSubmitPublishesAndDeduplicates(t *testing.T) {
 func TestSubmitRefusedLocally(t *testing.T) {
 	ctx := testContext(t)
 	e := newEnv(t, ctx, client.DefaultPrefix)
-	small, err := client.New(mustConn(t, e), client.WithLimits(events.Limits{MaxCalls: 1, MaxArgumentBytes: 1024, MaxOutputBytes: 1024}))
+	small, err := client.New(mustConn(t, e), client.WithLimits(events.Limits{MaxCalls: 1, MaxArgumentBytes: 1024, MaxOutputBytes: 1024, MaxSubmitBytes: 1 << 20, MaxBlockBytes: 1 << 20}))
 	if err != nil {
 		t.Fatalf("new client: %v", err)
 	}

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -199,5 +201,37 @@ func TestClaimNeverBlocksBehindAFullShard(t *testing.T) {
 		if r.Granted || r.Reason != protocol.ReasonBusy {
 			t.Fatalf("claim %d behind a full shard: %+v", i, r)
 		}
+	}
+}
+
+// TestTrimOldestByBytes: a cache over its bytes bound drops its least
+// recently used entries that may go until it is under nine tenths of the
+// bound, whatever its count; entries that may not go stay.
+func TestTrimOldestByBytes(t *testing.T) {
+	type entry struct {
+		used, size int64
+		busy       bool
+	}
+	m := map[string]entry{
+		"a": {used: 1, size: 400}, "b": {used: 2, size: 400, busy: true},
+		"c": {used: 3, size: 400}, "d": {used: 4, size: 400}, "e": {used: 5, size: 100},
+	}
+	trimOldest(m, bound{max: 100, maxBytes: 1000}, func(e entry) int64 { return e.used },
+		func(e entry) int64 { return e.size }, func(e entry) bool { return !e.busy })
+	var keys []string
+	var total int64
+	for k, e := range m {
+		keys = append(keys, k)
+		total += e.size
+	}
+	slices.Sort(keys)
+	if fmt.Sprint(keys) != "[b d e]" || total > 900 {
+		t.Fatalf("kept %v (%d bytes), want [b d e] within 900", keys, total)
+	}
+	// Within both bounds nothing goes.
+	trimOldest(m, bound{max: 100, maxBytes: 1000}, func(e entry) int64 { return e.used },
+		func(e entry) int64 { return e.size }, func(entry) bool { return true })
+	if len(m) != 3 {
+		t.Fatalf("trimmed within its bounds: %v", m)
 	}
 }

@@ -11,26 +11,43 @@ import (
 	"github.com/toolbatch/toolbatch/events"
 )
 
-// trimOldest bounds a cache: when m holds more than max entries, it drops
-// the least recently used ones that may go, down to nine tenths of max,
-// so that a cache at its bound is not sorted at every insertion.
-func trimOldest[K comparable, V any](m map[K]V, max int, used func(V) int64, mayGo func(V) bool) {
-	if len(m) <= max {
+// bound is a cache's size: at most max entries of at most maxBytes bytes
+// in all.
+type bound struct {
+	max      int
+	maxBytes int64
+}
+
+// trimOldest bounds a cache: when m holds more entries or bytes than b,
+// it drops the least recently used ones that may go, down to nine tenths
+// of the bound, so that a cache at its bound is not sorted at every
+// insertion. size is what an entry counts as.
+func trimOldest[K comparable, V any](m map[K]V, b bound, used func(V) int64, size func(V) int64, mayGo func(V) bool) {
+	var total int64
+	for _, v := range m {
+		total += size(v)
+	}
+	if len(m) <= b.max && total <= b.maxBytes {
 		return
 	}
 	type entry struct {
-		key  K
-		used int64
+		key        K
+		used, size int64
 	}
 	var idle []entry
 	for k, v := range m {
 		if mayGo(v) {
-			idle = append(idle, entry{k, used(v)})
+			idle = append(idle, entry{k, used(v), size(v)})
 		}
 	}
 	slices.SortFunc(idle, func(a, b entry) int { return cmp.Compare(a.used, b.used) })
-	for _, e := range idle[:min(len(idle), len(m)-max*9/10)] {
+	n := len(m)
+	for _, e := range idle {
+		if n <= b.max*9/10 && total <= b.maxBytes*9/10 {
+			break
+		}
 		delete(m, e.key)
+		n, total = n-1, total-e.size
 	}
 }
 
@@ -53,11 +70,11 @@ func (s *shard) load(ctx context.Context, rs *runState) error {
 	if rs.loaded {
 		return nil
 	}
-	run, seq, err := s.e.events.load(ctx, rs.id)
+	run, seq, size, err := s.e.events.load(ctx, rs.id)
 	if err != nil {
 		return err
 	}
-	rs.run, rs.seq = run, seq
+	rs.run, rs.seq, rs.bytes = run, seq, size
 	if aggregate.Next(run).Kind == aggregate.NextExecuting {
 		caps := map[string]events.Capability{}
 		exclude := map[string]bool{}
@@ -97,6 +114,7 @@ func (s *shard) load(ctx context.Context, rs *runState) error {
 
 // evict drops the least recently used idle runs beyond the cache size.
 func (s *shard) evict() {
-	trimOldest(s.runs, s.max, func(rs *runState) int64 { return rs.used.UnixNano() },
+	trimOldest(s.runs, s.bound, func(rs *runState) int64 { return rs.used.UnixNano() },
+		func(rs *runState) int64 { return rs.bytes },
 		func(rs *runState) bool { return !rs.owned && rs.quiescent() })
 }

@@ -60,11 +60,12 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 	for len(rs.pending) > 0 {
 		n := len(rs.pending)
 		var seq uint64
+		var size int
 		var evs []events.Event
 		var err error
 		for {
 			evs = slices.Concat(rs.pending[:n]...)
-			seq, err = s.e.events.append(ctx, rs.id, rs.seq, evs)
+			seq, size, err = s.e.events.append(ctx, rs.id, rs.seq, evs)
 			if n == 1 || !errors.Is(err, nats.ErrMaxPayload) {
 				break
 			}
@@ -83,7 +84,7 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 				ev.Msg(events.Describe(e))
 			}
 		}
-		rs.seq = seq
+		rs.seq, rs.bytes = seq, rs.bytes+int64(size)
 		rs.pending = rs.pending[n:]
 	}
 	rs.pending = nil

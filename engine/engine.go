@@ -27,6 +27,7 @@ const (
 	DefaultShards     = 64
 	DefaultMaxPending = 10000
 	DefaultCacheRuns  = 1024
+	DefaultCacheBytes = 256 << 20
 )
 
 // Config configures an engine. The zero value of each field means its
@@ -53,6 +54,10 @@ type Config struct {
 	// recently used go first, and a run not cached is folded again from
 	// the log when it is next touched. A parked run needs no memory.
 	CacheRuns int
+	// CacheBytes bounds the same caches by the bytes of the runs' commits
+	// (default 256 MiB each): a few large runs cannot hold the engine's
+	// memory, whatever CacheRuns allows.
+	CacheBytes int64
 	// Catalog is the operator's catalog (default catalog.Default()).
 	Catalog *catalog.Catalog
 	// Limits bound submissions and outputs (default events.DefaultLimits()).
@@ -94,6 +99,9 @@ func (c *Config) defaults() {
 	}
 	if c.CacheRuns <= 0 {
 		c.CacheRuns = DefaultCacheRuns
+	}
+	if c.CacheBytes <= 0 {
+		c.CacheBytes = DefaultCacheBytes
 	}
 	if c.Catalog == nil {
 		c.Catalog = catalog.Default()
@@ -193,7 +201,7 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 	e.gate = &gateChain{nc: nc, names: n}
 	e.state = &stateStore{}
 	e.shards = make([]*shard, cfg.Shards)
-	perShard := cfg.CacheRuns/cfg.Shards + 1
+	perShard := bound{max: cfg.CacheRuns/cfg.Shards + 1, maxBytes: cfg.CacheBytes/int64(cfg.Shards) + 1}
 	for i := range e.shards {
 		e.shards[i] = newShard(e, perShard)
 	}
@@ -218,6 +226,10 @@ func (e *Engine) Setup(ctx context.Context) error {
 	}
 	return e.ensurePoolConsumers(ctx)
 }
+
+// intakeBytes bounds the inbox messages the engine has fetched and not yet
+// handed to a run.
+const intakeBytes = 64 << 20
 
 // PoolAckWait is how long a worker may hold a dispatch job before it is
 // delivered again (a worker heartbeats the job while its tool runs).
@@ -284,7 +296,9 @@ func (e *Engine) Run(ctx context.Context) error {
 	projDone := make(chan error, 1)
 	go func() { projDone <- proj.run(runCtx) }()
 
-	cc, err := intake.Consume(e.route, jetstream.PullMaxMessages(256))
+	// Bounded by bytes too: 256 submissions near the NATS limit would
+	// otherwise sit in memory at once.
+	cc, err := intake.Consume(e.route, jetstream.PullMaxMessagesWithBytesLimit(256, intakeBytes))
 	if err != nil {
 		return fmt.Errorf("consume intake: %w", err)
 	}

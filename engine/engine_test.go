@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"strings"
 	"testing"
 	"time"
 
@@ -915,5 +916,41 @@ func TestPoisonCommitIsQuarantined(t *testing.T) {
 		if got := fmt.Sprint(resultTexts(res)); got != `[c1=ok "{\"x\":2}"]` {
 			t.Fatalf("%s: %s", run, got)
 		}
+	}
+}
+
+// TestSubmitSizeLimits: a content block (a text block too) or a whole
+// submission beyond the engine's limits is rejected as limit_exceeded,
+// naming the batch; within them it is accepted.
+func TestSubmitSizeLimits(t *testing.T) {
+	url := testnats.Start(t, t.TempDir())
+	lim := events.DefaultLimits()
+	lim.MaxBlockBytes, lim.MaxSubmitBytes = 1000, 4000
+	startEngine(t, url, engine.Config{Limits: lim})
+	c := newClient(t, url)
+	ctx := ctxT(t, 30*time.Second)
+	big := submitOf("big-block", 1, "echo", `{}`)
+	big.Assistant.Content[0] = events.TextBlock(strings.Repeat("x", 1001))
+	many := submitOf("big-submit", 1, "echo", `{}`)
+	for range 5 {
+		many.Assistant.Content = append(many.Assistant.Content, events.TextBlock(strings.Repeat("y", 900)))
+	}
+	fits := submitOf("fits", 1, "echo", `{}`)
+	fits.Assistant.Content[0] = events.TextBlock(strings.Repeat("z", 1000))
+	for _, s := range []*protocol.Submit{big, many} {
+		if err := c.Submit(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		_, err := c.WaitResults(ctx, s.RunID, s.RunID+"/1")
+		var ref *events.Refusal
+		if !errors.As(err, &ref) || ref.Code != events.CodeLimitExceeded {
+			t.Fatalf("%s: %v, want limit_exceeded", s.RunID, err)
+		}
+	}
+	if err := c.Submit(ctx, fits); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitResults(ctx, "fits", "fits/1"); err != nil {
+		t.Fatal(err)
 	}
 }

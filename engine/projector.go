@@ -36,6 +36,7 @@ type projectorRunner struct {
 type projected struct {
 	model projector.Model
 	seq   uint64 // last commit folded
+	bytes int64  // bytes of the commits folded: what the cache counts it as
 	used  int64  // the stream sequence of the commit that last used it
 	// last is the source of the last message known on each out subject of
 	// the run: read once from the out stream, then kept as it publishes.
@@ -122,8 +123,8 @@ func (p *projectorRunner) run(ctx context.Context) error {
 					break // the lead moved on: the message comes back to the new leader
 				}
 			}
-			trimOldest(p.models, p.e.cfg.CacheRuns, func(pm *projected) int64 { return pm.used },
-				func(*projected) bool { return true })
+			trimOldest(p.models, bound{max: p.e.cfg.CacheRuns, maxBytes: p.e.cfg.CacheBytes}, func(pm *projected) int64 { return pm.used },
+				func(pm *projected) int64 { return pm.bytes }, func(*projected) bool { return true })
 		}
 	}
 	return nil
@@ -227,7 +228,7 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 	if err := p.e.publishCancels(ctx, runID, aggregate.ChildrenToCancel(model.Run, evs)); err != nil {
 		return fmt.Errorf("commit %d: %w", seq, err)
 	}
-	pm.model, pm.seq, pm.used = model, seq, int64(seq)
+	pm.model, pm.seq, pm.used, pm.bytes = model, seq, int64(seq), pm.bytes+int64(len(m.Data()))
 	return m.Ack()
 }
 
@@ -275,7 +276,7 @@ func (p *projectorRunner) loadUpTo(ctx context.Context, runID string, seq uint64
 				return poisoned(runID, "commit %d: %w", s, err)
 			}
 		}
-		pm.seq = s
+		pm.seq, pm.bytes = s, pm.bytes+int64(len(m.Data()))
 		return nil
 	})
 	if err != nil {

@@ -90,6 +90,7 @@ type runState struct {
 	id     string
 	run    *aggregate.Run
 	seq    uint64 // stream sequence of the run's last commit
+	bytes  int64  // bytes of the commits folded into run: what the cache counts it as
 	loaded bool
 	// held are inbox messages acknowledged once the run is quiescent, so
 	// that a crash before then redelivers them and the run is recovered.
@@ -121,11 +122,11 @@ type shard struct {
 	runCtx context.Context // set by loop: ends at shutdown
 	in     chan item
 	runs   map[string]*runState
-	max    int
+	bound  bound // of runs
 }
 
-func newShard(e *Engine, max int) *shard {
-	return &shard{e: e, in: make(chan item, 256), runs: map[string]*runState{}, max: max}
+func newShard(e *Engine, b bound) *shard {
+	return &shard{e: e, in: make(chan item, 256), runs: map[string]*runState{}, bound: b}
 }
 
 func (s *shard) post(it item) { s.in <- it }

@@ -106,18 +106,20 @@ type eventLog struct {
 	stream jetstream.Stream // the events stream, opened by Setup
 }
 
-// load folds a run from its subject. It returns the state and the stream
-// sequence of its last commit (0 for a run with no events).
-func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, uint64, error) {
+// load folds a run from its subject. It returns the state, the stream
+// sequence of its last commit (0 for a run with no events) and the bytes
+// of its commits (what the cache counts it as).
+func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, uint64, int64, error) {
 	run := aggregate.New(runID)
 	last, err := l.stream.GetLastMsgForSubject(ctx, l.names.Events(runID))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return run, 0, nil
+		return run, 0, 0, nil
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("load run %s: %w", runID, err)
+		return nil, 0, 0, fmt.Errorf("load run %s: %w", runID, err)
 	}
 	var seq uint64
+	var size int64
 	err = protocol.ReadOrdered(ctx, l.js, l.names.EventsStream(), protocol.ReadOptions{Subjects: []string{l.names.Events(runID)}, UpTo: last.Sequence}, func(m jetstream.Msg, meta *jetstream.MsgMetadata) error {
 		s := meta.Sequence.Stream
 		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
@@ -127,13 +129,13 @@ func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, uint
 		if err := run.ApplyAll(evs); err != nil {
 			return fmt.Errorf("commit at %d: %w", s, err)
 		}
-		seq = s
+		seq, size = s, size+int64(len(m.Data()))
 		return nil
 	})
 	if err != nil {
-		return nil, 0, fmt.Errorf("load run %s: %w", runID, err)
+		return nil, 0, 0, fmt.Errorf("load run %s: %w", runID, err)
 	}
-	return run, seq, nil
+	return run, seq, size, nil
 }
 
 // lastSeq returns the sequence of the run's last commit (0: none).
@@ -149,11 +151,11 @@ func (l *eventLog) lastSeq(ctx context.Context, runID string) (uint64, error) {
 }
 
 // append publishes events as one commit after lastSeq, and returns the new
-// sequence.
-func (l *eventLog) append(ctx context.Context, runID string, lastSeq uint64, evs []events.Event) (uint64, error) {
+// sequence and the commit's size.
+func (l *eventLog) append(ctx context.Context, runID string, lastSeq uint64, evs []events.Event) (uint64, int, error) {
 	body, types, err := events.EncodeCommit(evs)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	msg := nats.NewMsg(l.names.Events(runID))
 	msg.Data = body
@@ -166,11 +168,11 @@ func (l *eventLog) append(ctx context.Context, runID string, lastSeq uint64, evs
 	ack, err := l.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(lastSeq), jetstream.WithMsgID(id))
 	if err != nil {
 		if isWrongLastSequence(err) {
-			return 0, fmt.Errorf("%w: %v", ErrConflict, err)
+			return 0, 0, fmt.Errorf("%w: %v", ErrConflict, err)
 		}
-		return 0, fmt.Errorf("append to run %s: %w", runID, err)
+		return 0, 0, fmt.Errorf("append to run %s: %w", runID, err)
 	}
-	return ack.Sequence, nil
+	return ack.Sequence, len(body), nil
 }
 
 func isWrongLastSequence(err error) bool {

@@ -195,6 +195,21 @@ type ContentBlock struct {
 	Value     RawJSON        // json
 }
 
+// Bytes is the size of what the block carries: its text, image data or
+// URL, arguments, JSON value and nested blocks (ids and names are bounded
+// by their patterns). A submission's blocks are bounded by
+// Limits.MaxBlockBytes.
+func (b ContentBlock) Bytes() int {
+	n := len(b.Text) + len(b.Input) + len(b.Value)
+	if b.Source != nil {
+		n += len(b.Source.Data) + len(b.Source.URL) + len(b.Source.MediaType)
+	}
+	for _, c := range b.Content {
+		n += c.Bytes()
+	}
+	return n
+}
+
 // TextBlock returns a text block.
 func TextBlock(s string) ContentBlock { return ContentBlock{Type: BlockText, Text: s} }
 

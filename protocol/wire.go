@@ -102,6 +102,9 @@ func DecodeSubmit(body []byte, isJSON bool, lim events.Limits) (*Submit, error) 
 	if err := s.Validate(lim); err != nil {
 		return s, err // decoded but not acceptable: the caller may still name its batch
 	}
+	if len(body) > lim.MaxSubmitBytes {
+		return s, events.Refuse(events.CodeLimitExceeded, "the submission is %d bytes, at most %d", len(body), lim.MaxSubmitBytes)
+	}
 	return s, nil
 }
 
@@ -121,6 +124,11 @@ func (s *Submit) Validate(lim events.Limits) error {
 	case "", events.NarrowingConfigured, events.NarrowingDenyAll:
 	default:
 		return events.Refuse(events.CodeUndecodable, "narrowing %q must be configured or deny_all", s.Narrowing)
+	}
+	for i, b := range s.Assistant.Content {
+		if n := b.Bytes(); n > lim.MaxBlockBytes {
+			return events.Refuse(events.CodeLimitExceeded, "assistant.content[%d]: a %s block of %d bytes, at most %d", i, b.Type, n, lim.MaxBlockBytes)
+		}
 	}
 	calls := s.Calls()
 	if len(calls) > lim.MaxCalls {

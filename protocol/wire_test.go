@@ -158,7 +158,7 @@ func TestDecodeSubmit(t *testing.T) {
 		})
 	}
 	args := events.MustJSON(`{"path":"/tmp/x"}`)
-	small := events.Limits{MaxCalls: events.DefaultMaxCalls, MaxArgumentBytes: len(args) - 1, MaxOutputBytes: events.DefaultMaxOutputBytes}
+	small := events.Limits{MaxCalls: events.DefaultMaxCalls, MaxArgumentBytes: len(args) - 1, MaxOutputBytes: events.DefaultMaxOutputBytes, MaxSubmitBytes: events.DefaultMaxSubmitBytes, MaxBlockBytes: events.DefaultMaxBlockBytes}
 	exact := small
 	exact.MaxArgumentBytes = len(args)
 	long := func(n int) string { return strings.Repeat("a", n) }
@@ -342,7 +342,7 @@ func TestDecodeResume(t *testing.T) {
 	cmd := func(change func(c doc)) body { return body{doc: commandDoc(change)} }
 	size := events.OutputSize(events.Output{CallID: "call_1", Content: []events.ContentBlock{events.TextBlock("done")},
 		State: []events.Command{{Scope: events.ScopeRun, Key: "k", Merge: events.MergeDisjoint, Action: events.ActionSet, Value: events.MustJSON(`{"a":1}`)}}})
-	atLimit := events.Limits{MaxCalls: 1, MaxArgumentBytes: 1, MaxOutputBytes: size}
+	atLimit := events.Limits{MaxCalls: 1, MaxArgumentBytes: 1, MaxOutputBytes: size, MaxSubmitBytes: 1 << 20, MaxBlockBytes: 1 << 20}
 	underLimit := atLimit
 	underLimit.MaxOutputBytes = size - 1
 
@@ -486,7 +486,7 @@ func TestDecodeResult(t *testing.T) {
 		change(d)
 		return mustMsgpack(t, d)
 	}
-	small := events.Limits{MaxCalls: 1, MaxArgumentBytes: 1, MaxOutputBytes: 10}
+	small := events.Limits{MaxCalls: 1, MaxArgumentBytes: 1, MaxOutputBytes: 10, MaxSubmitBytes: 1 << 20, MaxBlockBytes: 1 << 20}
 	tests := []struct {
 		name    string
 		body    []byte

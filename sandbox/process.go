@@ -204,8 +204,17 @@ func (r *Runner) bwrapArgs(t ToolConfig, workdir string) []string {
 		"--ro-bind", "/", "/",
 		"--proc", "/proc",
 		"--dev", "/dev")
+	// The writable memory file systems, /tmp and /dev/shm, get half the
+	// tool's memory limit each, so that together they hold no more than
+	// the limit; /dev itself (a tmpfs without a size) is made read-only
+	// (its device nodes stay usable).
+	half := strconv.FormatInt(int64(t.Limits.MemoryMB)<<19, 10)
 	if r.tmpfsSize {
-		a = append(a, "--size", strconv.FormatInt(int64(t.Limits.MemoryMB)<<20, 10))
+		a = append(a, "--size", half)
+	}
+	a = append(a, "--tmpfs", "/dev/shm", "--remount-ro", "/dev")
+	if r.tmpfsSize {
+		a = append(a, "--size", half)
 	}
 	a = append(a, "--tmpfs", "/tmp")
 	if !under(r.workRoot, "/tmp") {

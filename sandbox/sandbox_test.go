@@ -1057,3 +1057,19 @@ func TestPrestartBroken(t *testing.T) {
 		t.Fatalf("NewRunner with a stage that does not run StageMain: %v", err)
 	}
 }
+
+// TestMemoryFileSystemsAreBounded: /dev/shm and /tmp hold at most half the
+// tool's memory limit each (so together no more than the limit), and /dev
+// itself takes no files; its devices still work.
+func TestMemoryFileSystemsAreBounded(t *testing.T) {
+	t.Parallel()
+	inModes(t, func(t *testing.T, m mode) {
+		r, _ := newRunner(t, m, `
+tools:
+  - id: fill
+    command: [/bin/sh, -c, 'for d in /dev/shm /tmp; do for i in 1 2 3; do head -c 12000000 /dev/zero > $d/f$i 2>/dev/null || { echo "$d full at $i"; break; }; done; done; echo x > /dev/x 2>/dev/null || echo "dev read-only"; echo ok > /dev/null && echo "null works"']
+    limits: {memory_mb: 32}
+`)
+		wantText(t, run(t, r, "fill", `{}`), "/dev/shm full at 2\n/tmp full at 2\ndev read-only\nnull works\n")
+	})
+}

@@ -6,6 +6,6 @@
 // clients can connect. With --nats-url it uses an existing server or
 // cluster instead.
 //
-// Imports: access, catalog, embedded, engine, internal/cli, protocol,
+// Imports: access, catalog, embedded, engine, events, internal/cli, protocol,
 // github.com/nats-io/nats.go, github.com/rs/zerolog.
 package main

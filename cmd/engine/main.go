@@ -18,6 +18,7 @@ import (
 	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/embedded"
 	"github.com/toolbatch/toolbatch/engine"
+	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/cli"
 	"github.com/toolbatch/toolbatch/protocol"
 )
@@ -27,6 +28,8 @@ type options struct {
 	auth, tlsCert, tlsKey, tlsClientCA          string
 	conn                                        access.Conn
 	replicas, cacheRuns                         int
+	cacheBytes                                  int64
+	limits                                      events.Limits
 	logFormat, logLevel                         string
 	outMaxAge, ackWait, lease                   time.Duration
 	syncAlways                                  bool
@@ -55,6 +58,13 @@ func run(args []string, stderr io.Writer) error {
 	fs.DurationVar(&o.ackWait, "ack-wait", engine.DefaultAckWait, "how long a crashed engine's runs wait before they are taken over")
 	fs.DurationVar(&o.lease, "lease", engine.DefaultLease, "how long a sandbox worker's claim lasts without a heartbeat")
 	fs.IntVar(&o.cacheRuns, "cache-runs", engine.DefaultCacheRuns, "runs whose folded state is kept in memory (the rest are folded from the log when touched)")
+	o.limits = events.DefaultLimits()
+	fs.IntVar(&o.limits.MaxCalls, "max-calls", o.limits.MaxCalls, "tool calls in one batch")
+	fs.IntVar(&o.limits.MaxArgumentBytes, "max-argument-bytes", o.limits.MaxArgumentBytes, "bytes of one call's arguments (canonical JSON)")
+	fs.IntVar(&o.limits.MaxOutputBytes, "max-output-bytes", o.limits.MaxOutputBytes, "bytes of one call's output (canonical JSON)")
+	fs.IntVar(&o.limits.MaxSubmitBytes, "max-submit-bytes", o.limits.MaxSubmitBytes, "bytes of one submission as it arrives")
+	fs.IntVar(&o.limits.MaxBlockBytes, "max-block-bytes", o.limits.MaxBlockBytes, "bytes of one content block of a submission (text included)")
+	fs.Int64Var(&o.cacheBytes, "cache-bytes", engine.DefaultCacheBytes, "bytes of runs' commits whose folded state is kept in memory (as --cache-runs, by size)")
 	fs.BoolVar(&o.syncAlways, "sync-always", false, "embedded server: fsync every write (slower; survives power loss)")
 	fs.StringVar(&o.auth, "auth", "", "embedded server: users and roles (toolbatch auth create); every connection authenticates (SIGHUP reloads it)")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "embedded server: TLS certificate")
@@ -67,6 +77,12 @@ func run(args []string, stderr io.Writer) error {
 	if o.cacheRuns < 1 {
 		return fmt.Errorf("--cache-runs %d: want at least 1", o.cacheRuns)
 	}
+	if o.cacheBytes < 1 {
+		return fmt.Errorf("--cache-bytes %d: want at least 1", o.cacheBytes)
+	}
+	if err := o.limits.Validate(); err != nil {
+		return fmt.Errorf("limits: %w", err)
+	}
 	log, err := logger(o.logFormat, o.logLevel, stderr)
 	if err != nil {
 		return err
@@ -77,7 +93,7 @@ func run(args []string, stderr io.Writer) error {
 			return err
 		}
 	}
-	cfg := engine.Config{Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Lease: o.lease, CacheRuns: o.cacheRuns, Catalog: cat, Logger: log}
+	cfg := engine.Config{Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Lease: o.lease, CacheRuns: o.cacheRuns, CacheBytes: o.cacheBytes, Limits: o.limits, Catalog: cat, Logger: log}
 
 	url := o.natsURL
 	connOpts := []nats.Option{nats.Name("toolbatch-engine"), nats.MaxReconnects(-1)}
