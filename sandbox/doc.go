@@ -46,5 +46,5 @@
 // With isolation none the same command line runs without bubblewrap, in
 // its own process group; Runner.Warning says what is then not isolated.
 //
-// Imports: events, internal/located, go.yaml.in/yaml/v3.
+// Imports: events, internal/located, go.yaml.in/yaml/v3, golang.org/x/sys/unix.
 package sandbox

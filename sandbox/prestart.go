@@ -411,11 +411,12 @@ func (r *Runner) prestart(t ToolConfig) (*warm, error) {
 	if r.stageVariant != "" {
 		arg = r.stageVariant
 	}
-	argv := append(r.bwrapArgs(t, workdir), "/proc/self/fd/"+strconv.Itoa(stageExeFD), arg)
+	extra := []*os.File{theirs[0], theirs[1], r.stageExe, theirs[2], theirs[3]}
+	argv := append(r.bwrapArgs(t, workdir, len(extra)), "/proc/self/fd/"+strconv.Itoa(stageExeFD), arg)
 	argv = append(argv, r.limitArgs(t, prog)...)
 	// bubblewrap gets no environment: the stage's own does not reach the
 	// tool, which gets the one the call sends.
-	pr, err := r.start(argv, []string{}, workdir, []*os.File{theirs[0], theirs[1], r.stageExe, theirs[2], theirs[3]})
+	pr, err := r.start(argv, []string{}, workdir, extra)
 	for _, f := range theirs {
 		_ = f.Close()
 	}

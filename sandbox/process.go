@@ -13,11 +13,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/toolbatch/toolbatch/events"
+	"golang.org/x/sys/unix"
 )
 
 // Grace periods of the kill path. They bound waits for the kernel, not for
@@ -78,7 +79,7 @@ func (r *Runner) runProcess(ctx context.Context, t ToolConfig, call Call) Result
 
 	var argv []string
 	if r.cfg.Isolation == IsolationBubblewrap {
-		argv = append(r.bwrapArgs(t, workdir), r.env, "-u", "PWD", "--")
+		argv = append(r.bwrapArgs(t, workdir, 0), r.env, "-u", "PWD", "--")
 	}
 	argv = append(argv, r.limitArgs(t, prog)...)
 	p, err := r.start(argv, toolEnv(t, call, workdir), workdir, nil)
@@ -190,8 +191,9 @@ func (r *Runner) limitArgs(t ToolConfig, prog string) []string {
 }
 
 // bwrapArgs returns bubblewrap and its flags for one call; the command
-// follows them.
-func (r *Runner) bwrapArgs(t ToolConfig, workdir string) []string {
+// follows them. extra is how many files start passes bubblewrap after its
+// info pipe (the seccomp filter's pipe comes after them).
+func (r *Runner) bwrapArgs(t ToolConfig, workdir string, extra int) []string {
 	a := []string{r.bwrap, "--unshare-user"}
 	if r.disableUserns {
 		a = append(a, "--disable-userns")
@@ -228,11 +230,14 @@ func (r *Runner) bwrapArgs(t ToolConfig, workdir string) []string {
 		}
 		a = append(a, flag, m.Path, m.Path)
 	}
-	return append(a,
+	a = append(a,
 		"--bind", workdir, workdir,
 		"--chdir", workdir,
-		"--info-fd", "3",
-		"--")
+		"--info-fd", "3")
+	if seccompFilter != nil {
+		a = append(a, "--seccomp", strconv.Itoa(4+extra))
+	}
+	return append(a, "--")
 }
 
 // proc is a started sandbox (or, with isolation none, process group):
@@ -241,17 +246,22 @@ type proc struct {
 	cmd                   *exec.Cmd
 	bwrap                 bool
 	stdin, stdout, stderr *os.File
-	files                 []*os.File    // every pipe end of the worker's, closed by release
-	inner                 atomic.Int64  // the host pid of the sandbox's init process, once bubblewrap said it
-	done                  chan struct{} // closed once the process has exited and been waited for
-	pgid                  int
+	files                 []*os.File // every pipe end of the worker's, closed by release
+	// initFD is a pidfd of the sandbox's init process (the host pid
+	// bubblewrap reports), -1 when there is none; known once info is
+	// closed. A pidfd names that process only, even after it is reaped.
+	initFD    int
+	info      chan struct{}
+	closeInit sync.Once
+	done      chan struct{} // closed once the process has exited and been waited for
+	pgid      int
 }
 
 // start starts argv (bubblewrap, or prlimit without isolation) in its own
 // process group with fresh pipes for stdin, stdout and stderr, and extra
 // as file descriptors 4 and on. It does not wait.
 func (r *Runner) start(argv, env []string, workdir string, extra []*os.File) (*proc, error) {
-	p := &proc{bwrap: r.cfg.Isolation == IsolationBubblewrap, done: make(chan struct{})}
+	p := &proc{bwrap: r.cfg.Isolation == IsolationBubblewrap, done: make(chan struct{}), initFD: -1, info: make(chan struct{})}
 	pipe := func() (*os.File, *os.File, error) {
 		pr, pw, err := os.Pipe()
 		if err == nil {
@@ -263,6 +273,18 @@ func (r *Runner) start(argv, env []string, workdir string, extra []*os.File) (*p
 	outR, outW, err2 := pipe()
 	errR, errW, err3 := pipe()
 	infoR, infoW, err4 := pipe()
+	var filterR *os.File
+	if p.bwrap && seccompFilter != nil {
+		// The seccomp filter, which bubblewrap reads to its end: small
+		// enough for the pipe's buffer.
+		var filterW *os.File
+		var err error
+		if filterR, filterW, err = pipe(); err == nil {
+			_, err = filterW.Write(seccompFilter)
+			_ = filterW.Close()
+		}
+		err4 = errors.Join(err4, err)
+	}
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		p.release()
 		return nil, err
@@ -276,6 +298,9 @@ func (r *Runner) start(argv, env []string, workdir string, extra []*os.File) (*p
 	if p.bwrap {
 		cmd.Dir = "/"
 		cmd.ExtraFiles = append([]*os.File{infoW}, extra...)
+		if filterR != nil {
+			cmd.ExtraFiles = append(cmd.ExtraFiles, filterR)
+		}
 		if r.dropUser {
 			cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(r.uid), Gid: uint32(r.gid), Groups: []uint32{}}
 		}
@@ -289,24 +314,41 @@ func (r *Runner) start(argv, env []string, workdir string, extra []*os.File) (*p
 	}
 	p.cmd, p.pgid = cmd, cmd.Process.Pid
 	// The child holds its ends now.
-	for _, f := range []*os.File{inR, outW, errW, infoW} {
-		_ = f.Close()
+	for _, f := range []*os.File{inR, outW, errW, infoW, filterR} {
+		if f != nil {
+			_ = f.Close()
+		}
 	}
 	go func() {
 		_ = cmd.Wait()
 		close(p.done)
 	}()
-	// bubblewrap reports the host pid of the sandbox's init process: killing
-	// it tears down the whole PID namespace.
+	// bubblewrap reports the host pid of the sandbox's init process:
+	// killing it tears down the whole PID namespace. Its pidfd is taken at
+	// once, while bubblewrap, its parent, has not reaped it (it is checked
+	// to be bubblewrap's child), so that a kill can never reach another
+	// process, however late it comes.
 	if p.bwrap {
 		go func() {
+			defer close(p.info)
 			var info struct {
-				ChildPID int64 `json:"child-pid"`
+				ChildPID int `json:"child-pid"`
 			}
-			if json.NewDecoder(infoR).Decode(&info) == nil && info.ChildPID > 0 {
-				p.inner.Store(info.ChildPID)
+			if json.NewDecoder(infoR).Decode(&info) != nil || info.ChildPID <= 0 {
+				return
 			}
+			fd, err := unix.PidfdOpen(info.ChildPID, 0)
+			if err != nil {
+				return
+			}
+			if parentOf(info.ChildPID) != cmd.Process.Pid {
+				_ = unix.Close(fd)
+				return
+			}
+			p.initFD = fd
 		}()
+	} else {
+		close(p.info)
 	}
 	return p, nil
 }
@@ -321,17 +363,71 @@ func (p *proc) exited() bool {
 	}
 }
 
-// release closes the worker's pipe ends.
+// release closes the worker's pipe ends (and the init's pidfd, once its
+// report is in).
 func (p *proc) release() {
 	for _, f := range p.files {
 		_ = f.Close()
 	}
+	select {
+	case <-p.info:
+		p.closeInit.Do(func() {
+			if p.initFD >= 0 {
+				_ = unix.Close(p.initFD)
+			}
+		})
+	default:
+	}
+}
+
+// killInit kills the sandbox's init process and waits until it has exited:
+// the kernel has then killed every process of its PID namespace, whatever
+// the tool did (a daemon it left, an init it made outlive bubblewrap). It
+// waits at most killGrace for bubblewrap's report of the init, and reports
+// whether it signalled it.
+func (p *proc) killInit() bool {
+	t := time.NewTimer(killGrace)
+	defer t.Stop()
+	select {
+	case <-p.info:
+	case <-t.C:
+		return false
+	}
+	if p.initFD < 0 {
+		return false
+	}
+	if err := unix.PidfdSendSignal(p.initFD, unix.SIGKILL, nil, 0); err != nil {
+		return false // gone already
+	}
+	fds := []unix.PollFd{{Fd: int32(p.initFD), Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(fds, int(killGrace/time.Millisecond))
+		if !errors.Is(err, unix.EINTR) {
+			return true
+		}
+	}
+}
+
+// parentOf returns the parent pid of pid (0 when unknown).
+func parentOf(pid int) int {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+	rest := string(data[strings.LastIndexByte(string(data), ')')+1:])
+	fields := strings.Fields(rest)
+	if len(fields) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(fields[1])
+	return ppid
 }
 
 // stop kills the sandbox (see kill), waits until it has exited and
 // releases its pipes.
 func (p *proc) stop() {
-	kill(p.pgid, &p.inner, p.done)
+	p.kill()
 	_ = syscall.Kill(-p.pgid, syscall.SIGKILL)
 	p.release()
 }
@@ -437,9 +533,12 @@ func (r *Runner) finish(ctx context.Context, t ToolConfig, p *proc, stdin []byte
 		default:
 			o.cancelled = cause
 		}
-		kill(p.pgid, &p.inner, p.done)
+		p.kill()
 		o.state = p.cmd.ProcessState
 	}
+	// Whatever way the call ended, nothing of it runs on: its sandbox's
+	// init, and so its PID namespace, is killed before its result is.
+	p.killInit()
 	// Anything left in the process group (only possible without
 	// bubblewrap): the group outlives its reaped leader only while it has
 	// members, so its id cannot have been reused.
@@ -470,19 +569,18 @@ func (r *Runner) finish(ctx context.Context, t ToolConfig, p *proc, stdin []byte
 // SIGKILL to the sandbox's init process (the kernel then kills every
 // process of its PID namespace and bubblewrap exits), and SIGKILL to the
 // whole process group when that is not known or not enough.
-func kill(pgid int, inner *atomic.Int64, done <-chan struct{}) {
-	if pid := inner.Load(); pid > 0 {
-		_ = syscall.Kill(int(pid), syscall.SIGKILL)
+func (p *proc) kill() {
+	if p.killInit() {
 		t := time.NewTimer(killGrace)
 		defer t.Stop()
 		select {
-		case <-done:
+		case <-p.done:
 			return
 		case <-t.C:
 		}
 	}
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	<-done
+	_ = syscall.Kill(-p.pgid, syscall.SIGKILL)
+	<-p.done
 }
 
 // readCapped reads r to its end, keeping at most limit bytes; over reports

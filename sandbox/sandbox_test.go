@@ -1073,3 +1073,45 @@ tools:
 		wantText(t, run(t, r, "fill", `{}`), "/dev/shm full at 2\n/tmp full at 2\ndev read-only\nnull works\n")
 	})
 }
+
+// TestToolCannotOutliveItsCall: a hostile tool cannot trace the sandbox's
+// init or read another process's memory (the seccomp filter), and the
+// daemon it leaves is gone when its call returns (the whole PID namespace
+// is killed with the sandbox's init).
+func TestToolCannotOutliveItsCall(t *testing.T) {
+	t.Parallel()
+	inModes(t, func(t *testing.T, m mode) {
+		r, _ := newRunner(t, m, `
+tools:
+  - id: hostile
+    command: [python3, ./hostile.py]
+`)
+		marker := fmt.Sprintf("toolbatch-hostile-%s-%d", m, time.Now().UnixNano())
+		wantText(t, run(t, r, "hostile", fmt.Sprintf(`{"marker":%q}`, marker)),
+			"seize init Operation not permitted\nattach init Operation not permitted\nread init's memory Operation not permitted\n")
+		if pids := processesWith(t, marker); len(pids) > 0 {
+			t.Fatalf("the tool's daemon outlived its call: pids %v", pids)
+		}
+	})
+}
+
+// processesWith returns the host processes whose command line holds s.
+func processesWith(t *testing.T, s string) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(cmdline), s) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
