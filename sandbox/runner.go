@@ -170,6 +170,11 @@ func NewRunner(cfg Config, opts ...Option) (*Runner, error) {
 			}
 		}
 	}
+	if r.dropUser && r.cfg.Isolation == IsolationBubblewrap && r.hasSubprocessTools() {
+		if err := r.checkReach(); err != nil {
+			return nil, err
+		}
+	}
 	if !r.hasSubprocessTools() {
 		if r.cfg.Isolation == IsolationNone {
 			r.warning = "isolation: none (every tool of this worker is a builtin, so no subprocess runs)"
@@ -193,6 +198,32 @@ func NewRunner(cfg Config, opts ...Option) (*Runner, error) {
 	r.stats.fresh.Store(0)
 	r.stats.diedBeforeUse.Store(0)
 	return r, nil
+}
+
+// checkReach refuses a work root or a mount the sandbox's user cannot
+// reach, in one line that says what to change.
+func (r *Runner) checkReach() error {
+	if err := reach(r.workRoot, r.uid, r.gid, mayEnter); err != nil {
+		return fmt.Errorf("sandbox: work root %s: %v; give --work-root a directory it can enter (under /var/tmp, say)", r.workRoot, err)
+	}
+	for _, t := range r.cfg.Tools {
+		if t.IsBuiltin() {
+			continue
+		}
+		for _, m := range t.Mounts {
+			want := uint32(mayRead)
+			if fi, err := os.Stat(m.Path); err == nil && fi.IsDir() {
+				want |= mayEnter
+			}
+			if m.Writable {
+				want |= mayWrite
+			}
+			if err := reach(m.Path, r.uid, r.gid, want); err != nil {
+				return fmt.Errorf("sandbox: tool %q: mount %s: %v; change its mode, or mount a path it can reach", t.ID, m.Path, err)
+			}
+		}
+	}
+	return nil
 }
 
 // startPools checks pre-starting with a trial sandbox and starts filling

@@ -84,7 +84,7 @@ func run(args []string, stderr io.Writer) error {
 		*workerID = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	if *workRoot == "" {
-		*workRoot = filepath.Join(os.TempDir(), "toolbatch-worker-"+*workerID)
+		*workRoot = filepath.Join(sandbox.DefaultWorkParent(), "toolbatch-worker-"+*workerID)
 	}
 	if err := os.MkdirAll(*workRoot, 0o755); err != nil {
 		return fmt.Errorf("--work-root %s: %w", *workRoot, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -441,5 +442,65 @@ func TestManyToolsNeverStarve(t *testing.T) {
 				t.Fatalf("round %d: call of %s: %s", round, order[i], text)
 			}
 		}
+	}
+}
+
+// TestPrivateTMPDIR: a worker whose TMPDIR is private (mode 0700, as
+// mktemp -d makes it) still serves its sandboxed tools: its default work
+// root is placed where the sandbox's user can enter. A work root the
+// sandbox's user cannot reach is refused at start in one line.
+func TestPrivateTMPDIR(t *testing.T) {
+	dir := t.TempDir()
+	private, err := os.MkdirTemp("", "toolbatch-private-tmp-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(private) })
+	if err := os.Chmod(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cat, cfg := filepath.Join(dir, "catalog.yaml"), filepath.Join(dir, "worker.yaml")
+	if err := os.WriteFile(cat, []byte("tools:\n  - {id: cat, target: sandbox, recovery: {mode: replay_safe}, dispatch_deadline: 20s}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg, []byte("pools: [default]\nisolation: bubblewrap\ntools:\n  - {id: cat, command: [/bin/cat], capability: replay_safe, prestart: 1}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port := testproc.FreePort(t)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	testproc.Start(t, "engine", `"engine ready"`, engineBin, "--store", filepath.Join(dir, "store"), "--listen", fmt.Sprintf("127.0.0.1:%d", port),
+		"--catalog", cat, "--log-format", "json")
+
+	out, err := exec.Command("/usr/bin/env", "TMPDIR="+private, workerBin, "--nats-url", url, "--config", cfg, "--worker-id", "wp",
+		"--work-root", filepath.Join(private, "root")).CombinedOutput()
+	if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); err == nil || len(lines) != 1 || !strings.Contains(lines[0], "cannot enter it") {
+		t.Fatalf("a work root under a private directory: %v:\n%s", err, out)
+	}
+	if err := os.MkdirAll(filepath.Join(private, "root"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err = exec.Command("/usr/bin/env", "TMPDIR="+private, workerBin, "--nats-url", url, "--config", cfg, "--worker-id", "wp",
+		"--work-root", filepath.Join(private, "root")).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "mode 0700") {
+		t.Fatalf("a work root under a private directory (the root itself open): %v:\n%s", err, out)
+	}
+
+	testproc.Start(t, "wp", `"ready"`, "/usr/bin/env", "TMPDIR="+private, workerBin, "--nats-url", url, "--config", cfg,
+		"--worker-id", "wp", "--log-format", "json")
+	cl, err := client.New(testnats.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 60*time.Second)
+	s := batch("private", 1, "cat")
+	if err := cl.Submit(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	res, err := cl.WaitResults(ctx, "private", "private/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(texts(res)); got != `[ok "{\"i\":0}"]` {
+		t.Fatalf("results %s", got)
 	}
 }
