@@ -416,7 +416,7 @@ func (r *Runner) prestart(t ToolConfig) (*warm, error) {
 	argv = append(argv, r.limitArgs(t, prog)...)
 	// bubblewrap gets no environment: the stage's own does not reach the
 	// tool, which gets the one the call sends.
-	pr, err := r.start(argv, []string{}, workdir, extra)
+	pr, err := r.start(argv, []string{}, workdir, extra, r.pinned[t.ID])
 	for _, f := range theirs {
 		_ = f.Close()
 	}

@@ -82,7 +82,7 @@ func (r *Runner) runProcess(ctx context.Context, t ToolConfig, call Call) Result
 		argv = append(r.bwrapArgs(t, workdir, 0), r.env, "-u", "PWD", "--")
 	}
 	argv = append(argv, r.limitArgs(t, prog)...)
-	p, err := r.start(argv, toolEnv(t, call, workdir), workdir, nil)
+	p, err := r.start(argv, toolEnv(t, call, workdir), workdir, nil, r.pinned[t.ID])
 	if err != nil {
 		return interpret(t, call, outcome{startErr: err})
 	}
@@ -192,7 +192,8 @@ func (r *Runner) limitArgs(t ToolConfig, prog string) []string {
 
 // bwrapArgs returns bubblewrap and its flags for one call; the command
 // follows them. extra is how many files start passes bubblewrap after its
-// info pipe (the seccomp filter's pipe comes after them).
+// info pipe; the seccomp filter's pipe comes after them, then the tool's
+// pinned mounts (start passes them in that order).
 func (r *Runner) bwrapArgs(t ToolConfig, workdir string, extra int) []string {
 	a := []string{r.bwrap, "--unshare-user"}
 	if r.disableUserns {
@@ -223,12 +224,16 @@ func (r *Runner) bwrapArgs(t ToolConfig, workdir string, extra int) []string {
 		// Hide the other calls' working directories.
 		a = append(a, "--tmpfs", r.workRoot)
 	}
-	for _, m := range t.Mounts {
-		flag := "--ro-bind"
+	fd := 4 + extra
+	if seccompFilter != nil {
+		fd++
+	}
+	for i, m := range t.Mounts {
+		flag := "--ro-bind-fd"
 		if m.Writable {
-			flag = "--bind"
+			flag = "--bind-fd"
 		}
-		a = append(a, flag, m.Path, m.Path)
+		a = append(a, flag, strconv.Itoa(fd+i), m.Path)
 	}
 	a = append(a,
 		"--bind", workdir, workdir,
@@ -259,8 +264,9 @@ type proc struct {
 
 // start starts argv (bubblewrap, or prlimit without isolation) in its own
 // process group with fresh pipes for stdin, stdout and stderr, and extra
-// as file descriptors 4 and on. It does not wait.
-func (r *Runner) start(argv, env []string, workdir string, extra []*os.File) (*proc, error) {
+// as file descriptors 4 and on, then (bubblewrap) the seccomp filter's
+// pipe and the tool's pinned mounts (see bwrapArgs). It does not wait.
+func (r *Runner) start(argv, env []string, workdir string, extra, mounts []*os.File) (*proc, error) {
 	p := &proc{bwrap: r.cfg.Isolation == IsolationBubblewrap, done: make(chan struct{}), initFD: -1, info: make(chan struct{})}
 	pipe := func() (*os.File, *os.File, error) {
 		pr, pw, err := os.Pipe()
@@ -301,6 +307,7 @@ func (r *Runner) start(argv, env []string, workdir string, extra []*os.File) (*p
 		if filterR != nil {
 			cmd.ExtraFiles = append(cmd.ExtraFiles, filterR)
 		}
+		cmd.ExtraFiles = append(cmd.ExtraFiles, mounts...)
 		if r.dropUser {
 			cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(r.uid), Gid: uint32(r.gid), Groups: []uint32{}}
 		}

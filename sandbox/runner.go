@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/toolbatch/toolbatch/events"
+	"golang.org/x/sys/unix"
 )
 
 // ToolPATH is the PATH of every subprocess tool, and where a bare
@@ -108,6 +109,13 @@ type Runner struct {
 
 	warning string
 
+	// pinned holds each subprocess tool's mounts, opened once at start
+	// (O_PATH, no symlink at any level): a sandbox binds the file or
+	// directory opened then, by descriptor, whatever a tool has since
+	// made of the path (a symlink to elsewhere, say). They stay open for
+	// the Runner's life: a call after Close starts a fresh sandbox.
+	pinned map[string][]*os.File
+
 	// Pre-started sandboxes (see prestart.go): a pool per tool that has
 	// them, and the stage program, opened once.
 	pools             map[string]*pool
@@ -170,8 +178,16 @@ func NewRunner(cfg Config, opts ...Option) (*Runner, error) {
 			}
 		}
 	}
+	if err := r.checkNesting(); err != nil {
+		return nil, err
+	}
 	if r.dropUser && r.cfg.Isolation == IsolationBubblewrap && r.hasSubprocessTools() {
 		if err := r.checkReach(); err != nil {
+			return nil, err
+		}
+	}
+	if r.cfg.Isolation == IsolationBubblewrap {
+		if err := r.pinMounts(); err != nil {
 			return nil, err
 		}
 	}
@@ -198,6 +214,53 @@ func NewRunner(cfg Config, opts ...Option) (*Runner, error) {
 	r.stats.fresh.Store(0)
 	r.stats.diedBeforeUse.Store(0)
 	return r, nil
+}
+
+// checkNesting refuses a mount that another tool can change: one inside
+// another tool's writable mount (that tool could put a symlink or other
+// files where this one reads), or inside the work root (the calls'
+// working directories).
+func (r *Runner) checkNesting() error {
+	for _, t := range r.cfg.Tools {
+		for _, m := range t.Mounts {
+			if under(m.Path, r.workRoot) {
+				return fmt.Errorf("sandbox: tool %q: mount %s is inside the work root %s, where calls' working directories are made", t.ID, m.Path, r.workRoot)
+			}
+			for _, o := range r.cfg.Tools {
+				if o.ID == t.ID {
+					continue
+				}
+				for _, w := range o.Mounts {
+					if w.Writable && (under(m.Path, w.Path) || under(w.Path, m.Path)) {
+						return fmt.Errorf("sandbox: tool %q: mount %s overlaps tool %q's writable mount %s: a tool could change what another one mounts; give each tool paths of its own", t.ID, m.Path, o.ID, w.Path)
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// pinMounts opens every subprocess tool's mounts, refusing a path with a
+// symlink anywhere in it.
+func (r *Runner) pinMounts() error {
+	r.pinned = map[string][]*os.File{}
+	for _, t := range r.cfg.Tools {
+		if t.IsBuiltin() {
+			continue
+		}
+		for _, m := range t.Mounts {
+			fd, err := unix.Openat2(unix.AT_FDCWD, m.Path, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS})
+			if err != nil {
+				if errors.Is(err, unix.ELOOP) {
+					return fmt.Errorf("sandbox: tool %q: mount %s: a symlink is in its path; give the path it leads to", t.ID, m.Path)
+				}
+				return fmt.Errorf("sandbox: tool %q: mount %s: %w", t.ID, m.Path, err)
+			}
+			r.pinned[t.ID] = append(r.pinned[t.ID], os.NewFile(uintptr(fd), m.Path))
+		}
+	}
+	return nil
 }
 
 // checkReach refuses a work root or a mount the sandbox's user cannot

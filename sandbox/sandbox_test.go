@@ -911,6 +911,17 @@ func TestNewRunnerRefuses(t *testing.T) {
 func TestNewRunnerChecksMountsAndConfig(t *testing.T) {
 	t.Parallel()
 	root := worldDir(t, false)
+	shared := worldDir(t, true)
+	inRoot := filepath.Join(root, "data")
+	link := filepath.Join(worldDir(t, false), "link")
+	for _, dir := range []string{filepath.Join(shared, "sub"), inRoot} {
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(shared, link); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		cfg  Config
 		want string
@@ -919,6 +930,16 @@ func TestNewRunnerChecksMountsAndConfig(t *testing.T) {
 		{Config{Tools: []ToolConfig{{ID: "t", Command: []string{"/bin/true"}, Mounts: []Mount{{Path: filepath.Dir(root)}}}}}, "holds the work root"},
 		{Config{Tools: []ToolConfig{{ID: "t"}}}, "command is required"},
 		{Config{Tools: []ToolConfig{{ID: "t", Command: []string{"bin/tool"}}}}, `program "bin/tool" is a relative path`},
+		// A mount another tool could change, and one among the calls'
+		// working directories.
+		{Config{Tools: []ToolConfig{
+			{ID: "w", Command: []string{"/bin/true"}, Mounts: []Mount{{Path: shared, Writable: true}}},
+			{ID: "r", Command: []string{"/bin/true"}, Mounts: []Mount{{Path: filepath.Join(shared, "sub")}}}}}, `overlaps tool "w"'s writable mount`},
+		{Config{Tools: []ToolConfig{
+			{ID: "w", Command: []string{"/bin/true"}, Mounts: []Mount{{Path: filepath.Join(shared, "sub"), Writable: true}}},
+			{ID: "r", Command: []string{"/bin/true"}, Mounts: []Mount{{Path: shared}}}}}, `overlaps tool "w"'s writable mount`},
+		{Config{Tools: []ToolConfig{{ID: "t", Command: []string{"/bin/true"}, Mounts: []Mount{{Path: inRoot}}}}}, "is inside the work root"},
+		{Config{Tools: []ToolConfig{{ID: "t", Command: []string{"/bin/true"}, Mounts: []Mount{{Path: filepath.Join(link, "sub")}}}}}, "a symlink is in its path"},
 	} {
 		if _, err := NewRunner(c.cfg, WithWorkRoot(root)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("NewRunner(%+v): %v, want %q", c.cfg, err, c.want)
@@ -1114,4 +1135,38 @@ func processesWith(t *testing.T, s string) []int {
 		}
 	}
 	return pids
+}
+
+// TestMountsArePinned: a mount is the directory the worker opened at start,
+// by descriptor: replacing its path with a symlink to somewhere else (what
+// a tool with write access above it would do) changes nothing a later
+// call sees.
+func TestMountsArePinned(t *testing.T) {
+	t.Parallel()
+	inModes(t, func(t *testing.T, m mode) {
+		parent := worldDir(t, true)
+		data, elsewhere := filepath.Join(parent, "data"), worldDir(t, false)
+		if err := os.Mkdir(data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for dir, text := range map[string]string{data: "original", elsewhere: "redirected"} {
+			if err := os.WriteFile(filepath.Join(dir, "a"), []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r, _ := newRunner(t, m, fmt.Sprintf(`
+tools:
+  - id: read
+    command: [/bin/cat, %s/a]
+    mounts: [{path: %s}]
+`, data, data))
+		wantText(t, run(t, r, "read", `{}`), "original")
+		if err := os.Rename(data, data+".moved"); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(elsewhere, data); err != nil {
+			t.Fatal(err)
+		}
+		wantText(t, run(t, r, "read", `{}`), "original")
+	})
 }
