@@ -126,12 +126,19 @@ func startCluster(ctx context.Context, bins Binaries, dir, shared string, engine
 			return nil, err
 		}
 	}
-	// The tools run as uid 65534: the effects directory must be writable
-	// by it, the work roots reachable.
+	// Each tool runs as a user of its own: the effects directory must be
+	// reachable by them, and the effects file, which every tool appends
+	// to, writable by all (as an operator would share a file).
 	if err := os.MkdirAll(c.effects, 0o777); err != nil {
 		return nil, err
 	}
 	if err := os.Chmod(c.effects, 0o777); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(c.effects, effectsFile), nil, 0o666); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(filepath.Join(c.effects, effectsFile), 0o666); err != nil {
 		return nil, err
 	}
 	catPath := filepath.Join(dir, "catalog.yaml")

@@ -7,7 +7,7 @@
 //
 // A subprocess call, with isolation bubblewrap:
 //
-//	worker (root)            bwrap as 65534:65534 (its own process group)
+//	worker (root)            bwrap as the tool's own uid (its own process group)
 //	  └─ bwrap ─ new user, PID, IPC, UTS (and network) namespaces
 //	       └─ bwrap (PID 1)
 //	            └─ env -u PWD (bwrap sets PWD; execs)

@@ -385,7 +385,7 @@ func (r *Runner) prestart(t ToolConfig) (*warm, error) {
 	if err != nil {
 		return nil, err
 	}
-	workdir, err := r.newWorkdir()
+	workdir, err := r.newWorkdir(t.ID)
 	if err != nil {
 		return nil, fmt.Errorf("cannot create the working directory: %w", err)
 	}
@@ -416,7 +416,7 @@ func (r *Runner) prestart(t ToolConfig) (*warm, error) {
 	argv = append(argv, r.limitArgs(t, prog)...)
 	// bubblewrap gets no environment: the stage's own does not reach the
 	// tool, which gets the one the call sends.
-	pr, err := r.start(argv, []string{}, workdir, extra, r.pinned[t.ID])
+	pr, err := r.start(t.ID, argv, []string{}, workdir, extra)
 	for _, f := range theirs {
 		_ = f.Close()
 	}

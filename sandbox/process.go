@@ -71,7 +71,7 @@ func (r *Runner) runProcess(ctx context.Context, t ToolConfig, call Call) Result
 		}
 	}
 	r.stats.fresh.Add(1)
-	workdir, err := r.newWorkdir()
+	workdir, err := r.newWorkdir(t.ID)
 	if err != nil {
 		return failure(events.ErrorExecution, "cannot create the working directory: %v", err)
 	}
@@ -82,7 +82,7 @@ func (r *Runner) runProcess(ctx context.Context, t ToolConfig, call Call) Result
 		argv = append(r.bwrapArgs(t, workdir, 0), r.env, "-u", "PWD", "--")
 	}
 	argv = append(argv, r.limitArgs(t, prog)...)
-	p, err := r.start(argv, toolEnv(t, call, workdir), workdir, nil, r.pinned[t.ID])
+	p, err := r.start(t.ID, argv, toolEnv(t, call, workdir), workdir, nil)
 	if err != nil {
 		return interpret(t, call, outcome{startErr: err})
 	}
@@ -139,14 +139,15 @@ func resolveProgram(p string) (string, error) {
 }
 
 // newWorkdir creates a call's fresh, empty working directory, owned by the
-// sandbox user.
-func (r *Runner) newWorkdir() (string, error) {
+// tool's user.
+func (r *Runner) newWorkdir(toolID string) (string, error) {
 	dir, err := os.MkdirTemp(r.workRoot, "toolbatch-call-")
 	if err != nil {
 		return "", err
 	}
 	if r.dropUser && r.cfg.Isolation == IsolationBubblewrap {
-		if err := os.Chown(dir, r.uid, r.gid); err != nil {
+		uid, gid := r.userOf(toolID)
+		if err := os.Chown(dir, uid, gid); err != nil {
 			_ = os.Remove(dir)
 			return "", err
 		}
@@ -262,11 +263,12 @@ type proc struct {
 	pgid      int
 }
 
-// start starts argv (bubblewrap, or prlimit without isolation) in its own
-// process group with fresh pipes for stdin, stdout and stderr, and extra
-// as file descriptors 4 and on, then (bubblewrap) the seccomp filter's
-// pipe and the tool's pinned mounts (see bwrapArgs). It does not wait.
-func (r *Runner) start(argv, env []string, workdir string, extra, mounts []*os.File) (*proc, error) {
+// start starts argv (bubblewrap, or prlimit without isolation) for a call
+// of toolID in its own process group with fresh pipes for stdin, stdout
+// and stderr, and extra as file descriptors 4 and on, then (bubblewrap)
+// the seccomp filter's pipe and the tool's pinned mounts (see bwrapArgs).
+// It does not wait.
+func (r *Runner) start(toolID string, argv, env []string, workdir string, extra []*os.File) (*proc, error) {
 	p := &proc{bwrap: r.cfg.Isolation == IsolationBubblewrap, done: make(chan struct{}), initFD: -1, info: make(chan struct{})}
 	pipe := func() (*os.File, *os.File, error) {
 		pr, pw, err := os.Pipe()
@@ -307,9 +309,10 @@ func (r *Runner) start(argv, env []string, workdir string, extra, mounts []*os.F
 		if filterR != nil {
 			cmd.ExtraFiles = append(cmd.ExtraFiles, filterR)
 		}
-		cmd.ExtraFiles = append(cmd.ExtraFiles, mounts...)
+		cmd.ExtraFiles = append(cmd.ExtraFiles, r.pinned[toolID]...)
 		if r.dropUser {
-			cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(r.uid), Gid: uint32(r.gid), Groups: []uint32{}}
+			uid, gid := r.userOf(toolID)
+			cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
 		}
 	} else {
 		cmd.Dir = workdir

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,12 +24,28 @@ import (
 // command[0] is looked up.
 const ToolPATH = "/usr/local/bin:/usr/bin:/bin"
 
-// DefaultSandboxUID and DefaultSandboxGID are the ids tools run as when the
-// worker runs as root: nobody and nogroup on Debian.
+// The users tools run as when the worker runs as root: each subprocess
+// tool its own, uid and gid SandboxUIDBase plus a slot derived from the
+// tool's id (stable across restarts and config edits; two tools whose ids
+// fall on one slot take the next free ones, in config order), so that file
+// modes separate tools: what one tool leaves in a shared mount, another
+// cannot read unless the file's mode lets everyone. Runner.Users lists
+// them; the worker logs them at start.
 const (
-	DefaultSandboxUID = 65534
-	DefaultSandboxGID = 65534
+	SandboxUIDBase  = 1_000_000_000
+	sandboxUIDSlots = 1_000_000
+	// DefaultSandboxUID and DefaultSandboxGID stand for "any tool's user"
+	// where no tool is known (which directory a work root goes to).
+	DefaultSandboxUID = SandboxUIDBase
+	DefaultSandboxGID = SandboxUIDBase
 )
+
+// toolSlot is the uid slot a tool id falls on.
+func toolSlot(id string) int {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	return int(h.Sum32() % sandboxUIDSlots)
+}
 
 // StderrTailBytes is how much of the end of a tool's stderr is kept for
 // the error output of a failed call.
@@ -77,11 +94,54 @@ type Option func(*Runner)
 // reachable by the sandbox user.
 func WithWorkRoot(dir string) Option { return func(r *Runner) { r.workRoot = dir } }
 
-// WithSandboxUser sets the uid and gid bubblewrap and the tools run as
-// when the worker runs as root (default 65534:65534). It is ignored when
-// the worker is not root: tools then run as the worker's user.
+// WithSandboxUser makes every tool run as uid:gid when the worker runs as
+// root, instead of a user of its own (tests count one user's processes).
+// It is ignored when the worker is not root: tools then run as the
+// worker's user.
 func WithSandboxUser(uid, gid int) Option {
-	return func(r *Runner) { r.uid, r.gid = uid, gid }
+	return func(r *Runner) { r.uid, r.gid, r.oneUser = uid, gid, true }
+}
+
+// Users returns the uid each subprocess tool runs as (gid the same), when
+// the worker runs as root.
+func (r *Runner) Users() map[string]int {
+	out := map[string]int{}
+	for _, t := range r.cfg.Tools {
+		if !t.IsBuiltin() {
+			out[t.ID], _ = r.userOf(t.ID)
+		}
+	}
+	return out
+}
+
+// assignUsers gives every subprocess tool its own user.
+func (r *Runner) assignUsers() {
+	r.users = map[string]int{}
+	taken := map[int]bool{}
+	for _, t := range r.cfg.Tools {
+		if t.IsBuiltin() {
+			continue
+		}
+		slot := toolSlot(t.ID)
+		for taken[slot] {
+			slot = (slot + 1) % sandboxUIDSlots
+		}
+		taken[slot] = true
+		r.users[t.ID] = SandboxUIDBase + slot
+	}
+}
+
+// userOf is the uid and gid a tool's sandbox runs as (when the worker is
+// root).
+func (r *Runner) userOf(toolID string) (uid, gid int) {
+	if r.oneUser {
+		return r.uid, r.gid
+	}
+	if u, ok := r.users[toolID]; ok {
+		return u, u
+	}
+	u := SandboxUIDBase + toolSlot(toolID) // a tool the config does not list: the trial
+	return u, u
 }
 
 // WithPrestartFailureHandler sets a function called (from a goroutine of
@@ -97,8 +157,10 @@ func WithPrestartFailureHandler(f func(toolID string, err error)) Option {
 type Runner struct {
 	cfg      Config
 	workRoot string
-	uid, gid int
-	dropUser bool // the worker is root: run bwrap as uid:gid
+	uid, gid int // every tool's user with oneUser (WithSandboxUser)
+	oneUser  bool
+	users    map[string]int // each subprocess tool's uid (and gid)
+	dropUser bool           // the worker is root: run bwrap as the tool's user
 
 	bwrap   string // absolute path of bwrap (bubblewrap only)
 	prlimit string // absolute path of prlimit
@@ -144,10 +206,11 @@ func NewRunner(cfg Config, opts ...Option) (*Runner, error) {
 	if err := closeInheritedOnExec(); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	r := &Runner{cfg: cfg.WithDefaults(), uid: DefaultSandboxUID, gid: DefaultSandboxGID}
+	r := &Runner{cfg: cfg.WithDefaults()}
 	for _, o := range opts {
 		o(r)
 	}
+	r.assignUsers()
 	if r.workRoot == "" {
 		r.workRoot = os.TempDir()
 	}
@@ -216,10 +279,10 @@ func NewRunner(cfg Config, opts ...Option) (*Runner, error) {
 	return r, nil
 }
 
-// checkNesting refuses a mount that another tool can change: one inside
-// another tool's writable mount (that tool could put a symlink or other
-// files where this one reads), or inside the work root (the calls'
-// working directories).
+// checkNesting refuses a mount that another tool can change: one strictly
+// inside another tool's writable mount (that tool could replace it), or
+// inside the work root (the calls' working directories). Two tools may
+// share one writable mount (a workspace): each is its own user there.
 func (r *Runner) checkNesting() error {
 	for _, t := range r.cfg.Tools {
 		for _, m := range t.Mounts {
@@ -231,8 +294,8 @@ func (r *Runner) checkNesting() error {
 					continue
 				}
 				for _, w := range o.Mounts {
-					if w.Writable && (under(m.Path, w.Path) || under(w.Path, m.Path)) {
-						return fmt.Errorf("sandbox: tool %q: mount %s overlaps tool %q's writable mount %s: a tool could change what another one mounts; give each tool paths of its own", t.ID, m.Path, o.ID, w.Path)
+					if w.Writable && m.Path != w.Path && under(m.Path, w.Path) {
+						return fmt.Errorf("sandbox: tool %q: mount %s is inside tool %q's writable mount %s: that tool could replace it; mount %s itself, or a path of its own", t.ID, m.Path, o.ID, w.Path, w.Path)
 					}
 				}
 			}
@@ -266,7 +329,8 @@ func (r *Runner) pinMounts() error {
 // checkReach refuses a work root or a mount the sandbox's user cannot
 // reach, in one line that says what to change.
 func (r *Runner) checkReach() error {
-	if err := reach(r.workRoot, r.uid, r.gid, mayEnter); err != nil {
+	anyUID, anyGID := r.userOf("")
+	if err := reach(r.workRoot, anyUID, anyGID, mayEnter); err != nil {
 		return fmt.Errorf("sandbox: work root %s: %v; give --work-root a directory it can enter (under /var/tmp, say)", r.workRoot, err)
 	}
 	for _, t := range r.cfg.Tools {
@@ -281,7 +345,8 @@ func (r *Runner) checkReach() error {
 			if m.Writable {
 				want |= mayWrite
 			}
-			if err := reach(m.Path, r.uid, r.gid, want); err != nil {
+			uid, gid := r.userOf(t.ID)
+			if err := reach(m.Path, uid, gid, want); err != nil {
 				return fmt.Errorf("sandbox: tool %q: mount %s: %v; change its mode, or mount a path it can reach", t.ID, m.Path, err)
 			}
 		}

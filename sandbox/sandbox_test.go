@@ -360,8 +360,8 @@ func TestEchoScriptAndBuiltins(t *testing.T) {
 		if len(lines) != 4 || lines[0] != lines[1] || !strings.HasPrefix(lines[0], workRoot+"/toolbatch-call-") || lines[3] != "toolbatch-sandbox" {
 			t.Fatalf("want [workdir workdir uid hostname] with an empty workdir, got %q", lines)
 		}
-		if os.Geteuid() == 0 && lines[2] != strconv.Itoa(DefaultSandboxUID) {
-			t.Fatalf("tool runs as uid %s, want %d", lines[2], DefaultSandboxUID)
+		if want, _ := r.userOf("workdir"); os.Geteuid() == 0 && lines[2] != strconv.Itoa(want) {
+			t.Fatalf("tool runs as uid %s, want %d", lines[2], want)
 		}
 		wantCleanedUp(t, r, workRoot)
 	})
@@ -934,10 +934,7 @@ func TestNewRunnerChecksMountsAndConfig(t *testing.T) {
 		// working directories.
 		{Config{Tools: []ToolConfig{
 			{ID: "w", Command: []string{"/bin/true"}, Mounts: []Mount{{Path: shared, Writable: true}}},
-			{ID: "r", Command: []string{"/bin/true"}, Mounts: []Mount{{Path: filepath.Join(shared, "sub")}}}}}, `overlaps tool "w"'s writable mount`},
-		{Config{Tools: []ToolConfig{
-			{ID: "w", Command: []string{"/bin/true"}, Mounts: []Mount{{Path: filepath.Join(shared, "sub"), Writable: true}}},
-			{ID: "r", Command: []string{"/bin/true"}, Mounts: []Mount{{Path: shared}}}}}, `overlaps tool "w"'s writable mount`},
+			{ID: "r", Command: []string{"/bin/true"}, Mounts: []Mount{{Path: filepath.Join(shared, "sub")}}}}}, `is inside tool "w"'s writable mount`},
 		{Config{Tools: []ToolConfig{{ID: "t", Command: []string{"/bin/true"}, Mounts: []Mount{{Path: inRoot}}}}}, "is inside the work root"},
 		{Config{Tools: []ToolConfig{{ID: "t", Command: []string{"/bin/true"}, Mounts: []Mount{{Path: filepath.Join(link, "sub")}}}}}, "a symlink is in its path"},
 	} {
@@ -1168,5 +1165,35 @@ tools:
 			t.Fatal(err)
 		}
 		wantText(t, run(t, r, "read", `{}`), "original")
+	})
+}
+
+// TestToolsAreSeparateUsers: each tool runs as its own user, so a file one
+// tool keeps private (mode 0600) in a workspace two tools share is not
+// readable by the other; a file it shares (0644) is. (A worker that is
+// not root runs every tool as its own user: then both are readable.)
+func TestToolsAreSeparateUsers(t *testing.T) {
+	t.Parallel()
+	root := os.Geteuid() == 0
+	inModes(t, func(t *testing.T, m mode) {
+		shared := worldDir(t, true)
+		r, _ := newRunner(t, m, fmt.Sprintf(`
+tools:
+  - id: writer
+    command: [/bin/sh, -c, 'umask 077; echo secret > %[1]s/private; umask 022; echo hello > %[1]s/public; echo done']
+    mounts: [{path: %[1]s, writable: true}]
+  - id: reader
+    command: [/bin/sh, -c, 'cat %[1]s/public; cat %[1]s/private 2>/dev/null || echo "private: denied"']
+    mounts: [{path: %[1]s, writable: true}]
+`, shared))
+		wantText(t, run(t, r, "writer", `{}`), "done\n")
+		want := "hello\nprivate: denied\n"
+		if !root {
+			want = "hello\nsecret\n"
+		}
+		wantText(t, run(t, r, "reader", `{}`), want)
+		if users := r.Users(); users["writer"] == users["reader"] || users["writer"] < SandboxUIDBase {
+			t.Fatalf("users %v", users)
+		}
 	})
 }

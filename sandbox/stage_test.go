@@ -141,7 +141,7 @@ tools:
 `)
 	tool := r.cfg.Tools[0].withDefaults()
 	for i := 0; i < 20; i++ {
-		p, err := r.start([]string{"/bin/sh", "-c", "exit 0"}, nil, t.TempDir(), nil, nil)
+		p, err := r.start(tool.ID, []string{"/bin/sh", "-c", "exit 0"}, nil, t.TempDir(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

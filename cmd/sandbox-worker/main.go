@@ -110,6 +110,10 @@ func run(args []string, stderr io.Writer) error {
 	if w := runner.Warning(); w != "" {
 		log.Warn().Msg(w)
 	}
+	if os.Geteuid() == 0 && sc.Isolation == sandbox.IsolationBubblewrap {
+		// What a writable mount's files must let in.
+		log.Info().Interface("tool_uids", runner.Users()).Msg("each subprocess tool runs as its own user (uid = gid)")
+	}
 	var poolList []string
 	if *pools != "" {
 		poolList = strings.Split(*pools, ",")

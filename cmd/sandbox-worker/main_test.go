@@ -113,6 +113,15 @@ func startCluster(t *testing.T, workers ...string) *cluster {
 	// The tools run as an unprivileged user in the sandbox: the effects
 	// directory must be reachable and writable by it (t.TempDir is not).
 	effects := reachableDir(t, "toolbatch-effects", 0o777)
+	// Every tool appends to one file, and each tool is a user of its own:
+	// the file is shared as an operator would share it.
+	shared := filepath.Join(effects, "effects.log")
+	if err := os.WriteFile(shared, nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(shared, 0o666); err != nil {
+		t.Fatal(err)
+	}
 	c := &cluster{url: fmt.Sprintf("nats://127.0.0.1:%d", port), effects: effects, workers: map[string]*testproc.Proc{}}
 	testproc.Start(t, "engine", `"engine ready"`, engineBin, "--store", filepath.Join(dir, "store"), "--listen", fmt.Sprintf("127.0.0.1:%d", port),
 		"--catalog", cat, "--log-format", "json", "--lease", "1s", "--ack-wait", "2s")
