@@ -73,13 +73,9 @@ type Conn struct {
 func (c Conn) Options() ([]nats.Option, error) {
 	var opts []nats.Option
 	if c.Creds != "" {
-		data, err := os.ReadFile(c.Creds)
+		data, kp, err := c.user()
 		if err != nil {
-			return nil, fmt.Errorf("--creds: %w", err)
-		}
-		kp, err := nkeys.ParseDecoratedUserNKey(data)
-		if err != nil {
-			return nil, fmt.Errorf("--creds %s: no user nkey seed in it: %w", c.Creds, err)
+			return nil, err
 		}
 		pub, err := kp.PublicKey()
 		if err != nil {
@@ -105,6 +101,33 @@ func (c Conn) Options() ([]nats.Option, error) {
 		opts = append(opts, nats.ClientCert(c.TLSCert, c.TLSKey))
 	}
 	return opts, nil
+}
+
+// PublicKey is the public nkey of the credentials' user ("" without
+// credentials): the client of its attributed submissions.
+func (c Conn) PublicKey() (string, error) {
+	if c.Creds == "" {
+		return "", nil
+	}
+	_, kp, err := c.user()
+	if err != nil {
+		return "", err
+	}
+	defer kp.Wipe()
+	return kp.PublicKey()
+}
+
+// user reads the credentials file and the user's key pair in it.
+func (c Conn) user() ([]byte, nkeys.KeyPair, error) {
+	data, err := os.ReadFile(c.Creds)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--creds: %w", err)
+	}
+	kp, err := nkeys.ParseDecoratedUserNKey(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--creds %s: no user nkey seed in it: %w", c.Creds, err)
+	}
+	return data, kp, nil
 }
 
 // Identity is a user key pair held in memory: the engine's own user of

@@ -108,7 +108,9 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 		}
 	case RoleClient, RoleApprover:
 		if u.Role == RoleClient {
-			pub(n.Pattern(protocol.SubmitFamily), n.Pattern(protocol.ControlFamily))
+			// its own submissions only: the engine's per-client limits
+			// count them under its key
+			pub(n.Subject(protocol.SubmitAsFamily, "*", u.NKey), n.Pattern(protocol.ControlFamily))
 			if u.Resume {
 				pub(n.Pattern(protocol.ResumeFamily))
 			}

@@ -53,6 +53,11 @@ tools:
     capability: replay_safe
 `
 
+// unlimitedClients turns the engine's per-client limits off: a benchmark's
+// one client is the whole load, and it measures the engine, not a
+// client's quota.
+var unlimitedClients = []string{"--client-max-runs", "-1", "--client-submit-rate", "-1"}
+
 // cluster is one engine process (with its embedded JetStream) and its
 // sandbox workers.
 type cluster struct {
@@ -104,6 +109,7 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 	args := append([]string{}, o.engineArgs...)
 	args = append(args, "--store", filepath.Join(dir, "store"), "--listen", fmt.Sprintf("127.0.0.1:%d", port),
 		"--catalog", cat, "--log-format", "json")
+	args = append(args, unlimitedClients...)
 	if o.syncAlways {
 		args = append(args, "--sync-always")
 	}
@@ -111,8 +117,8 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 		return nil, err
 	}
 	for i := 0; i < o.extraEngine; i++ {
-		e, err := startProc(fmt.Sprintf("engine%d", i+2), `"engine ready"`, o.engineBin, "--nats-url", c.url,
-			"--catalog", cat, "--log-format", "json")
+		e, err := startProc(fmt.Sprintf("engine%d", i+2), `"engine ready"`, o.engineBin, append([]string{"--nats-url", c.url,
+			"--catalog", cat, "--log-format", "json"}, unlimitedClients...)...)
 		if err != nil {
 			c.stop()
 			return nil, err

@@ -83,7 +83,7 @@ func profiledEngine(args []string) error {
 		return err
 	}
 	defer nc.Close()
-	eng, err := engine.New(nc, engine.Config{Catalog: cat, Logger: log})
+	eng, err := engine.New(nc, engine.Config{Catalog: cat, Logger: log, ClientMaxRuns: -1, ClientSubmitRate: -1}) // as unlimitedClients
 	if err != nil {
 		return err
 	}

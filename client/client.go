@@ -79,17 +79,19 @@ var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 // Client talks to the toolbatch engine over NATS JetStream only. It is safe
 // for concurrent use.
 type Client struct {
-	js     jetstream.JetStream
-	names  protocol.Names
-	limits events.Limits
+	js        jetstream.JetStream
+	names     protocol.Names
+	limits    events.Limits
+	submitter string // WithSubmitter
 
 	mu        sync.Mutex
 	outStream string // the stream holding <prefix>.out.>, once found
 }
 
 type options struct {
-	prefix string
-	limits events.Limits
+	prefix    string
+	limits    events.Limits
+	submitter string
 }
 
 // Option changes one setting of New.
@@ -103,6 +105,14 @@ func WithPrefix(p string) Option { return func(o *options) { o.prefix = p } }
 // WithLimits sets the input limits checked before publishing (default
 // events.DefaultLimits()); they should match the engine's.
 func WithLimits(l events.Limits) Option { return func(o *options) { o.limits = l } }
+
+// WithSubmitter attributes every submission to client, the public nkey of
+// the connection's NATS user: submissions go to
+// <prefix>.submit.<run_id>.<client>, and the engine counts them against
+// that client's limits. With authentication (docs/security.md) a client
+// user may publish attributed submissions only, as itself
+// (access.Conn.PublicKey gives the key of a credentials file).
+func WithSubmitter(client string) Option { return func(o *options) { o.submitter = client } }
 
 // New returns a client on the connection nc. The connection stays the
 // caller's: the client never closes it.
@@ -128,7 +138,7 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	return &Client{js: js, names: protocol.Names{Prefix: o.prefix}, limits: o.limits}, nil
+	return &Client{js: js, names: protocol.Names{Prefix: o.prefix}, limits: o.limits, submitter: o.submitter}, nil
 }
 
 // Prefix returns the subject prefix the client uses.
@@ -148,6 +158,19 @@ func (c *Client) Limits() events.Limits { return c.limits }
 // it: acceptance shows as dispositions and results, refusal on .rejected
 // (see WaitResults).
 func (c *Client) Submit(ctx context.Context, s *protocol.Submit) error {
+	return c.submit(ctx, s, "")
+}
+
+// Resubmit publishes the submission again under a message id of its own
+// (the usual one with /retry-<n>), for a submission refused as throttled:
+// nothing of it was recorded, and within the inbox's duplicate window (2
+// minutes) the stream would drop an identical Submit as a duplicate. An
+// identical batch the engine did take is harmless: it is ignored.
+func (c *Client) Resubmit(ctx context.Context, s *protocol.Submit, n int) error {
+	return c.submit(ctx, s, fmt.Sprintf("/retry-%d", n))
+}
+
+func (c *Client) submit(ctx context.Context, s *protocol.Submit, retry string) error {
 	if s == nil {
 		return events.Refuse(events.CodeUndecodable, "submit: nil submission")
 	}
@@ -162,8 +185,12 @@ func (c *Client) Submit(ctx context.Context, s *protocol.Submit) error {
 	if _, err := protocol.DecodeSubmit(body, false, c.limits); err != nil {
 		return err
 	}
-	msgID := fmt.Sprintf("%s/%d/%s", s.RunID, s.Step, s.Digest()[:16])
-	return c.publish(ctx, c.names.Submit(s.RunID), msgID, body)
+	msgID := fmt.Sprintf("%s/%d/%s%s", s.RunID, s.Step, s.Digest()[:16], retry)
+	subject := c.names.Submit(s.RunID)
+	if c.submitter != "" {
+		subject = c.names.SubmitAs(s.RunID, c.submitter)
+	}
+	return c.publish(ctx, subject, msgID, body)
 }
 
 // Approve answers a permission (or scheduled action) ticket with allow,

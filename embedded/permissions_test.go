@@ -326,7 +326,7 @@ func permissionMatrix(t *testing.T, d *deployment) {
 	// advertises under its own name, claims and publishes a result;
 	// services subscribe to their subjects; the auditor reads the log.
 	c1 := d.connect(t, "c1")
-	cl, err := client.New(c1.nc)
+	cl, err := client.New(c1.nc, client.WithSubmitter(d.keys["c1"]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -457,6 +457,8 @@ func permissionMatrix(t *testing.T, d *deployment) {
 		{"w1", "submit a batch", func(c *conn) op { return jsPublish(c, n.Submit("r3")) }},
 		// clients
 		{"c1", "publish a commit on a run's events subject", func(c *conn) op { return jsPublish(c, n.Events("r1")) }},
+		{"c1", "submit unattributed", func(c *conn) op { return jsPublish(c, n.Submit("r8")) }},
+		{"c1", "submit as another client", func(c *conn) op { return jsPublish(c, n.SubmitAs("r8", d.keys["c2"])) }},
 		{"c1", "resume unattributed (not allowed for this client)", func(c *conn) op { return jsPublish(c, n.Resume("r2")) }},
 		{"c1", "resume as a principal", func(c *conn) op { return jsPublish(c, n.ResumeAs("r2", "alice")) }},
 		{"c1", "publish a result", func(c *conn) op { return jsPublish(c, n.Result("r1")) }},

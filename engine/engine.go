@@ -58,6 +58,13 @@ type Config struct {
 	// (default 256 MiB each): a few large runs cannot hold the engine's
 	// memory, whatever CacheRuns allows.
 	CacheBytes int64
+	// ClientMaxRuns, ClientSubmitRate and ClientSubmitBurst are the
+	// per-client limits (clients.go; defaults DefaultClientMaxRuns,
+	// DefaultClientSubmitRate per second, DefaultClientSubmitBurst); a
+	// negative value turns a limit off.
+	ClientMaxRuns     int
+	ClientSubmitRate  float64
+	ClientSubmitBurst int
 	// Catalog is the operator's catalog (default catalog.Default()).
 	Catalog *catalog.Catalog
 	// Limits bound submissions and outputs (default events.DefaultLimits()).
@@ -102,6 +109,15 @@ func (c *Config) defaults() {
 	}
 	if c.CacheBytes <= 0 {
 		c.CacheBytes = DefaultCacheBytes
+	}
+	if c.ClientMaxRuns == 0 {
+		c.ClientMaxRuns = DefaultClientMaxRuns
+	}
+	if c.ClientSubmitRate == 0 {
+		c.ClientSubmitRate = DefaultClientSubmitRate
+	}
+	if c.ClientSubmitBurst <= 0 {
+		c.ClientSubmitBurst = DefaultClientSubmitBurst
 	}
 	if c.Catalog == nil {
 		c.Catalog = catalog.Default()
@@ -153,16 +169,17 @@ func validPrefix(p string) bool {
 
 // Engine serves runs. Create it with New and run it with Run.
 type Engine struct {
-	cfg    Config
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	names  protocol.Names
-	log    zerolog.Logger
-	events *eventLog
-	brain  *brainExecutor
-	gate   *gateChain
-	state  *stateStore
-	shards []*shard
+	cfg     Config
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	names   protocol.Names
+	log     zerolog.Logger
+	events  *eventLog
+	brain   *brainExecutor
+	gate    *gateChain
+	state   *stateStore
+	clients *clientLimits
+	shards  []*shard
 	// Buckets, opened once by Setup.
 	ownersKV, catalogKV jetstream.KeyValue
 	live                *liveCapabilities
@@ -200,6 +217,7 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 	e.brain = &brainExecutor{nc: nc, js: js, names: n}
 	e.gate = &gateChain{nc: nc, names: n}
 	e.state = &stateStore{}
+	e.clients = newClientLimits(max(cfg.ClientMaxRuns, 0), max(cfg.ClientSubmitRate, 0), cfg.ClientSubmitBurst)
 	e.shards = make([]*shard, cfg.Shards)
 	perShard := bound{max: cfg.CacheRuns/cfg.Shards + 1, maxBytes: cfg.CacheBytes/int64(cfg.Shards) + 1}
 	for i := range e.shards {
@@ -344,6 +362,9 @@ func (e *Engine) route(m jetstream.Msg) {
 	if !ok || !events.ValidRunID(runID) {
 		e.log.Warn().Str(fieldSubject, m.Subject()).Msg("inbox message cannot be attributed to a run: terminated")
 		_ = m.TermWithReason("cannot be attributed to a run: subject " + m.Subject())
+		return
+	}
+	if kind == protocol.KindSubmit && e.throttle(m, runID, principal) {
 		return
 	}
 	e.shardOf(runID).post(item{runID: runID, work: &inboxMsg{msg: m, kind: kind, principal: principal}})

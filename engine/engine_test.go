@@ -954,3 +954,200 @@ func TestSubmitSizeLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestClientLimits: a client over its limit of runs in flight is refused
+// throttled, with nothing recorded, while another client's runs go on; a
+// run whose batch is finalized leaves flight, and the refused batch then
+// goes through when resubmitted. A client over its submit rate is refused
+// the same way.
+func TestClientLimits(t *testing.T) {
+	cat := mustCatalog(t, `
+tools:
+  - {id: confirm, builtin: echo, recovery: {mode: replay_safe, max_attempts: 3}}
+  - {id: echo, builtin: echo, recovery: {mode: replay_safe, max_attempts: 3}}
+gate:
+  rules:
+    - tools: ["confirm"]
+      outcome: require_confirmation
+`)
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{Catalog: cat, ClientMaxRuns: 3, ClientSubmitRate: -1})
+	c := newClient(t, url)
+	ctx := ctxT(t, 60*time.Second)
+	throttled := func(runID string) {
+		t.Helper()
+		_, err := c.WaitResults(ctx, runID, runID+"/1")
+		var ref *events.Refusal
+		if !errors.As(err, &ref) || ref.Code != events.CodeThrottled {
+			t.Fatalf("%s: %v, want throttled", runID, err)
+		}
+	}
+	// Client "a" (run ids a-...): three runs parked on confirmations.
+	var tickets []protocol.AwaitingOut
+	for i := 1; i <= 3; i++ {
+		run := fmt.Sprintf("a-%d", i)
+		if err := c.Submit(ctx, submitOf(run, 1, "confirm", `{"i":1}`)); err != nil {
+			t.Fatal(err)
+		}
+		tickets = append(tickets, waitTicket(t, ctx, c, run, run+"/1"))
+	}
+	over := submitOf("a-4", 1, "echo", `{"i":4}`)
+	if err := c.Submit(ctx, over); err != nil {
+		t.Fatal(err)
+	}
+	throttled("a-4")
+	// Client "b" is not held by a's runs.
+	if err := c.Submit(ctx, submitOf("b-1", 1, "echo", `{"i":5}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitResults(ctx, "b-1", "b-1/1"); err != nil {
+		t.Fatalf("b-1: %v", err)
+	}
+	// One of a's runs finishes: a-4 goes through when resubmitted.
+	if err := c.Approve(ctx, tickets[0], "", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitResults(ctx, "a-1", "a-1/1"); err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.Watch(ctx, "a-4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	if err := c.Resubmit(ctx, over, 1); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		m, err := w.Next(ctx)
+		if err != nil {
+			t.Fatalf("a-4 resubmitted: %v", err)
+		}
+		if m.Results != nil && m.Results.BatchID == "a-4/1" {
+			break
+		}
+	}
+}
+
+// TestClientSubmitRate: a client past its burst, at a rate that refills
+// nothing within the test, is refused throttled; another client is not.
+func TestClientSubmitRate(t *testing.T) {
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{ClientSubmitRate: 0.0001, ClientSubmitBurst: 2})
+	c := newClient(t, url)
+	ctx := ctxT(t, 30*time.Second)
+	for i, want := range []events.Code{"", "", events.CodeThrottled} {
+		run := fmt.Sprintf("r-%d", i)
+		if err := c.Submit(ctx, submitOf(run, 1, "echo", `{}`)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := c.WaitResults(ctx, run, run+"/1")
+		var ref *events.Refusal
+		switch {
+		case want == "" && err != nil:
+			t.Fatalf("%s: %v", run, err)
+		case want != "" && (!errors.As(err, &ref) || ref.Code != want):
+			t.Fatalf("%s: %v, want %s", run, err, want)
+		}
+	}
+	if err := c.Submit(ctx, submitOf("other-1", 1, "echo", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitResults(ctx, "other-1", "other-1/1"); err != nil {
+		t.Fatalf("another client: %v", err)
+	}
+}
+
+// TestFloodIsThrottled: a client that floods the inbox gets its burst
+// accepted and the rest refused throttled (nothing recorded for them), and
+// another client's batch, published behind the flood, completes.
+func TestFloodIsThrottled(t *testing.T) {
+	url := testnats.Start(t, t.TempDir())
+	const burst, flood = 20, 1000
+	startEngine(t, url, engine.Config{ClientSubmitRate: 0.0001, ClientSubmitBurst: burst})
+	nc := testnats.Connect(t, url)
+	js := testnats.JetStream(t, nc)
+	ctx := ctxT(t, 120*time.Second)
+	var futures []jetstream.PubAckFuture
+	for i := range flood {
+		body, err := events.Marshal(submitOf(fmt.Sprintf("flood-%d", i), 1, "echo", `{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := js.PublishAsync(fmt.Sprintf("toolbatch.submit.flood-%d", i), body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		futures = append(futures, f)
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatal(err)
+		case <-ctx.Done():
+			t.Fatal("flood not stored")
+		}
+	}
+	c := newClient(t, url)
+	if err := c.Submit(ctx, submitOf("calm-1", 1, "echo", `{"x":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitResults(ctx, "calm-1", "calm-1/1"); err != nil {
+		t.Fatalf("a client behind the flood: %v", err)
+	}
+	// The flood: its burst recorded, the rest refused, each on its run's
+	// rejected subject (as throttled) and without an event.
+	out, err := js.Stream(ctx, "TOOLBATCH_OUT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted, refused int
+	testwait.Until(t, ctx, "every flood submission answered", func() bool {
+		info, err := out.Info(ctx, jetstream.WithSubjectFilter("toolbatch.out.*.*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		accepted, refused = 0, 0
+		for subj := range info.State.Subjects {
+			if !strings.HasPrefix(subj, "toolbatch.out.flood-") {
+				continue
+			}
+			switch {
+			case strings.HasSuffix(subj, ".results"):
+				accepted++
+			case strings.HasSuffix(subj, ".rejected"):
+				refused++
+			}
+		}
+		return accepted+refused == flood
+	})
+	ev, err := js.Stream(ctx, "TOOLBATCH_EVENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := ev.Info(ctx, jetstream.WithSubjectFilter("toolbatch.events.*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := 0
+	for subj := range info.State.Subjects {
+		if strings.HasPrefix(subj, "toolbatch.events.flood-") {
+			recorded++
+		}
+	}
+	if recorded != burst {
+		t.Fatalf("%d flood runs have events, want the burst's %d", recorded, burst)
+	}
+	m, err := out.GetLastMsgForSubject(ctx, "toolbatch.out.flood-999.rejected")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rej protocol.RejectedOut
+	if err := events.Unmarshal(m.Data, &rej); err != nil || rej.Code != events.CodeThrottled || rej.BatchID != "flood-999/1" {
+		t.Fatalf("the last flood submission's rejection: %+v %v", rej, err)
+	}
+	if accepted != burst || refused != flood-burst {
+		t.Fatalf("%d accepted and %d throttled, want %d and %d", accepted, refused, burst, flood-burst)
+	}
+}

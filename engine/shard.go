@@ -30,7 +30,7 @@ type work interface{ kindName() string }
 type inboxMsg struct {
 	msg       jetstream.Msg
 	kind      string // protocol.KindSubmit, KindResume, KindControl, KindResult, KindTimer
-	principal string // resume.<run_id>.<principal>
+	principal string // resume.<run_id>.<principal>, or submit.<run_id>.<client>
 	forwarded bool   // forwarded by another engine
 }
 
@@ -295,7 +295,10 @@ func (s *shard) busy(it item, err error) {
 	in, _ := it.work.(*inboxMsg)
 	switch {
 	case in != nil && !in.forwarded && errors.As(err, &elsewhere) && s.e.forward(in.msg, elsewhere.owner):
-		// The owner handles it.
+		// The owner handles it, and counts it against its client.
+		if in.kind == protocol.KindSubmit {
+			s.e.clients.release(it.runID)
+		}
 	case in != nil:
 		// Back soon: the owner may release the run in a moment.
 		_ = in.msg.NakWithDelay(busyDelay(in.msg, s.e.cfg.AckWait))

@@ -54,6 +54,9 @@ func (s *shard) onSubmit(ctx context.Context, rs *runState, in *inboxMsg) error 
 	if err != nil {
 		return err
 	}
+	if rs.run.OpenBatch() == nil {
+		s.e.clients.release(rs.id) // refused, or a repeat of a finalized batch: nothing in flight
+	}
 	if ev, ok := sole[*events.BatchRejected](evs); ok {
 		if err := s.flush(ctx, rs); err != nil {
 			return err

@@ -21,6 +21,9 @@ const (
 	CodeStepNotAfterLast Code = "step_not_after_last"
 	CodeBatchOpen        Code = "batch_open"
 	CodeRunEnded         Code = "run_ended"
+	// CodeThrottled: the submitting client is over its limit of runs in
+	// flight or of submissions per second; nothing was recorded.
+	CodeThrottled Code = "throttled"
 )
 
 // Refusal codes of a resume or control message (they also use undecodable,

@@ -46,6 +46,7 @@ const (
 	TokEngineID      = "{engine_id}"
 	TokAction        = "{action}"
 	TokCorrelationID = "{correlation_id}"
+	TokClient        = "{client}"
 )
 
 // Family is one family of subjects of the public interface: the tokens that
@@ -61,8 +62,12 @@ type Family struct {
 
 // The subject families.
 var (
-	EventsFamily   = Family{"events", []string{"events", TokRunID}, StreamEvents}
-	SubmitFamily   = Family{"submit", []string{"submit", TokRunID}, StreamInbox}
+	EventsFamily = Family{"events", []string{"events", TokRunID}, StreamEvents}
+	SubmitFamily = Family{"submit", []string{"submit", TokRunID}, StreamInbox}
+	// SubmitAsFamily is a submission attributed to a client (the public
+	// nkey of its NATS user, which permissions bind it to): the engine's
+	// per-client limits count it under that client.
+	SubmitAsFamily = Family{"submit_as", []string{"submit", TokRunID, TokClient}, StreamInbox}
 	ResumeFamily   = Family{"resume", []string{"resume", TokRunID}, StreamInbox}
 	ResumeAsFamily = Family{"resume_as", []string{"resume", TokRunID, TokPrincipal}, StreamInbox}
 	ControlFamily  = Family{"control", []string{"control", TokRunID}, StreamInbox}
@@ -83,7 +88,7 @@ var (
 )
 
 // Families lists every subject family, in the order of docs/protocol.md.
-var Families = []Family{EventsFamily, SubmitFamily, ResumeFamily, ResumeAsFamily, ControlFamily, ResultFamily, DispatchFamily, OutFamily,
+var Families = []Family{EventsFamily, SubmitFamily, SubmitAsFamily, ResumeFamily, ResumeAsFamily, ControlFamily, ResultFamily, DispatchFamily, OutFamily,
 	TimerAtFamily, TimerFireFamily, ClaimFamily, HeartbeatFamily, GateFamily, BrainFamily, DelegateFamily, ForwardFamily}
 
 // Out kinds: the last token of an out subject.
@@ -224,15 +229,18 @@ func (n Names) WorkersBucket() string  { return n.BucketName(BucketWorkers) }
 func (n Names) OwnersBucket() string   { return n.BucketName(BucketOwners) }
 
 // Subjects of the families, by name.
-func (n Names) Events(runID string) string    { return n.Subject(EventsFamily, runID) }
-func (n Names) Submit(runID string) string    { return n.Subject(SubmitFamily, runID) }
-func (n Names) Resume(runID string) string    { return n.Subject(ResumeFamily, runID) }
-func (n Names) Control(runID string) string   { return n.Subject(ControlFamily, runID) }
-func (n Names) Result(runID string) string    { return n.Subject(ResultFamily, runID) }
-func (n Names) Out(runID, kind string) string { return n.Subject(OutFamily, runID, kind) }
-func (n Names) Brain(toolID string) string    { return n.Subject(BrainFamily, toolID) }
-func (n Names) Gate() string                  { return n.Subject(GateFamily) }
-func (n Names) Delegate(toolID string) string { return n.Subject(DelegateFamily, toolID) }
+func (n Names) Events(runID string) string { return n.Subject(EventsFamily, runID) }
+func (n Names) Submit(runID string) string { return n.Subject(SubmitFamily, runID) }
+
+// SubmitAs is a submission attributed to client (its public nkey).
+func (n Names) SubmitAs(runID, client string) string { return n.Subject(SubmitAsFamily, runID, client) }
+func (n Names) Resume(runID string) string           { return n.Subject(ResumeFamily, runID) }
+func (n Names) Control(runID string) string          { return n.Subject(ControlFamily, runID) }
+func (n Names) Result(runID string) string           { return n.Subject(ResultFamily, runID) }
+func (n Names) Out(runID, kind string) string        { return n.Subject(OutFamily, runID, kind) }
+func (n Names) Brain(toolID string) string           { return n.Subject(BrainFamily, toolID) }
+func (n Names) Gate() string                         { return n.Subject(GateFamily) }
+func (n Names) Delegate(toolID string) string        { return n.Subject(DelegateFamily, toolID) }
 func (n Names) Dispatch(pool, toolID string) string {
 	return n.Subject(DispatchFamily, pool, toolID)
 }
@@ -280,13 +288,14 @@ const (
 )
 
 // InboxKind splits a subject the engine consumes (the inbox families and
-// TimerFire) into its kind, run id and principal (resume only). ok is false
+// TimerFire) into its kind, run id and who it names: the principal of an
+// attributed resume, the client of an attributed submission. ok is false
 // when the subject cannot be attributed to a run.
 func (n Names) InboxKind(subject string) (kind, runID, principal string, ok bool) {
 	for _, k := range []struct {
 		f    Family
 		kind string
-	}{{SubmitFamily, KindSubmit}, {ResumeFamily, KindResume}, {ResumeAsFamily, KindResume}, {ControlFamily, KindControl},
+	}{{SubmitFamily, KindSubmit}, {SubmitAsFamily, KindSubmit}, {ResumeFamily, KindResume}, {ResumeAsFamily, KindResume}, {ControlFamily, KindControl},
 		{ResultFamily, KindResult}, {TimerFireFamily, KindTimer}} {
 		if vals, ok := n.Match(k.f, subject); ok {
 			if len(vals) == 2 {

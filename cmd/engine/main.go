@@ -29,6 +29,8 @@ type options struct {
 	conn                                        access.Conn
 	replicas, cacheRuns                         int
 	cacheBytes                                  int64
+	clientMaxRuns, clientBurst                  int
+	clientRate                                  float64
 	limits                                      events.Limits
 	logFormat, logLevel                         string
 	outMaxAge, ackWait, lease                   time.Duration
@@ -64,6 +66,9 @@ func run(args []string, stderr io.Writer) error {
 	fs.IntVar(&o.limits.MaxOutputBytes, "max-output-bytes", o.limits.MaxOutputBytes, "bytes of one call's output (canonical JSON)")
 	fs.IntVar(&o.limits.MaxSubmitBytes, "max-submit-bytes", o.limits.MaxSubmitBytes, "bytes of one submission as it arrives")
 	fs.IntVar(&o.limits.MaxBlockBytes, "max-block-bytes", o.limits.MaxBlockBytes, "bytes of one content block of a submission (text included)")
+	fs.IntVar(&o.clientMaxRuns, "client-max-runs", engine.DefaultClientMaxRuns, "runs one client may have in flight (-1: no limit)")
+	fs.Float64Var(&o.clientRate, "client-submit-rate", engine.DefaultClientSubmitRate, "submissions per second one client may make (-1: no limit)")
+	fs.IntVar(&o.clientBurst, "client-submit-burst", engine.DefaultClientSubmitBurst, "submissions one client may make at once, above its rate")
 	fs.Int64Var(&o.cacheBytes, "cache-bytes", engine.DefaultCacheBytes, "bytes of runs' commits whose folded state is kept in memory (as --cache-runs, by size)")
 	fs.BoolVar(&o.syncAlways, "sync-always", false, "embedded server: fsync every write (slower; survives power loss)")
 	fs.StringVar(&o.auth, "auth", "", "embedded server: users and roles (toolbatch auth create); every connection authenticates (SIGHUP reloads it)")
@@ -93,7 +98,8 @@ func run(args []string, stderr io.Writer) error {
 			return err
 		}
 	}
-	cfg := engine.Config{Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Lease: o.lease, CacheRuns: o.cacheRuns, CacheBytes: o.cacheBytes, Limits: o.limits, Catalog: cat, Logger: log}
+	cfg := engine.Config{Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Lease: o.lease, CacheRuns: o.cacheRuns, CacheBytes: o.cacheBytes, Limits: o.limits,
+		ClientMaxRuns: o.clientMaxRuns, ClientSubmitRate: o.clientRate, ClientSubmitBurst: o.clientBurst, Catalog: cat, Logger: log}
 
 	url := o.natsURL
 	connOpts := []nats.Option{nats.Name("toolbatch-engine"), nats.MaxReconnects(-1)}

@@ -151,7 +151,11 @@ func TestSecuredDeployment(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c1, err := client.New(connect("c1"))
+	c1key, err := access.Conn{Creds: creds("c1")}.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1, err := client.New(connect("c1"), client.WithSubmitter(c1key))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -130,7 +130,16 @@ func (c *common) connect() (*nats.Conn, *client.Client, error) {
 	if err != nil {
 		return nil, nil, failf("connect to %s: %v", c.natsURL, err)
 	}
-	cl, err := client.New(nc, client.WithPrefix(c.prefix))
+	key, err := c.conn.PublicKey()
+	if err != nil {
+		nc.Close()
+		return nil, nil, usageErrorf("%v", err)
+	}
+	opts := []client.Option{client.WithPrefix(c.prefix)}
+	if key != "" {
+		opts = append(opts, client.WithSubmitter(key)) // a client user submits as itself
+	}
+	cl, err := client.New(nc, opts...)
 	if err != nil {
 		nc.Close()
 		return nil, nil, usageErrorf("%v", err)
