@@ -653,6 +653,8 @@ func symbol(b []byte) (string, bool) {
 		return "step_not_after_last", true
 	case "thread":
 		return "thread", true
+	case "throttled":
+		return "throttled", true
 	case "tool":
 		return "tool", true
 	case "tool_result":
