@@ -90,6 +90,18 @@ func (f *File) Find(name string) (User, bool) {
 	return f.Users[i], true
 }
 
+// WorkerPools returns each worker user's pools, by public nkey: what an
+// engine checks a claim's claimer against.
+func (f *File) WorkerPools() map[string][]string {
+	m := map[string][]string{}
+	for _, u := range f.Users {
+		if u.Role == RoleWorker {
+			m[u.NKey] = u.Pools
+		}
+	}
+	return m
+}
+
 // Remove removes the user named name and reports whether there was one.
 func (f *File) Remove(name string) bool {
 	n := len(f.Users)

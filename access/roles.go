@@ -72,6 +72,25 @@ type Layout struct {
 // another's replies (a claim's token, a granted job).
 func InboxPrefix(nkey string) string { return "_INBOX_" + nkey }
 
+// InboxOwner returns the public nkey whose inbox subject is (ok false for
+// a subject outside every user's inbox).
+func InboxOwner(subject string) (nkey string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, "_INBOX_")
+	if !ok {
+		return "", false
+	}
+	nkey, _, ok = strings.Cut(rest, ".")
+	return nkey, ok && validNKey(nkey)
+}
+
+// IsInbox reports whether subject is a reply inbox: a user's own
+// (_INBOX_<nkey>.) or the NATS clients' default (_INBOX.). The engine
+// answers requests there only, never on a subject a request names as its
+// reply to have the engine publish into a stream.
+func IsInbox(subject string) bool {
+	return strings.HasPrefix(subject, "_INBOX.") || strings.HasPrefix(subject, "_INBOX_")
+}
+
 // Permissions computes u's permission set. It is the one place where a
 // role becomes subjects: every subject comes from the families of package
 // protocol.

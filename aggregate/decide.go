@@ -410,6 +410,9 @@ func (d *decider) completeAttempt(cp Complete, fromWorker bool) error {
 		return err
 	}
 	unavailable := cp.Error != nil && cp.Error.Kind == events.ErrorUnavailableBeforeDispatch
+	if fromWorker && c.Tool.Target != events.TargetSandbox {
+		return ErrNotSandbox // a worker's result for a call no worker runs
+	}
 	if c.Tool.Target == events.TargetSandbox {
 		switch {
 		case c.Claim == nil && unavailable && cp.ClaimToken == "" && !fromWorker:

@@ -138,7 +138,8 @@ func deploy(t *testing.T, mode string) *deployment {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	eng, err := engine.New(nc, engine.Config{Catalog: cat})
+	pools := f.WorkerPools() // as cmd/engine does with --auth
+	eng, err := engine.New(nc, engine.Config{Catalog: cat, WorkerPools: func(k string) []string { return pools[k] }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -392,10 +393,73 @@ func permissionMatrix(t *testing.T, d *deployment) {
 		return err
 	}))
 
+	// A sandbox call is granted only to a worker of its pool: w2 (pool
+	// gpu) is refused the claim of a default-pool call, w1 gets it with
+	// the job, and its result completes the call.
+	if err := cl.Submit(ctx, submitOf("rs", "build", `{"target":"all"}`)); err != nil {
+		t.Fatal(err)
+	}
+	claim := func(c *conn, worker string) protocol.ClaimReply {
+		t.Helper()
+		body, _ := events.Marshal(protocol.ClaimRequest{OperationID: "rs/1/c1", Attempt: 1, WorkerID: worker})
+		for {
+			m, err := c.nc.RequestWithContext(ctx, n.Claim(), body)
+			if err != nil {
+				t.Fatalf("claim as %s: %v", worker, err)
+			}
+			var r protocol.ClaimReply
+			if err := events.Unmarshal(m.Data, &r); err != nil {
+				t.Fatal(err)
+			}
+			if r.Reason != "the batch is not open" && r.Reason != "aggregate: the call is not executing" && r.Reason != protocol.ReasonBusy {
+				return r
+			}
+			select { // the call is not dispatched yet
+			case <-ctx.Done():
+				t.Fatalf("claim as %s: %+v", worker, r)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	w2 := d.connect(t, "w2")
+	if r := claim(w2, "w2"); r.Granted || !strings.Contains(r.Reason, "not a worker of pool default") {
+		t.Fatalf("a gpu worker claiming a default-pool call: %+v", r)
+	}
+	g := claim(w1, "w1")
+	if !g.Granted || g.Job == nil || string(g.Job.Arguments) != `{"target":"all"}` {
+		t.Fatalf("the pool's worker claiming: %+v", g)
+	}
+	out := events.TextOutput("c1", "built")
+	body, _ := events.Marshal(protocol.Result{OperationID: "rs/1/c1", Attempt: 1, ClaimToken: g.ClaimToken, Output: &out})
+	if _, err := w1.js.Publish(ctx, n.Result("rs"), body); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.WaitResults(ctx, "rs", "rs/1"); err != nil {
+		t.Fatal(err)
+	}
+
 	// Let the engine settle what the allowed operations asked (the result
 	// of nobody's call is terminated), then take the snapshot.
 	waitQuiet(t, ctx, d, adm)
 	before := d.snapshot(t, adm)
+
+	// Writes that permissions cannot stop, which must change nothing: a
+	// request naming a stream's subject as its reply (the engine answers
+	// on inboxes only), and a worker's advertisement carrying a rollup
+	// header (the workers bucket takes none). A request after the first
+	// on the same subject is answered after it.
+	if err := w1.nc.PublishRequest(n.Claim(), n.Events("r1"), []byte("junk")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w1.nc.RequestWithContext(ctx, n.Claim(), []byte("junk")); err != nil {
+		t.Fatalf("the engine answers an inbox: %v", err)
+	}
+	rollup := nats.NewMsg(n.KVSubject(protocol.BucketWorkers, protocol.WorkerKey("default", "build", "w1")))
+	rollup.Data = []byte("replay_safe")
+	rollup.Header.Set("Nats-Rollup", "all")
+	if _, err := w1.js.PublishMsg(ctx, rollup); err == nil {
+		t.Fatal("a rollup on the workers bucket was stored")
+	}
 
 	w2key := d.keys["w2"]
 	type row struct {

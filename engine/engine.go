@@ -65,6 +65,10 @@ type Config struct {
 	ClientMaxRuns     int
 	ClientSubmitRate  float64
 	ClientSubmitBurst int
+	// WorkerPools, when not nil, gives the pools of a worker user by its
+	// public nkey (from the auth file): a claim is granted only when its
+	// reply inbox is a worker's of the call's pool.
+	WorkerPools func(nkey string) []string
 	// Catalog is the operator's catalog (default catalog.Default()).
 	Catalog *catalog.Catalog
 	// Limits bound submissions and outputs (default events.DefaultLimits()).

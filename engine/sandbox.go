@@ -3,13 +3,16 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbatch/toolbatch/access"
 	"github.com/toolbatch/toolbatch/aggregate"
+	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/protocol"
 )
@@ -163,7 +166,13 @@ func decodeHeartbeat(m *nats.Msg) (work, string, error) {
 	return hr, hr.body.OperationID, err
 }
 
+// respond answers a worker's request on its reply inbox, and nowhere
+// else: a request naming a stream's subject as its reply would otherwise
+// have the engine, which may write every stream, publish into it.
 func respond(m *nats.Msg, r protocol.ClaimReply) {
+	if !access.IsInbox(m.Reply) {
+		return
+	}
 	body, err := events.Marshal(r)
 	if err == nil {
 		_ = m.Respond(body)
@@ -187,6 +196,10 @@ func (s *shard) onClaim(ctx context.Context, rs *runState, cr *claimReq) error {
 		respond(cr.req, protocol.ClaimReply{Reason: "the batch is not open"})
 		return nil
 	}
+	if err := s.e.claimerMayRun(cr.req.Reply, rs, callID); err != nil {
+		respond(cr.req, protocol.ClaimReply{Reason: err.Error()})
+		return nil
+	}
 	leaseMS := s.e.cfg.Lease.Milliseconds()
 	token := newID()
 	_, err := s.decideNow(ctx, rs, aggregate.Claim{CallID: callID, Attempt: req.Attempt, WorkerID: req.WorkerID, Token: token, LeaseMS: leaseMS, At: s.e.cfg.Now()})
@@ -202,6 +215,28 @@ func (s *shard) onClaim(ctx context.Context, rs *runState, cr *claimReq) error {
 	c, _ := rs.run.OpenBatch().Call(callID)
 	respond(cr.req, protocol.ClaimReply{Granted: true, ClaimToken: token, LeaseMS: leaseMS, Job: &protocol.Dispatch{
 		BatchID: batchID, RunID: rs.id, CallID: callID, ToolID: c.ToolID, Arguments: c.Arguments, Attempt: req.Attempt, OperationID: req.OperationID}})
+	return nil
+}
+
+// claimerMayRun refuses a claim from a worker that does not serve the
+// call's pool, when the engine knows the workers' users (Config.WorkerPools):
+// the claimer is the user whose inbox the grant would reach.
+func (e *Engine) claimerMayRun(reply string, rs *runState, callID string) error {
+	if e.cfg.WorkerPools == nil {
+		return nil
+	}
+	c, _ := rs.run.OpenBatch().Call(callID)
+	if c == nil {
+		return nil // the aggregate refuses it
+	}
+	pool := c.Tool.Pool
+	if pool == "" {
+		pool = catalog.DefaultPool
+	}
+	nkey, ok := access.InboxOwner(reply)
+	if !ok || !slices.Contains(e.cfg.WorkerPools(nkey), pool) {
+		return fmt.Errorf("the claimer is not a worker of pool %s", pool)
+	}
 	return nil
 }
 

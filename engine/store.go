@@ -92,11 +92,40 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 		{Bucket: n.RegistryBucket(), Description: "toolbatch live executor registry: recovery capabilities"},
 	} {
 		kv.Storage, kv.Replicas = jetstream.FileStorage, sc.Replicas
+		if sealed(n, kv.Bucket) {
+			// Made once: an update would undo the purge refusal below,
+			// which JetStream then refuses to cancel.
+			if _, err := js.KeyValue(ctx, kv.Bucket); err == nil {
+				continue
+			}
+		}
 		if _, err := js.CreateOrUpdateKeyValue(ctx, kv); err != nil {
 			return fmt.Errorf("create bucket %s: %w", kv.Bucket, err)
 		}
 	}
+	// Workers and brain services write their own keys of these two
+	// buckets: a rollup header on one of their writes would purge every
+	// other key, so the buckets take none (their keys are deleted with
+	// delete markers, which need no rollup).
+	for _, b := range []string{n.WorkersBucket(), n.RegistryBucket()} {
+		s, err := js.Stream(ctx, "KV_"+b)
+		if err != nil {
+			return fmt.Errorf("bucket %s: %w", b, err)
+		}
+		cfg := s.CachedInfo().Config
+		if cfg.AllowRollup || !cfg.DenyPurge {
+			cfg.AllowRollup, cfg.DenyPurge = false, true
+			if _, err := js.UpdateStream(ctx, cfg); err != nil {
+				return fmt.Errorf("bucket %s: refuse rollups: %w", b, err)
+			}
+		}
+	}
 	return nil
+}
+
+// sealed reports whether bucket is one of those that take no rollup.
+func sealed(n protocol.Names, bucket string) bool {
+	return bucket == n.WorkersBucket() || bucket == n.RegistryBucket()
 }
 
 // log reads and appends a run's events.

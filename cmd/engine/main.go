@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -101,6 +102,13 @@ func run(args []string, stderr io.Writer) error {
 	cfg := engine.Config{Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Lease: o.lease, CacheRuns: o.cacheRuns, CacheBytes: o.cacheBytes, Limits: o.limits,
 		ClientMaxRuns: o.clientMaxRuns, ClientSubmitRate: o.clientRate, ClientSubmitBurst: o.clientBurst, Catalog: cat, Logger: log}
 
+	var workers workerPools
+	if o.auth != "" {
+		if err := workers.load(o.auth); err != nil {
+			return err
+		}
+		cfg.WorkerPools = workers.of
+	}
 	url := o.natsURL
 	connOpts := []nats.Option{nats.Name("toolbatch-engine"), nats.MaxReconnects(-1)}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -116,15 +124,20 @@ func run(args []string, stderr io.Writer) error {
 			return err
 		}
 		defer srv.Stop()
-		go reloadOnHangup(ctx, srv, log)
+		go reloadOnHangup(ctx, log, srv.Reload, func() error { return workers.load(o.auth) })
 		log.Info().Str("url", srv.ClientURL()).Str("store", o.store).Bool("auth", o.auth != "").Bool("tls", o.tlsCert != "").Msg("embedded NATS server ready")
 		// The engine itself talks to its server in process, without a
 		// socket: about half the CPU per message of a loopback connection.
 		url = "in-process"
 		connOpts = append(connOpts, srv.EngineOptions()...)
 	} else {
-		if o.auth != "" || o.tlsCert != "" || o.tlsClientCA != "" {
-			return errors.New("--auth and --tls-cert configure the embedded server: with --nats-url, give --creds (and --tls-ca)")
+		if o.tlsCert != "" || o.tlsClientCA != "" {
+			return errors.New("--tls-cert and --tls-client-ca configure the embedded server: with --nats-url, give --creds (and --tls-ca)")
+		}
+		if o.auth != "" {
+			// Your server authenticates; the engine reads the file for the
+			// workers' pools (claims), and again on SIGHUP.
+			go reloadOnHangup(ctx, log, func() error { return workers.load(o.auth) })
 		}
 		opts, err := o.conn.Options()
 		if err != nil {
@@ -144,9 +157,10 @@ func run(args []string, stderr io.Writer) error {
 	return eng.Run(ctx)
 }
 
-// reloadOnHangup reloads the auth file on every SIGHUP: new users may
-// connect, revoked users' connections are closed.
-func reloadOnHangup(ctx context.Context, srv *embedded.Server, log zerolog.Logger) {
+// reloadOnHangup runs every reload on each SIGHUP: the embedded server's
+// users (new users may connect, revoked users' connections are closed) and
+// the workers' pools the engine checks claims against.
+func reloadOnHangup(ctx context.Context, log zerolog.Logger, reloads ...func() error) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -155,13 +169,39 @@ func reloadOnHangup(ctx context.Context, srv *embedded.Server, log zerolog.Logge
 		case <-ctx.Done():
 			return
 		case <-hup:
-			if err := srv.Reload(); err != nil {
+			var errs []error
+			for _, r := range reloads {
+				errs = append(errs, r())
+			}
+			if err := errors.Join(errs...); err != nil {
 				log.Error().Err(err).Msg("auth file not reloaded: the previous users stay")
 			} else {
 				log.Info().Msg("auth file reloaded")
 			}
 		}
 	}
+}
+
+// workerPools are the pools of each worker user of the auth file.
+type workerPools struct {
+	m atomic.Pointer[map[string][]string]
+}
+
+func (w *workerPools) load(path string) error {
+	f, err := access.LoadFile(path)
+	if err != nil {
+		return err
+	}
+	m := f.WorkerPools()
+	w.m.Store(&m)
+	return nil
+}
+
+func (w *workerPools) of(nkey string) []string {
+	if m := w.m.Load(); m != nil {
+		return (*m)[nkey]
+	}
+	return nil
 }
 
 func logger(format, level string, w io.Writer) (zerolog.Logger, error) {
