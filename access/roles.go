@@ -157,6 +157,12 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 		p.AllowResponses = true
 	case RoleAuditor:
 		pub(reader(n.EventsStream())...)
+		// the engines' own durable on the events stream is theirs alone
+		p.Publish.Deny = append(p.Publish.Deny,
+			"$JS.API.CONSUMER.CREATE."+n.EventsStream()+"."+protocol.ConsumerProjector,
+			"$JS.API.CONSUMER.CREATE."+n.EventsStream()+"."+protocol.ConsumerProjector+".>",
+			"$JS.API.CONSUMER.DURABLE.CREATE."+n.EventsStream()+"."+protocol.ConsumerProjector,
+			consumerAPI("DELETE", n.EventsStream(), protocol.ConsumerProjector))
 		pub(reader(n.OutStream())...)
 		cat := kvStream(n, protocol.BucketCatalogs)
 		pub(streamInfo(cat), "$JS.API.DIRECT.GET."+cat+".>", "$JS.API.STREAM.MSG.GET."+cat)

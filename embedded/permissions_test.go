@@ -568,6 +568,17 @@ func permissionMatrix(t *testing.T, d *deployment) {
 				return err
 			})
 		}},
+		{"aud", "delete the projector's consumer", func(c *conn) op {
+			return do(func(ctx context.Context) error {
+				return c.js.DeleteConsumer(ctx, n.EventsStream(), protocol.ConsumerProjector)
+			})
+		}},
+		{"aud", "replace the projector's consumer", func(c *conn) op {
+			return do(func(ctx context.Context) error {
+				_, err := c.js.CreateOrUpdateConsumer(ctx, n.EventsStream(), jetstream.ConsumerConfig{Durable: protocol.ConsumerProjector, FilterSubject: n.Events("r1")})
+				return err
+			})
+		}},
 		{"aud", "write the state bucket", func(c *conn) op { return kvPut(c, n.StateBucket(), "shared.budget") }},
 	}...)
 	// Every forbidden operation at once, each on its own connection (a

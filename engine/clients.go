@@ -15,7 +15,13 @@ import (
 )
 
 // Per-client limits: one client's flood of submissions must not hold the
-// engine or delay the other clients' runs for long. A client is the NATS
+// engine or delay the other clients' runs for long. A run is in flight for
+// its client while this engine works on it: from its submission's
+// admission (or, for one another engine admitted, its batch's acceptance
+// here) until its batch is finalized, the run ends, or this engine gives
+// the run up (a run parked on a ticket is given up at once: it costs
+// nothing while it waits). Only a submission's first delivery is checked:
+// a redelivered one was admitted before. A client is the NATS
 // user of an attributed submission (<prefix>.submit.<run_id>.<client>,
 // which permissions bind to the user's public nkey), or else the run id's
 // prefix (up to its first '-' or '_'). Each client may have ClientMaxRuns
@@ -126,10 +132,24 @@ func (l *clientLimits) dropFull(now time.Time) {
 	}
 }
 
-// committed releases a run whose commit finalized its batch or ended it.
-func (l *clientLimits) committed(runID string, evs []events.Event) {
+// hold puts a run in flight for client (again): its batch was accepted
+// here, whichever engine admitted its submission.
+func (l *clientLimits) hold(runID, client string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.of[runID]; !ok {
+		l.of[runID] = client
+		l.runs[client]++
+	}
+}
+
+// committed counts what a run's commit changed: a batch accepted holds the
+// run in flight for client, a batch finalized or the run's end releases it.
+func (l *clientLimits) committed(runID, client string, evs []events.Event) {
 	for _, e := range evs {
 		switch e.(type) {
+		case *events.BatchSubmitted:
+			l.hold(runID, client)
 		case *events.BatchFinalized, *events.RunEnded:
 			l.release(runID)
 		}
@@ -140,6 +160,9 @@ func (l *clientLimits) committed(runID string, evs []events.Event) {
 // refusal on the run's rejected subject, naming the batch when the body
 // says its step, and terminates the message. It reports whether it did.
 func (e *Engine) throttle(m jetstream.Msg, runID, attributed string) bool {
+	if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
+		return false
+	}
 	err := e.clients.admit(clientOf(runID, attributed), runID, time.Now())
 	if err == nil {
 		return false

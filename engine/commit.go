@@ -85,7 +85,7 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 			}
 		}
 		rs.seq, rs.bytes = seq, rs.bytes+int64(size)
-		s.e.clients.committed(rs.id, evs)
+		s.e.clients.committed(rs.id, rs.client, evs)
 		rs.pending = rs.pending[n:]
 	}
 	rs.pending = nil

@@ -262,8 +262,14 @@ const PoolAckWait = 30 * time.Second
 // The engine creates them, not the workers: a worker may only bind to its
 // pools' consumers (docs/security.md).
 func (e *Engine) ensurePoolConsumers(ctx context.Context) error {
+	names := map[string]string{} // consumer -> pool/tool
 	for pool, tools := range e.cfg.Catalog.PoolTools() {
 		for _, tool := range tools {
+			name := protocol.PoolConsumer(pool, tool)
+			if other, ok := names[name]; ok {
+				return fmt.Errorf("pool %s tool %s and %s share the dispatch consumer %s: rename a pool or a tool", pool, tool, other, name)
+			}
+			names[name] = pool + "/" + tool
 			_, err := e.js.CreateOrUpdateConsumer(ctx, e.names.DispatchStream(), jetstream.ConsumerConfig{
 				Durable: protocol.PoolConsumer(pool, tool), FilterSubject: e.names.Dispatch(pool, tool),
 				AckPolicy: jetstream.AckExplicitPolicy, AckWait: PoolAckWait, MaxDeliver: -1,

@@ -63,9 +63,6 @@ func (e *Engine) serveForwards() (*nats.Subscription, error) {
 			_ = fm.TermWithReason("cannot be attributed to a run: subject " + subject)
 			return
 		}
-		if kind == protocol.KindSubmit && e.throttle(fm, runID, principal) {
-			return
-		}
 		e.shardOf(runID).post(item{runID: runID, work: &inboxMsg{msg: fm, kind: kind, principal: principal, forwarded: true}})
 	})
 }

@@ -93,6 +93,7 @@ func (s *shard) renew(ctx context.Context, rs *runState) {
 // are not acknowledged here (they come back to the owner), its executors'
 // outcomes are stale.
 func (s *shard) forget(rs *runState) {
+	s.e.clients.release(rs.id)
 	rs.owned, rs.loaded = false, false
 	rs.releasedRev, rs.idleSince = 0, time.Time{}
 	rs.held, rs.durableHeld, rs.pending = nil, 0, nil
@@ -156,6 +157,7 @@ func (s *shard) release(ctx context.Context, rs *runState) {
 		return
 	}
 	rs.owned, rs.idleSince = false, time.Time{}
+	s.e.clients.release(rs.id) // not this engine's work any more
 	m := nats.NewMsg(s.e.names.KVSubject(protocol.BucketOwners, protocol.OwnerKey(rs.id)))
 	m.Header.Set(kvOperation, kvOperationDelete)
 	ack, err := s.e.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rs.ownRev))

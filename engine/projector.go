@@ -31,6 +31,10 @@ type projectorRunner struct {
 	cons   jetstream.Consumer
 	out    jetstream.Stream
 	models map[string]*projected
+	// quarantined are the runs with a poison commit: projected no
+	// further, by this engine (another that leads later finds the same
+	// commit and quarantines it too).
+	quarantined map[string]bool
 }
 
 type projected struct {
@@ -64,7 +68,7 @@ func newProjectorRunner(ctx context.Context, e *Engine) (*projectorRunner, error
 	if err != nil {
 		return nil, err
 	}
-	return &projectorRunner{e: e, state: e.state, cons: cons, out: out, models: map[string]*projected{}}, nil
+	return &projectorRunner{e: e, state: e.state, cons: cons, out: out, models: map[string]*projected{}, quarantined: map[string]bool{}}, nil
 }
 
 // run projects while this engine leads the projection: one engine at a
@@ -181,6 +185,9 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 		p.e.log.Warn().Str(fieldSubject, m.Subject()).Msg("projector: a commit on a subject that names no run: terminated")
 		return m.TermWithReason("not a run's events subject: " + m.Subject())
 	}
+	if p.quarantined[runID] {
+		return poisoned(runID, "commit %d: the run has a commit that can never be projected before it", meta.Sequence.Stream)
+	}
 	pm := p.models[runID]
 	// Fold again unless the cached model holds exactly the commits before
 	// this one (several engines share the projector consumer, so another
@@ -254,6 +261,7 @@ func (p *projectorRunner) quarantine(m jetstream.Msg, poison *poisonError) {
 		seq = meta.Sequence.Stream
 	}
 	delete(p.models, poison.runID)
+	p.quarantined[poison.runID] = true
 	p.e.log.Error().Str(fieldRunID, poison.runID).Uint64(fieldStreamSeq, seq).Err(poison).
 		Msg("projector: a commit that can never be projected: skipped; this run gets no more out messages (replay audit reports it)")
 	_ = m.Ack()

@@ -129,9 +129,9 @@ func (e *Engine) serveWorkers() ([]*nats.Subscription, error) {
 			// Never block the subscription behind a full shard: a request
 			// that cannot be queued is answered busy at once (the worker
 			// gives the job back, or heartbeats again), so the
-			// subscription keeps up with any flood. An engine that sees
-			// another own the run stays silent: the owner answers.
-			if !e.shardOf(runID).tryPost(item{runID: runID, work: w}) && !e.ownedElsewhere(runID) {
+			// subscription keeps up with any flood. Only the run's owner
+			// says so: another engine may be about to answer.
+			if !e.shardOf(runID).tryPost(item{runID: runID, work: w}) && e.ownsRun(runID) {
 				respond(m, protocol.ClaimReply{Reason: protocol.ReasonBusy})
 			}
 		})
@@ -143,13 +143,13 @@ func (e *Engine) serveWorkers() ([]*nats.Subscription, error) {
 	return subs, nil
 }
 
-// ownedElsewhere reports whether the owners bucket names another engine
-// as the run's owner.
-func (e *Engine) ownedElsewhere(runID string) bool {
-	ctx, cancel := opCtx()
+// ownsRun reports whether the owners bucket names this engine as the
+// run's owner. It waits briefly: it runs in the request's callback.
+func (e *Engine) ownsRun(runID string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
 	defer cancel()
 	entry, err := e.ownersKV.Get(ctx, protocol.OwnerKey(runID))
-	return err == nil && string(entry.Value()) != e.id
+	return err == nil && string(entry.Value()) == e.id
 }
 
 // decodeClaim and decodeHeartbeat decode a worker's request into its work

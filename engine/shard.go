@@ -91,6 +91,7 @@ type runState struct {
 	run    *aggregate.Run
 	seq    uint64 // stream sequence of the run's last commit
 	bytes  int64  // bytes of the commits folded into run: what the cache counts it as
+	client string // the client of the last submission taken (per-client limits)
 	loaded bool
 	// held are inbox messages acknowledged once the run is quiescent, so
 	// that a crash before then redelivers them and the run is recovered.
@@ -293,12 +294,12 @@ func (s *shard) busy(it item, err error) {
 	}
 	var elsewhere ownedElsewhere
 	in, _ := it.work.(*inboxMsg)
+	if in != nil && in.kind == protocol.KindSubmit {
+		s.e.clients.release(it.runID) // handled elsewhere, or later: not in flight here
+	}
 	switch {
 	case in != nil && !in.forwarded && errors.As(err, &elsewhere) && s.e.forward(in.msg, elsewhere.owner):
 		// The owner handles it, and counts it against its client.
-		if in.kind == protocol.KindSubmit {
-			s.e.clients.release(it.runID)
-		}
 	case in != nil:
 		// Back soon: the owner may release the run in a moment.
 		_ = in.msg.NakWithDelay(busyDelay(in.msg, s.e.cfg.AckWait))

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -259,6 +260,7 @@ type proc struct {
 	initFD    int
 	info      chan struct{}
 	closeInit sync.Once
+	released  atomic.Bool
 	done      chan struct{} // closed once the process has exited and been waited for
 	pgid      int
 }
@@ -356,6 +358,10 @@ func (r *Runner) start(toolID string, argv, env []string, workdir string, extra 
 				return
 			}
 			p.initFD = fd
+			if p.released.Load() {
+				// released while bubblewrap was reporting: close it here
+				p.closeInit.Do(func() { _ = unix.Close(fd) })
+			}
 		}()
 	} else {
 		close(p.info)
@@ -379,6 +385,7 @@ func (p *proc) release() {
 	for _, f := range p.files {
 		_ = f.Close()
 	}
+	p.released.Store(true)
 	select {
 	case <-p.info:
 		p.closeInit.Do(func() {
@@ -411,9 +418,9 @@ func (p *proc) killInit() bool {
 	}
 	fds := []unix.PollFd{{Fd: int32(p.initFD), Events: unix.POLLIN}}
 	for {
-		_, err := unix.Poll(fds, int(killGrace/time.Millisecond))
+		n, err := unix.Poll(fds, int(killGrace/time.Millisecond))
 		if !errors.Is(err, unix.EINTR) {
-			return true
+			return err == nil && n > 0 // exited; not within killGrace: the caller goes on
 		}
 	}
 }

@@ -8,7 +8,7 @@ import (
 )
 
 // Whether the sandbox's user can reach the host paths a sandbox binds:
-// when the worker runs as root the tools run as DefaultSandboxUID, so a
+// when the worker runs as root each tool runs as a user of its own, so a
 // work root or a mount under a private directory (a TMPDIR of mode 0700,
 // /run/user/<uid>) would fail every call with bubblewrap's "Can't find
 // source path". The worker checks at start and says so in one line.

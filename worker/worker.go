@@ -168,9 +168,7 @@ func (w *Worker) Run(drain, abort context.Context) error {
 					}
 					continue
 				}
-				select {
-				case slots <- struct{}{}:
-				case <-drain.Done():
+				if !takeSlot(slots, drain, m) {
 					_ = m.Nak() // the drain began: give it back
 					return
 				}
@@ -231,6 +229,24 @@ loop:
 	}
 	w.log.Info().Msg("stopped")
 	return nil
+}
+
+// takeSlot waits for an execution slot while it keeps the job m in
+// progress (so that its redelivery does not start while it waits); false
+// when the drain begins first.
+func takeSlot(slots chan struct{}, drain context.Context, m jetstream.Msg) bool {
+	tick := time.NewTicker(10 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case slots <- struct{}{}:
+			return true
+		case <-drain.Done():
+			return false
+		case <-tick.C:
+			_ = m.InProgress()
+		}
+	}
 }
 
 // handle claims, runs and reports one job.
