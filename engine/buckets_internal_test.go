@@ -169,12 +169,16 @@ func TestStoredCatalogMustHashToItsID(t *testing.T) {
 }
 
 // TestClaimNeverBlocksBehindAFullShard: when a run's shard cannot take
-// more work, a claim is answered busy at once rather than held in the
-// subscription (where it would delay every later claim and heartbeat,
-// and let another answer overtake the engine's).
+// more work, a claim is answered busy at once by the run's owner rather
+// than held in the subscription (where it would delay every later claim
+// and heartbeat).
 func TestClaimNeverBlocksBehindAFullShard(t *testing.T) {
-	e, _ := setUpEngine(t)
+	e, ctx := setUpEngine(t)
 	nc := e.nc
+	// This engine owns the run: it is the one to say busy.
+	if _, err := e.ownersKV.Put(ctx, protocol.OwnerKey("flood"), []byte(e.id)); err != nil {
+		t.Fatal(err)
+	}
 	subs, err := e.serveWorkers() // the shards' loops are not running: nothing drains them
 	if err != nil {
 		t.Fatal(err)
