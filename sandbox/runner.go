@@ -251,6 +251,7 @@ func NewRunner(cfg Config, opts ...Option) (*Runner, error) {
 	}
 	if r.cfg.Isolation == IsolationBubblewrap {
 		if err := r.pinMounts(); err != nil {
+			r.closePinned()
 			return nil, err
 		}
 	}
@@ -268,9 +269,11 @@ func NewRunner(cfg Config, opts ...Option) (*Runner, error) {
 		return r, nil
 	}
 	if err := r.findBubblewrap(); err != nil {
+		r.closePinned()
 		return nil, err
 	}
 	if err := r.startPools(); err != nil {
+		r.closePinned()
 		return nil, err
 	}
 	// Stats counts the calls of Run, not the trials.
@@ -324,6 +327,15 @@ func (r *Runner) pinMounts() error {
 		}
 	}
 	return nil
+}
+
+// closePinned closes the pinned mounts (a Runner that could not start).
+func (r *Runner) closePinned() {
+	for _, files := range r.pinned {
+		for _, f := range files {
+			_ = f.Close()
+		}
+	}
 }
 
 // checkReach refuses a work root or a mount the sandbox's user cannot
