@@ -79,20 +79,33 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 // renew keeps the run's key alive; a key another engine took means this
 // engine lost the run: it forgets its work on it (the new owner recovers
 // it).
+//
+// Only a definite answer loses the run: the key's revision moved on
+// (another engine took it, or it expired and was taken). A timeout or an
+// unreachable server (a leader election, say) keeps it: the next renewal
+// tries again, and if the key did expire meanwhile, that one is answered
+// definitely.
 func (s *shard) renew(ctx context.Context, rs *runState) {
 	rev, err := s.e.ownersKV.Update(ctx, protocol.OwnerKey(rs.id), []byte(s.e.id), rs.ownRev)
-	if err != nil {
+	switch {
+	case err == nil:
+		rs.ownRev = rev
+	case isWrongLastSequence(err) || errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
 		s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("lost the run to another engine")
 		s.forget(rs)
-		return
+	default:
+		s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("could not renew the run's owner key; still holding it, trying again")
 	}
-	rs.ownRev = rev
 }
 
-// forget drops this engine's hold on a run it no longer owns: its messages
-// are not acknowledged here (they come back to the owner), its executors'
-// outcomes are stale.
+// forget drops this engine's hold on a run it no longer owns: its held
+// messages are given back at once (not acknowledged here: they go to the
+// owner now, without waiting out their ack wait), its executors' outcomes
+// are stale.
 func (s *shard) forget(rs *runState) {
+	for _, m := range rs.held {
+		_ = m.Nak()
+	}
 	s.e.clients.release(rs.id)
 	rs.owned, rs.loaded = false, false
 	rs.releasedRev, rs.idleSince = 0, time.Time{}
