@@ -83,17 +83,7 @@ func (s *shard) startExecutors(runCtx context.Context, rs *runState, callIDs []s
 		go func() {
 			defer s.e.wg.Done()
 			if inv.tool.Target == events.TargetSandbox {
-				ctx, cancel := opCtx()
-				defer cancel()
-				if err := s.e.dispatch(ctx, inv); err != nil {
-					// Not known to be queued: as good as never dispatched. A
-					// worker that claims it anyway is refused, since the
-					// attempt moves on.
-					s.e.log.Warn().Str(fieldRunID, inv.runID).Str(fieldCallID, inv.callID).Err(err).Msg("dispatch failed")
-					o := outcome{callID: inv.callID, attempt: inv.attempt,
-						err: &events.ToolError{Kind: events.ErrorUnavailableBeforeDispatch, Message: "dispatch failed: " + err.Error()}}
-					s.postCtx(runCtx, item{runID: inv.runID, work: &o})
-				}
+				s.e.dispatchUntil(runCtx, inv, s.e.dispatchDeadline(inv.toolID))
 				return
 			}
 			s.e.running.Add(1)

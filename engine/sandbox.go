@@ -80,6 +80,31 @@ func (e *Engine) dispatch(ctx context.Context, inv invocation) error {
 	return nil
 }
 
+// dispatchUntil publishes an attempt's job, retrying (under the same
+// message id, so a publish that did land is not doubled) through a
+// server's passing failure, such as a leader election, until it lands or
+// the attempt's dispatch deadline passes: then the deadline's watch
+// completes the attempt unavailable_before_dispatch, as for an attempt
+// nobody claimed. A failed publish spends no attempt by itself.
+func (e *Engine) dispatchUntil(runCtx context.Context, inv invocation, deadline time.Duration) {
+	ctx, cancel := context.WithTimeout(runCtx, deadline)
+	defer cancel()
+	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+		err := e.dispatch(pctx, inv)
+		pcancel()
+		if err == nil {
+			return
+		}
+		e.log.Warn().Str(fieldRunID, inv.runID).Str(fieldCallID, inv.callID).Err(err).Msg("dispatch failed; retrying until its dispatch deadline")
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+	}
+}
+
 // dispatchDeadline is how long a sandbox tool's attempt may wait for a
 // claim.
 func (e *Engine) dispatchDeadline(toolID string) time.Duration {

@@ -1,16 +1,21 @@
 package engine_test
 
 import (
+	"context"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/testnats"
+	"github.com/toolbatch/toolbatch/internal/testwait"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -146,5 +151,96 @@ tools:
 	want := "[BatchSubmitted CallGated CallExecuting CallClaimed CallExecuting CallClaimed ResultRefused CallCompleted BatchFinalized]"
 	if fmt.Sprint(log) != want {
 		t.Fatalf("events\n got %v\nwant %s", log, want)
+	}
+}
+
+// lockedBuffer is a log the engine writes while the test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestDispatchRetriesThroughAServerFailure: a dispatch publish that fails
+// (here the dispatch stream is gone for a while, as it is unreachable
+// during an election) spends no attempt: the engine publishes again until
+// the stream takes it, a worker claims it, and the call completes with the
+// worker's output, although its tool has a single attempt.
+func TestDispatchRetriesThroughAServerFailure(t *testing.T) {
+	cat := mustCatalog(t, `
+tools:
+  - {id: build, target: sandbox, recovery: {mode: replay_safe, max_attempts: 1}, dispatch_deadline: 20s}
+`)
+	url := testnats.Start(t, t.TempDir())
+	nc := testnats.Connect(t, url)
+	js := testnats.JetStream(t, nc)
+	ctx := ctxT(t, 60*time.Second)
+	var logs lockedBuffer
+	eng, err := engine.New(testnats.Connect(t, url), engine.Config{Catalog: cat, Logger: zerolog.New(&logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- eng.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	<-eng.Ready()
+	putKey(t, ctx, js, "TOOLBATCH_WORKERS", "sandbox.default.build.w", "replay_safe")
+	if err := js.DeleteStream(ctx, "TOOLBATCH_DISPATCH"); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, url)
+	if err := c.Submit(ctx, submitOf("rd", 1, "build", `{"x":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, ctx, "a dispatch failed", func() bool { return strings.Contains(logs.String(), "dispatch failed") })
+	// The stream is back (the engine's own setup), with the pool's consumer.
+	if err := engine.EnsureStreams(ctx, js, eng.Names(), engine.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, "TOOLBATCH_DISPATCH", jetstream.ConsumerConfig{Durable: protocol.PoolConsumer("default", "build"),
+		FilterSubject: "toolbatch.dispatch.default.build", AckPolicy: jetstream.AckExplicitPolicy, AckWait: engine.PoolAckWait, MaxDeliver: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := cons.Next(jetstream.FetchMaxWait(20 * time.Second))
+	if err != nil {
+		t.Fatalf("the retried dispatch: %v", err)
+	}
+	var d protocol.Dispatch
+	if err := events.Unmarshal(m.Data(), &d); err != nil {
+		t.Fatal(err)
+	}
+	body, _ := events.Marshal(protocol.ClaimRequest{OperationID: d.OperationID, Attempt: d.Attempt, WorkerID: "w"})
+	reply, err := nc.Request("toolbatch.api.claim", body, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g protocol.ClaimReply
+	if err := events.Unmarshal(reply.Data, &g); err != nil || !g.Granted {
+		t.Fatalf("claim: %+v %v", g, err)
+	}
+	o := events.TextOutput(d.CallID, "built")
+	body, _ = events.Marshal(protocol.Result{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: g.ClaimToken, Output: &o})
+	if _, err := js.Publish(ctx, "toolbatch.result.rd", body); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.WaitResults(ctx, "rd", "rd/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(resultTexts(res)); got != `[c1=ok "built"]` {
+		t.Fatalf("results: %s", got)
 	}
 }
