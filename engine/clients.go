@@ -15,21 +15,22 @@ import (
 )
 
 // Per-client limits: one client's flood of submissions must not hold the
-// engine or delay the other clients' runs for long. A run is in flight for
-// its client while this engine works on it: from its submission's
-// admission (or, for one another engine admitted, its batch's acceptance
-// here) until its batch is finalized, the run ends, or this engine gives
-// the run up (a run parked on a ticket is given up at once: it costs
-// nothing while it waits). Only a submission's first delivery is checked:
-// a redelivered one was admitted before. A client is the NATS
+// engine or delay the other clients' runs for long. A client is the NATS
 // user of an attributed submission (<prefix>.submit.<run_id>.<client>,
 // which permissions bind to the user's public nkey), or else the run id's
 // prefix (up to its first '-' or '_'). Each client may have ClientMaxRuns
-// runs in flight (a batch accepted and not finalized, parked ones
-// included) and submit at ClientSubmitRate per second (bursts of
+// runs in flight and submit at ClientSubmitRate per second (bursts of
 // ClientSubmitBurst). A submission over either is refused before any run
 // work, with code throttled on the run's rejected subject, and nothing is
 // recorded: a flood costs one check and one out message each.
+//
+// A run is in flight for its client while this engine works on it: from
+// its submission's admission (or, for one another engine admitted, its
+// batch's acceptance here) until its batch is finalized, the run ends, or
+// this engine gives the run up (a run parked on a ticket is given up at
+// once: it costs nothing while it waits, and is not counted). Only a
+// submission's first delivery is checked: a redelivered one was admitted
+// before.
 //
 // The counts are this engine's: with several engines, each holds its
 // share (a client's runs spread over the engines that own them), and a
