@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -92,7 +93,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 		{Bucket: n.RegistryBucket(), Description: "toolbatch live executor registry: recovery capabilities"},
 	} {
 		kv.Storage, kv.Replicas = jetstream.FileStorage, sc.Replicas
-		if sealed(n, kv.Bucket) {
+		if slices.Contains(sealedBuckets(n), kv.Bucket) {
 			// Made once: an update would undo the purge refusal below,
 			// which JetStream then refuses to cancel.
 			if _, err := js.KeyValue(ctx, kv.Bucket); err == nil {
@@ -107,7 +108,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 	// buckets: a rollup header on one of their writes would purge every
 	// other key, so the buckets take none (their keys are deleted with
 	// delete markers, which need no rollup).
-	for _, b := range []string{n.WorkersBucket(), n.RegistryBucket()} {
+	for _, b := range sealedBuckets(n) {
 		s, err := js.Stream(ctx, "KV_"+b)
 		if err != nil {
 			return fmt.Errorf("bucket %s: %w", b, err)
@@ -123,10 +124,9 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 	return nil
 }
 
-// sealed reports whether bucket is one of those that take no rollup.
-func sealed(n protocol.Names, bucket string) bool {
-	return bucket == n.WorkersBucket() || bucket == n.RegistryBucket()
-}
+// sealedBuckets are the buckets that take no rollup: workers and brain
+// services write them.
+func sealedBuckets(n protocol.Names) []string { return []string{n.WorkersBucket(), n.RegistryBucket()} }
 
 // log reads and appends a run's events.
 type eventLog struct {
