@@ -65,6 +65,12 @@ type Config struct {
 	ClientMaxRuns     int
 	ClientSubmitRate  float64
 	ClientSubmitBurst int
+	// ID names this engine in the owners bucket (default: a new id at each
+	// start). An engine restarted with its former id takes its runs back
+	// at once: it recovers every run whose owner key still names it,
+	// instead of waiting for those keys to expire and for its unfinished
+	// messages to come back. Two live engines must never share an id.
+	ID string
 	// WorkerPools, when not nil, gives the pools of a worker user by its
 	// public nkey (from the auth file): a claim is granted only when its
 	// reply inbox is a worker's of the call's pool.
@@ -216,7 +222,10 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 		events:   &eventLog{js: js, names: n},
 		catalogs: map[string]*catalog.Catalog{cfg.Catalog.SnapshotID(): cfg.Catalog},
 		ready:    make(chan struct{}),
-		id:       nuid.Next(),
+		id:       cfg.ID,
+	}
+	if e.id == "" {
+		e.id = nuid.Next()
 	}
 	e.brain = &brainExecutor{nc: nc, js: js, names: n}
 	e.gate = &gateChain{nc: nc, names: n}
@@ -343,6 +352,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		return fmt.Errorf("serve forwards: %w", err)
 	}
 	subs = append(subs, fwd)
+	e.reclaim(ctx)
 	close(e.ready)
 	e.log.Info().Str("prefix", e.cfg.Prefix).Str("catalog", e.cfg.Catalog.SnapshotID()).Msg("engine ready")
 	<-ctx.Done()
@@ -364,6 +374,30 @@ func (e *Engine) Run(ctx context.Context) error {
 	<-projDone
 	e.log.Info().Msg("engine stopped")
 	return nil
+}
+
+// reclaim recovers at once the runs whose owner key names this engine: a
+// previous process of it (same ID) left them, and nothing else would touch
+// them before the keys expire and their messages come back.
+func (e *Engine) reclaim(ctx context.Context) {
+	lister, err := e.ownersKV.ListKeysFiltered(ctx, protocol.OwnerKey("*"))
+	if err != nil {
+		return // nothing to list, or the bucket unreachable: the usual way then
+	}
+	defer lister.Stop()
+	n := 0
+	for key := range lister.Keys() {
+		entry, err := e.ownersKV.Get(ctx, key)
+		if err != nil || string(entry.Value()) != e.id {
+			continue
+		}
+		runID := strings.TrimPrefix(key, protocol.OwnerKey(""))
+		e.shardOf(runID).post(item{runID: runID, work: &reclaimRun{}})
+		n++
+	}
+	if n > 0 {
+		e.log.Info().Int("runs", n).Msg("taking back the runs this engine owned before it restarted")
+	}
 }
 
 // route hands an inbox message to its run's shard.

@@ -154,6 +154,12 @@ func (l *leader) hold(ctx context.Context) bool {
 		rev, err = kv.Update(ctx, l.key, []byte(l.e.id), l.rev)
 	} else {
 		rev, err = kv.Create(ctx, l.key, []byte(l.e.id))
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			// A previous process of this engine (the same id) led: lead on.
+			if entry, gerr := kv.Get(ctx, l.key); gerr == nil && string(entry.Value()) == l.e.id {
+				rev, err = kv.Update(ctx, l.key, []byte(l.e.id), entry.Revision())
+			}
+		}
 	}
 	if err != nil {
 		l.rev = 0

@@ -22,7 +22,7 @@ type item struct {
 }
 
 // work is one kind of work item: *inboxMsg, *outcome, *claimReq,
-// *heartbeatReq, *leaseExpiry or *unclaimedExpiry. Each is decoded once,
+// *heartbeatReq, *leaseExpiry, *unclaimedExpiry or *reclaimRun. Each is decoded once,
 // where it enters the engine, and the run is driven once per item.
 type work interface{ kindName() string }
 
@@ -52,6 +52,7 @@ func (*claimReq) kindName() string        { return "claim" }
 func (*heartbeatReq) kindName() string    { return "heartbeat" }
 func (*leaseExpiry) kindName() string     { return "lease" }
 func (*unclaimedExpiry) kindName() string { return "unclaimed" }
+func (*reclaimRun) kindName() string      { return "reclaim" }
 
 // msg returns the item's inbox message, or nil.
 func (it item) msg() jetstream.Msg {
@@ -71,6 +72,9 @@ func (it item) request() *nats.Msg {
 	}
 	return nil
 }
+
+// reclaimRun takes back a run a previous process of this engine owned.
+type reclaimRun struct{}
 
 // outcome is what an executor reported for an attempt.
 type outcome struct {
@@ -222,7 +226,7 @@ func (s *shard) handle(runCtx context.Context, it item) {
 	rs := s.state(it.runID)
 	ctx, cancel := opCtx()
 	defer cancel()
-	if it.msg() == nil && it.request() == nil {
+	if _, back := it.work.(*reclaimRun); it.msg() == nil && it.request() == nil && !back {
 		// An executor's outcome or a watched deadline of this engine's.
 		if !rs.owned {
 			return // this engine lost the run since: the new owner recovers the call
@@ -313,6 +317,8 @@ func (s *shard) busy(it item, err error) {
 // whole item (handle's, one per item), runCtx ends at shutdown.
 func (s *shard) handleOnce(ctx, runCtx context.Context, rs *runState, it item) error {
 	switch w := it.work.(type) {
+	case *reclaimRun:
+		return nil // owned and loaded (recovered): handle drives it
 	case *outcome:
 		return s.onOutcome(ctx, runCtx, rs, w)
 	case *claimReq:

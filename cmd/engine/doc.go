@@ -7,5 +7,5 @@
 // cluster instead.
 //
 // Imports: access, catalog, embedded, engine, events, internal/cli, protocol,
-// github.com/nats-io/nats.go, github.com/rs/zerolog.
+// github.com/nats-io/nats.go, github.com/nats-io/nuid, github.com/rs/zerolog.
 package main

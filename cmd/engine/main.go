@@ -8,11 +8,14 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
 	"github.com/toolbatch/toolbatch/access"
@@ -27,6 +30,7 @@ import (
 type options struct {
 	store, listen, natsURL, prefix, catalogPath string
 	auth, tlsCert, tlsKey, tlsClientCA          string
+	engineID                                    string
 	conn                                        access.Conn
 	replicas, cacheRuns                         int
 	cacheBytes                                  int64
@@ -77,6 +81,7 @@ func run(args []string, stderr io.Writer) error {
 	fs.StringVar(&o.tlsKey, "tls-key", "", "embedded server: TLS certificate's key")
 	fs.StringVar(&o.tlsClientCA, "tls-client-ca", "", "embedded server: require client certificates signed by this CA (mutual TLS)")
 	o.conn.Flags(fs)
+	fs.StringVar(&o.engineID, "engine-id", "", "this engine's id in the owners bucket, kept across restarts so that a restarted engine takes its runs back at once (default: kept in the embedded server's store; with --nats-url, a new one at each start)")
 	if done, err := cli.Parse(fs, args, stderr); done {
 		return err
 	}
@@ -102,6 +107,13 @@ func run(args []string, stderr io.Writer) error {
 	cfg := engine.Config{Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Lease: o.lease, CacheRuns: o.cacheRuns, CacheBytes: o.cacheBytes, Limits: o.limits,
 		ClientMaxRuns: o.clientMaxRuns, ClientSubmitRate: o.clientRate, ClientSubmitBurst: o.clientBurst, Catalog: cat, Logger: log}
 
+	if o.engineID == "" && o.natsURL == "" {
+		if cfg.ID, err = storedEngineID(o.store); err != nil {
+			return err
+		}
+	} else {
+		cfg.ID = o.engineID
+	}
 	var workers workerPools
 	if o.auth != "" {
 		if err := workers.load(o.auth); err != nil {
@@ -180,6 +192,25 @@ func reloadOnHangup(ctx context.Context, log zerolog.Logger, reloads ...func() e
 			}
 		}
 	}
+}
+
+// storedEngineID is the engine id kept in the store directory, made on
+// the first start.
+func storedEngineID(store string) (string, error) {
+	path := filepath.Join(store, "engine-id")
+	if data, err := os.ReadFile(path); err == nil {
+		if id := strings.TrimSpace(string(data)); id != "" {
+			return id, nil
+		}
+	}
+	if err := os.MkdirAll(store, 0o700); err != nil {
+		return "", fmt.Errorf("--store: %w", err)
+	}
+	id := nuid.Next()
+	if err := os.WriteFile(path, []byte(id+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("--store: %w", err)
+	}
+	return id, nil
 }
 
 // workerPools are the pools of each worker user of the auth file.

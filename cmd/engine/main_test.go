@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/internal/testproc"
+	"github.com/toolbatch/toolbatch/internal/testwait"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -269,5 +271,48 @@ func TestKillNineLosesNothing(t *testing.T) {
 				t.Fatalf("%s: %d results messages, want 1", id, seen[id])
 			}
 		}
+	}
+}
+
+// TestRestartTakesItsRunsBack: an engine killed while a call runs and
+// restarted on its store (which keeps its id) takes the run back at once,
+// rather than when its owner keys expire and its unfinished messages come
+// back (after an ack wait of 2 minutes here): the batch's results arrive
+// well before that.
+func TestRestartTakesItsRunsBack(t *testing.T) {
+	store, port := t.TempDir(), testproc.FreePort(t)
+	p := startEngine(t, store, port, "--ack-wait", "2m")
+	nc := testnats.Connect(t, p.url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	c, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 60*time.Second)
+	sub := &protocol.Submit{RunID: "rb", ThreadID: "t", Step: 1, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{
+		{Type: events.BlockToolUse, ID: "c1", Name: "sleep", Input: events.MustJSON(`{"duration":"2s"}`)}}}}
+	if err := c.Submit(ctx, sub); err != nil {
+		t.Fatal(err)
+	}
+	js := testnats.JetStream(t, nc)
+	ev, err := js.Stream(ctx, "TOOLBATCH_EVENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, ctx, "the call executing", func() bool {
+		m, err := ev.GetLastMsgForSubject(ctx, "toolbatch.events.rb")
+		return err == nil && slices.Contains(m.Header.Values(protocol.HeaderEvent), string(events.TypeCallExecuting))
+	})
+	p.Kill()
+	p = startEngine(t, store, port, "--ack-wait", "2m")
+	c2, err := client.New(testnats.Connect(t, p.url)) // a connection to the restarted server
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c2.WaitResults(ctx, "rb", "rb/1")
+	if err != nil {
+		t.Fatalf("the run after the restart: %v\n%s", err, p.Logs())
+	}
+	if len(res.Results) != 1 || res.Results[0].IsError {
+		t.Fatalf("results %+v", res.Results)
 	}
 }
