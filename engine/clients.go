@@ -188,7 +188,11 @@ func (e *Engine) throttle(m jetstream.Msg, runID, attributed string) bool {
 		// Not derived from a commit: the source 0/0, before every commit's,
 		// so that the projector's later messages on the subject follow it.
 		msg.Header.Set(protocol.HeaderSource, "0/0")
-		_, _ = e.js.PublishMsgAsync(msg) // never waited for: a flood must not hold the intake
+		// A core publish, which the out stream stores like any other: a
+		// JetStream publish would wait for its acknowledgement (or, async,
+		// stall once too many are pending), and a flood must not hold the
+		// intake.
+		_ = e.nc.PublishMsg(msg)
 	}
 	_ = m.TermWithReason(fmt.Sprintf("%s: %s", ref.Code, ref.Reason))
 	return true
