@@ -6,6 +6,6 @@
 // and what their role is scoped to), and the credentials and TLS options
 // every program connects with.
 //
-// Imports: protocol, github.com/nats-io/jwt/v2, github.com/nats-io/nats.go,
+// Imports: events, protocol, github.com/nats-io/jwt/v2, github.com/nats-io/nats.go,
 // github.com/nats-io/nkeys, go.yaml.in/yaml/v3.
 package access

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -250,7 +251,7 @@ func toolsOr(tools []string) []string {
 
 // Check reports what is wrong with a user's entry.
 func (u User) Check() error {
-	if !validName(u.Name) {
+	if !events.ValidToolID(u.Name) {
 		return fmt.Errorf("user %q: a name must match [A-Za-z0-9_-]{1,64}", u.Name)
 	}
 	if !slices.Contains(Roles, u.Role) {
@@ -263,15 +264,15 @@ func (u User) Check() error {
 		return fmt.Errorf("user %s: a worker names its pools", u.Name)
 	}
 	for _, p := range u.Pools {
-		if !validName(p) {
+		if !events.ValidToolID(p) {
 			return fmt.Errorf("user %s: pool %q must match [A-Za-z0-9_-]{1,64}", u.Name, p)
 		}
 	}
-	if u.Role == RoleApprover && !validName(u.Principal) {
+	if u.Role == RoleApprover && !events.ValidToolID(u.Principal) {
 		return fmt.Errorf("user %s: an approver names its principal ([A-Za-z0-9_-]{1,64}), got %q", u.Name, u.Principal)
 	}
 	for _, t := range u.Tools {
-		if !validName(t) {
+		if !events.ValidToolID(t) {
 			return fmt.Errorf("user %s: tool %q must match [A-Za-z0-9_-]{1,64}", u.Name, t)
 		}
 	}
@@ -288,16 +289,4 @@ func roleList() string {
 		s[i] = string(r)
 	}
 	return strings.Join(s, ", ")
-}
-
-func validName(s string) bool {
-	if len(s) == 0 || len(s) > 64 {
-		return false
-	}
-	for _, c := range s {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
 }

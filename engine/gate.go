@@ -143,11 +143,7 @@ func (e *Engine) capability(ctx context.Context, toolID string, d events.Descrip
 		return events.CapDurableRequest // the delegation protocol: a stable delegation id
 	}
 	if d.Target == events.TargetSandbox {
-		pool := d.Pool
-		if pool == "" {
-			pool = "default"
-		}
-		return e.live.sandbox(ctx, pool, toolID)
+		return e.live.sandbox(ctx, poolOf(d), toolID)
 	}
 	if d.Target != events.TargetBrain || d.Kind != events.KindTool {
 		return events.CapNonRecoverable

@@ -68,16 +68,21 @@ func (e *Engine) dispatch(ctx context.Context, inv invocation) error {
 	if err != nil {
 		return err
 	}
-	pool := inv.tool.Pool
-	if pool == "" {
-		pool = "default"
-	}
-	msg := nats.NewMsg(e.names.Dispatch(pool, inv.toolID))
+	msg := nats.NewMsg(e.names.Dispatch(poolOf(inv.tool), inv.toolID))
 	msg.Data = body
 	if _, err := e.js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("%s/%d", inv.operationID, inv.attempt))); err != nil {
 		return fmt.Errorf("dispatch %s attempt %d: %w", inv.operationID, inv.attempt, err)
 	}
 	return nil
+}
+
+// poolOf is the pool of a sandbox tool's descriptor (the catalog's
+// default when a descriptor pinned before pools names none).
+func poolOf(d events.Descriptor) string {
+	if d.Pool == "" {
+		return catalog.DefaultPool
+	}
+	return d.Pool
 }
 
 // dispatchUntil publishes an attempt's job, retrying (under the same
@@ -254,10 +259,7 @@ func (e *Engine) claimerMayRun(reply string, rs *runState, callID string) error 
 	if c == nil {
 		return nil // the aggregate refuses it
 	}
-	pool := c.Tool.Pool
-	if pool == "" {
-		pool = catalog.DefaultPool
-	}
+	pool := poolOf(c.Tool)
 	nkey, ok := access.InboxOwner(reply)
 	if !ok || !slices.Contains(e.cfg.WorkerPools(nkey), pool) {
 		return fmt.Errorf("the claimer is not a worker of pool %s", pool)
