@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/testnats"
+	"github.com/toolbatch/toolbatch/internal/testproc"
 	"github.com/toolbatch/toolbatch/internal/testwait"
 	"github.com/toolbatch/toolbatch/protocol"
 )
@@ -154,24 +154,6 @@ tools:
 	}
 }
 
-// lockedBuffer is a log the engine writes while the test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestDispatchRetriesThroughAServerFailure: a dispatch publish that fails
 // (here the dispatch stream is gone for a while, as it is unreachable
 // during an election) spends no attempt: the engine publishes again until
@@ -186,7 +168,7 @@ tools:
 	nc := testnats.Connect(t, url)
 	js := testnats.JetStream(t, nc)
 	ctx := ctxT(t, 60*time.Second)
-	var logs lockedBuffer
+	var logs testproc.Buffer
 	eng, err := engine.New(testnats.Connect(t, url), engine.Config{Catalog: cat, Logger: zerolog.New(&logs)})
 	if err != nil {
 		t.Fatal(err)

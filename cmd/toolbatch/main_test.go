@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/toolbatch/toolbatch/internal/testproc"
 )
 
 // These tests build the toolbatch CLI and the engine, start the engine as a
@@ -65,24 +67,6 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// syncBuffer collects a process's stderr while it runs.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // startEngine starts the engine on a free port and waits for its "engine
 // ready" log line. It returns the NATS URL.
 func startEngine(t *testing.T, args ...string) string {
@@ -99,7 +83,7 @@ func startEngine(t *testing.T, args ...string) string {
 	}
 	exited := make(chan struct{})
 	ready := make(chan struct{})
-	var logs syncBuffer
+	var logs testproc.Buffer
 	go func() {
 		sc := bufio.NewScanner(pipe)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -178,7 +162,7 @@ func watchUntil(t *testing.T, ctx context.Context, url, runID, kind string) watc
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr syncBuffer
+	var stderr testproc.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -408,7 +392,7 @@ func submitInBackground(t *testing.T, ctx context.Context, url, body string) fun
 	t.Helper()
 	cmd := exec.CommandContext(ctx, cliBin, "submit", "--wait", "--timeout", "50s", "--nats-url", url)
 	cmd.Stdin = strings.NewReader(body)
-	var stdout, stderr syncBuffer
+	var stdout, stderr testproc.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

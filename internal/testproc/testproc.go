@@ -131,3 +131,22 @@ func (p *Proc) Kill() {
 		<-p.exited
 	}
 }
+
+// Buffer collects what a process (or an engine's logger) writes while a
+// test reads it.
+type Buffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
