@@ -4,7 +4,9 @@
 //
 //   - commands are published, with a deterministic Nats-Msg-Id and a wait
 //     for the stream's acknowledgement, into TOOLBATCH_INBOX:
-//     Submit on <prefix>.submit.<run_id>; Resume (and Approve, Deny,
+//     Submit on <prefix>.submit.<run_id> (<prefix>.submit.<run_id>.<client>
+//     with WithSubmitter, as an authenticated client user must; Resubmit
+//     after a throttled refusal); Resume (and Approve, Deny,
 //     ToolResult, Input) on <prefix>.resume.<run_id>[.<principal>]; Cancel,
 //     Interrupt and Perform on <prefix>.control.<run_id>;
 //   - what the engine publishes for a run is read from TOOLBATCH_OUT on
