@@ -111,7 +111,7 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 		for _, b := range buckets {
 			pub(n.KVSubject(b, ">"))
 		}
-		sub(n.Pattern(protocol.ClaimFamily), n.Pattern(protocol.HeartbeatFamily), n.Pattern(protocol.ForwardFamily))
+		sub(n.Pattern(protocol.ClaimFamily), n.Pattern(protocol.HeartbeatFamily), n.Pattern(protocol.ForwardFamily), n.Pattern(protocol.PingFamily))
 		p.AllowResponses = true // claims and heartbeats are answered on the worker's inbox
 		p.Publish.Deny = l.destructive()
 	case RoleWorker:

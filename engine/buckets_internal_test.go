@@ -239,36 +239,3 @@ func TestTrimOldestByBytes(t *testing.T) {
 		t.Fatalf("trimmed within its bounds: %v", m)
 	}
 }
-
-// TestRenewLosesOnlyOnADefiniteAnswer: renewing a run's owner key keeps
-// the run through a failure that says nothing of the key (here, a context
-// already ended, as a timeout in an election would), and gives it up,
-// with its held messages, only when the key has moved on.
-func TestRenewLosesOnlyOnADefiniteAnswer(t *testing.T) {
-	e, ctx := setUpEngine(t)
-	s := e.shards[0]
-	rev, err := e.ownersKV.Create(ctx, protocol.OwnerKey("rn"), []byte(e.id))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rs := s.state("rn")
-	rs.owned, rs.ownRev = true, rev
-
-	s.renew(ctx, rs)
-	if !rs.owned || rs.ownRev == rev {
-		t.Fatalf("a renewal: owned %v, revision %d (was %d)", rs.owned, rs.ownRev, rev)
-	}
-	ended, cancel := context.WithCancel(ctx)
-	cancel()
-	s.renew(ended, rs)
-	if !rs.owned {
-		t.Fatal("a renewal that could not reach the server gave the run up")
-	}
-	if _, err := e.ownersKV.Put(ctx, protocol.OwnerKey("rn"), []byte("another-engine")); err != nil {
-		t.Fatal(err)
-	}
-	s.renew(ctx, rs)
-	if rs.owned {
-		t.Fatal("the key moved on to another engine and the run is still held")
-	}
-}

@@ -40,9 +40,11 @@ type Config struct {
 	// OutMaxAge is how long out messages are kept (default 168h).
 	OutMaxAge time.Duration
 	// AckWait is how long an inbox message may go without an
-	// acknowledgement or progress before JetStream redelivers it, so also
-	// how long a crashed engine's runs wait before another engine (or the
-	// restarted one) takes them over (default 30s).
+	// acknowledgement or progress before JetStream redelivers it (what a
+	// crashed engine had taken and not yet committed waits this long), and
+	// how long an engine's presence lives unrenewed: a process paused or cut
+	// off, which answers no probe, is declared dead after it (default 30s).
+	// A killed engine is declared dead in seconds (liveness.go).
 	AckWait time.Duration
 	// Shards is how many runs are worked on at once at most (default 64);
 	// the work of one run is always serialized.
@@ -68,8 +70,8 @@ type Config struct {
 	// ID names this engine in the owners bucket (default: a new id at each
 	// start). An engine restarted with its former id takes its runs back
 	// at once: it recovers every run whose owner key still names it,
-	// instead of waiting for those keys to expire and for its unfinished
-	// messages to come back. Two live engines must never share an id.
+	// instead of waiting for another engine to find it dead. Two live
+	// engines must never share an id.
 	ID string
 	// WorkerPools, when not nil, gives the pools of a worker user by its
 	// public nkey (from the auth file): a claim is granted only when its
@@ -193,6 +195,7 @@ type Engine struct {
 	// Buckets, opened once by Setup.
 	ownersKV, catalogKV jetstream.KeyValue
 	live                *liveCapabilities
+	liveness            *liveness // of the engines (liveness.go)
 
 	catMu    sync.Mutex
 	catalogs map[string]*catalog.Catalog // by snapshot id
@@ -227,6 +230,7 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 	if e.id == "" {
 		e.id = nuid.Next()
 	}
+	e.liveness = newLiveness(e)
 	e.brain = &brainExecutor{nc: nc, js: js, names: n}
 	e.gate = &gateChain{nc: nc, names: n}
 	e.state = &stateStore{}
@@ -246,7 +250,7 @@ func (e *Engine) Names() protocol.Names { return e.names }
 // snapshot id, so that batches pinned to it keep their rules when the file
 // changes later.
 func (e *Engine) Setup(ctx context.Context) error {
-	if err := EnsureStreams(ctx, e.js, e.names, StreamConfig{Replicas: e.cfg.Replicas, OutMaxAge: e.cfg.OutMaxAge, OwnerTTL: e.cfg.AckWait}); err != nil {
+	if err := EnsureStreams(ctx, e.js, e.names, StreamConfig{Replicas: e.cfg.Replicas, OutMaxAge: e.cfg.OutMaxAge}); err != nil {
 		return err
 	}
 	if err := e.openBuckets(ctx); err != nil {
@@ -262,14 +266,14 @@ func (e *Engine) Setup(ctx context.Context) error {
 // handed to a run.
 const intakeBytes = 64 << 20
 
-// PoolAckWait is how long a worker may hold a dispatch job before it is
-// delivered again (a worker heartbeats the job while its tool runs).
-const PoolAckWait = 30 * time.Second
 
 // ensurePoolConsumers creates the dispatch consumer of every sandbox tool
 // of the catalog, one per pool and tool, that the pool's workers share.
 // The engine creates them, not the workers: a worker may only bind to its
-// pools' consumers (docs/security.md).
+// pools' consumers (docs/security.md). Their ack wait is the lease: a
+// worker keeps a job it runs in progress at each heartbeat, and a job
+// lost on its way to a worker (a server failure) comes back within a
+// lease, not after a fixed half minute.
 func (e *Engine) ensurePoolConsumers(ctx context.Context) error {
 	names := map[string]string{} // consumer -> pool/tool
 	for pool, tools := range e.cfg.Catalog.PoolTools() {
@@ -281,7 +285,7 @@ func (e *Engine) ensurePoolConsumers(ctx context.Context) error {
 			names[name] = pool + "/" + tool
 			_, err := e.js.CreateOrUpdateConsumer(ctx, e.names.DispatchStream(), jetstream.ConsumerConfig{
 				Durable: protocol.PoolConsumer(pool, tool), FilterSubject: e.names.Dispatch(pool, tool),
-				AckPolicy: jetstream.AckExplicitPolicy, AckWait: PoolAckWait, MaxDeliver: -1,
+				AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.Lease, MaxDeliver: -1,
 				Description: "toolbatch sandbox workers of pool " + pool + ", tool " + tool,
 			})
 			if err != nil {
@@ -298,8 +302,13 @@ func (e *Engine) Run(ctx context.Context) error {
 	if err := e.Setup(ctx); err != nil {
 		return err
 	}
+	ping, err := e.liveness.register(ctx)
+	if err != nil {
+		return fmt.Errorf("register this engine's presence: %w", err)
+	}
+	defer func() { _ = ping.Unsubscribe() }()
 	watchCtx, cancelWatch := context.WithTimeout(ctx, 10*time.Second)
-	err := e.live.start(watchCtx)
+	err = e.live.start(watchCtx)
 	cancelWatch()
 	if err != nil {
 		return err
@@ -332,6 +341,12 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	projDone := make(chan error, 1)
 	go func() { projDone <- proj.run(runCtx) }()
+	// Liveness outlives the shards: its presence goes last, once the runs
+	// that could be released were.
+	liveCtx, stopLive := context.WithCancel(context.Background())
+	defer stopLive()
+	liveDone := make(chan struct{})
+	go func() { defer close(liveDone); e.liveness.run(liveCtx) }()
 
 	// Bounded by bytes too: 256 submissions near the NATS limit would
 	// otherwise sit in memory at once.
@@ -372,31 +387,25 @@ func (e *Engine) Run(ctx context.Context) error {
 	stop()
 	e.wg.Wait()
 	<-projDone
+	stopLive()
+	<-liveDone
 	e.log.Info().Msg("engine stopped")
 	return nil
 }
 
 // reclaim recovers at once the runs whose owner key names this engine: a
 // previous process of it (same ID) left them, and nothing else would touch
-// them before the keys expire and their messages come back.
+// them before another engine found that process dead.
 func (e *Engine) reclaim(ctx context.Context) {
-	lister, err := e.ownersKV.ListKeysFiltered(ctx, protocol.OwnerKey("*"))
+	runs, err := e.ownedBy(ctx, e.id)
 	if err != nil {
-		return // nothing to list, or the bucket unreachable: the usual way then
+		return // the bucket unreachable: the runs' messages bring them back
 	}
-	defer lister.Stop()
-	n := 0
-	for key := range lister.Keys() {
-		entry, err := e.ownersKV.Get(ctx, key)
-		if err != nil || string(entry.Value()) != e.id {
-			continue
-		}
-		runID := strings.TrimPrefix(key, protocol.OwnerKey(""))
+	for _, runID := range runs {
 		e.shardOf(runID).post(item{runID: runID, work: &reclaimRun{}})
-		n++
 	}
-	if n > 0 {
-		e.log.Info().Int("runs", n).Msg("taking back the runs this engine owned before it restarted")
+	if len(runs) > 0 {
+		e.log.Info().Int("runs", len(runs)).Msg("taking back the runs this engine owned before it restarted")
 	}
 }
 

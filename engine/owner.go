@@ -17,13 +17,14 @@ import (
 // inbox, timers and worker subjects, so a message of a run may reach any of
 // them; the engine that holds the run's key in the owners bucket
 // (run.<run_id>, value its engine id) is the only one that decides for it.
-// It creates the key before it touches the run, renews it while the run has
-// work in progress here, and deletes it when the run is quiescent (after a
-// linger, between batches). An engine that dies stops renewing: the key
-// expires after the ack wait and another engine takes the run over, folding
-// it from the log and recovering it. Others forward the run's messages to
-// the owner (forward.go), and stay silent to a claim or heartbeat, which
-// every engine receives.
+// It creates the key before it touches the run and deletes it when the run
+// is quiescent (after a linger, between batches). The key has no TTL and
+// is never renewed: it stays its owner's for as long as the owner is alive
+// (liveness.go), however slow a commit or a leader election. When the
+// owner is dead, the first engine to swap the key takes the run over,
+// folding it from the log and recovering it. Others forward the run's
+// messages to the owner (forward.go), and stay silent to a claim or
+// heartbeat, which every engine receives.
 
 // ErrNotOwner means another engine works on the run now.
 var ErrNotOwner = errors.New("engine: another engine owns the run")
@@ -55,10 +56,23 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 			return ErrNotOwner // it just went away: the message comes back soon
 		case gerr != nil:
 			return gerr
-		case string(entry.Value()) != s.e.id:
-			return ownedElsewhere{owner: string(entry.Value())}
 		}
-		rev, err = entry.Revision(), nil
+		rev = entry.Revision()
+		if owner := string(entry.Value()); owner != s.e.id {
+			if s.e.liveness.alive(ctx, owner) {
+				return ownedElsewhere{owner: owner}
+			}
+			// Its owner is dead: the first engine to swap the key takes it.
+			rev, err = kv.Update(ctx, key, []byte(s.e.id), rev)
+			if isWrongLastSequence(err) {
+				return ErrNotOwner // another engine was first: the message goes to it
+			}
+			if err == nil {
+				s.e.log.Info().Str(fieldRunID, rs.id).Str("engine", owner).Msg("took the run over from a dead engine")
+			}
+		} else {
+			err = nil
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("own run %s: %w", rs.id, err)
@@ -74,28 +88,6 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 		}
 	}
 	return nil
-}
-
-// renew keeps the run's key alive; a key another engine took means this
-// engine lost the run: it forgets its work on it (the new owner recovers
-// it).
-//
-// Only a definite answer loses the run: the key's revision moved on
-// (another engine took it, or it expired and was taken). A timeout or an
-// unreachable server (a leader election, say) keeps it: the next renewal
-// tries again, and if the key did expire meanwhile, that one is answered
-// definitely.
-func (s *shard) renew(ctx context.Context, rs *runState) {
-	rev, err := s.e.ownersKV.Update(ctx, protocol.OwnerKey(rs.id), []byte(s.e.id), rs.ownRev)
-	switch {
-	case err == nil:
-		rs.ownRev = rev
-	case isWrongLastSequence(err) || errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
-		s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("lost the run to another engine")
-		s.forget(rs)
-	default:
-		s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("could not renew the run's owner key; still holding it, trying again")
-	}
 }
 
 // forget drops this engine's hold on a run it no longer owns: its held
@@ -173,12 +165,27 @@ func (s *shard) release(ctx context.Context, rs *runState) {
 	s.e.clients.release(rs.id) // not this engine's work any more
 	m := nats.NewMsg(s.e.names.KVSubject(protocol.BucketOwners, protocol.OwnerKey(rs.id)))
 	m.Header.Set(kvOperation, kvOperationDelete)
-	ack, err := s.e.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rs.ownRev))
+	ack, err := s.e.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rs.ownRev), jetstream.WithMsgTTL(releasedTTL))
 	if err != nil {
 		s.e.log.Debug().Str(fieldRunID, rs.id).Err(err).Msg("release")
 		return
 	}
 	rs.releasedRev = ack.Sequence
+}
+
+// releasedTTL is how long the delete marker of a released key stays in
+// the owners bucket: the keys have no TTL of their own, and a marker kept
+// forever would be one message per run ever run.
+const releasedTTL = 10 * time.Minute
+
+// stillOwner reports, after a commit conflict, whether the run's key still
+// names this engine, and the engine it names otherwise.
+func (s *shard) stillOwner(ctx context.Context, rs *runState) (string, bool) {
+	entry, err := s.e.ownersKV.Get(ctx, protocol.OwnerKey(rs.id))
+	if err != nil {
+		return "", !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted)
+	}
+	return string(entry.Value()), string(entry.Value()) == s.e.id && entry.Revision() == rs.ownRev
 }
 
 // The key-value protocol's delete marker (JetStream ADR-8).

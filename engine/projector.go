@@ -57,7 +57,7 @@ func (a source) after(b source) bool { return a.seq > b.seq || (a.seq == b.seq &
 
 func newProjectorRunner(ctx context.Context, e *Engine) (*projectorRunner, error) {
 	cons, err := e.js.CreateOrUpdateConsumer(ctx, e.names.EventsStream(), jetstream.ConsumerConfig{
-		Durable: protocol.ConsumerProjector, AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
+		Durable: protocol.ConsumerProjector, AckPolicy: jetstream.AckExplicitPolicy, AckWait: min(e.cfg.AckWait, projectorAckWait),
 		MaxAckPending: 1024, MaxDeliver: -1, DeliverPolicy: jetstream.DeliverAllPolicy,
 		Description: "toolbatch projector: publishes out messages",
 	})
@@ -70,6 +70,12 @@ func newProjectorRunner(ctx context.Context, e *Engine) (*projectorRunner, error
 	}
 	return &projectorRunner{e: e, state: e.state, cons: cons, out: out, models: map[string]*projected{}, quarantined: map[string]bool{}}, nil
 }
+
+// projectorAckWait is the projector consumer's ack wait: the leader
+// acknowledges each commit within milliseconds (a commit retried in place
+// is kept in progress), so what a dead leader had fetched comes back to the
+// next leader soon after it takes the lead, before what follows.
+const projectorAckWait = 3 * time.Second
 
 // run projects while this engine leads the projection: one engine at a
 // time (the key "projector" in the owners bucket), so that commits are
@@ -89,7 +95,7 @@ func (p *projectorRunner) run(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-time.After(max(p.e.cfg.AckWait/3, 100*time.Millisecond)):
+			case <-time.After(probeEvery):
 			}
 			continue
 		}
@@ -134,38 +140,45 @@ func (p *projectorRunner) run(ctx context.Context) error {
 	return nil
 }
 
-// leader holds a key of the owners bucket for as long as it renews it.
+// leader holds a key of the owners bucket for as long as this engine is
+// alive: like a run's key it has no TTL, and another engine takes it only
+// from a dead engine (liveness.go). An engine fenced since it took the key
+// holds it no more.
 type leader struct {
-	e       *Engine
-	key     string
-	rev     uint64
-	renewed time.Time
+	e     *Engine
+	key   string
+	rev   uint64
+	epoch uint64 // the liveness epoch the key was taken in
 }
 
-// hold reports whether this engine holds the key, taking or renewing it.
+// hold reports whether this engine holds the key, taking it when it is
+// free, left by a previous process of this engine, or held by a dead one.
 func (l *leader) hold(ctx context.Context) bool {
-	kv := l.e.ownersKV
-	if l.rev != 0 && time.Since(l.renewed) < l.e.cfg.AckWait/3 {
+	if l.rev != 0 && l.epoch == l.e.liveness.epoch.Load() {
 		return true
 	}
-	var rev uint64
-	var err error
-	if l.rev != 0 {
-		rev, err = kv.Update(ctx, l.key, []byte(l.e.id), l.rev)
-	} else {
-		rev, err = kv.Create(ctx, l.key, []byte(l.e.id))
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			// A previous process of this engine (the same id) led: lead on.
-			if entry, gerr := kv.Get(ctx, l.key); gerr == nil && string(entry.Value()) == l.e.id {
-				rev, err = kv.Update(ctx, l.key, []byte(l.e.id), entry.Revision())
-			}
+	l.rev = 0
+	epoch := l.e.liveness.epoch.Load()
+	kv := l.e.ownersKV
+	rev, err := kv.Create(ctx, l.key, []byte(l.e.id))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		entry, gerr := kv.Get(ctx, l.key)
+		if gerr != nil {
+			return false
+		}
+		owner := string(entry.Value())
+		if owner != l.e.id && l.e.liveness.alive(ctx, owner) {
+			return false
+		}
+		rev, err = kv.Update(ctx, l.key, []byte(l.e.id), entry.Revision())
+		if err == nil && owner != l.e.id {
+			l.e.log.Info().Str("engine", owner).Msg("took the projector's lead over from a dead engine")
 		}
 	}
 	if err != nil {
-		l.rev = 0
 		return false
 	}
-	l.rev, l.renewed = rev, time.Now()
+	l.rev, l.epoch = rev, epoch
 	return true
 }
 

@@ -192,7 +192,7 @@ tools:
 		t.Fatal(err)
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, "TOOLBATCH_DISPATCH", jetstream.ConsumerConfig{Durable: protocol.PoolConsumer("default", "build"),
-		FilterSubject: "toolbatch.dispatch.default.build", AckPolicy: jetstream.AckExplicitPolicy, AckWait: engine.PoolAckWait, MaxDeliver: -1})
+		FilterSubject: "toolbatch.dispatch.default.build", AckPolicy: jetstream.AckExplicitPolicy, AckWait: engine.DefaultLease, MaxDeliver: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -126,12 +126,13 @@ type shard struct {
 	e      *Engine
 	runCtx context.Context // set by loop: ends at shutdown
 	in     chan item
+	fence  chan struct{} // this engine was declared dead: let every run go
 	runs   map[string]*runState
 	bound  bound // of runs
 }
 
 func newShard(e *Engine, b bound) *shard {
-	return &shard{e: e, in: make(chan item, 256), runs: map[string]*runState{}, bound: b}
+	return &shard{e: e, in: make(chan item, 256), fence: make(chan struct{}, 1), runs: map[string]*runState{}, bound: b}
 }
 
 func (s *shard) post(it item) { s.in <- it }
@@ -171,6 +172,12 @@ func (s *shard) loop(ctx context.Context) {
 			return
 		case it := <-s.in:
 			s.handle(ctx, it)
+		case <-s.fence:
+			for _, rs := range s.runs {
+				if rs.owned {
+					s.forget(rs)
+				}
+			}
 		case <-leaseTick.C:
 			s.checkLeases()
 			s.releaseIdle(false)
@@ -180,16 +187,13 @@ func (s *shard) loop(ctx context.Context) {
 	}
 }
 
-// keepAlive renews the runs this engine works on, keeps their messages in
-// progress, and drives again a run whose last attempt at it failed.
+// keepAlive keeps the messages of the runs this engine works on in
+// progress, and drives again a run whose last attempt at it failed. (The
+// runs' owner keys need no renewal: liveness.go.)
 func (s *shard) keepAlive(runCtx context.Context) {
 	ctx, cancel := opCtx()
 	defer cancel()
 	for _, rs := range s.runs {
-		if !rs.owned {
-			continue
-		}
-		s.renew(ctx, rs)
 		if !rs.owned {
 			continue
 		}
@@ -248,8 +252,16 @@ func (s *shard) handle(runCtx context.Context, it item) {
 		if !errors.Is(err, ErrConflict) {
 			break
 		}
-		log.Debug().Err(err).Msg("run extended elsewhere: reloading")
 		s.abandon(rs)
+		if owner, ok := s.stillOwner(ctx, rs); !ok {
+			// Taken over: this engine was thought dead. The new owner
+			// decides now; the item goes to it.
+			log.Warn().Str("engine", owner).Msg("lost the run to another engine")
+			s.forget(rs)
+			s.busy(it, ownedElsewhere{owner: owner})
+			return
+		}
+		log.Debug().Err(err).Msg("run extended elsewhere: reloading")
 	}
 	if err != nil {
 		log.Error().Err(err).Str("kind", it.work.kindName()).Msg("work failed; will retry")

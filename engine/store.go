@@ -41,7 +41,6 @@ const engineDuplicates = 30 * time.Second
 type StreamConfig struct {
 	Replicas  int           // replicas of every stream (default 1)
 	OutMaxAge time.Duration // how long out messages are kept (default 168h)
-	OwnerTTL  time.Duration // how long a run's owner key lives unrenewed (default 30s)
 }
 
 // EnsureStreams creates or updates the four streams and the catalog bucket.
@@ -82,12 +81,11 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 			return fmt.Errorf("create stream %s: %w", cfg.Name, err)
 		}
 	}
-	if sc.OwnerTTL <= 0 {
-		sc.OwnerTTL = DefaultAckWait
-	}
 	for _, kv := range []jetstream.KeyValueConfig{
 		{Bucket: n.CatalogBucket(), Description: "toolbatch catalogs by snapshot id"},
-		{Bucket: n.OwnersBucket(), TTL: sc.OwnerTTL, Description: "toolbatch: which engine works on which run (and the projector's leader)"},
+		// No TTL: a run's key is its owner's while the owner lives; an
+		// engine's presence key carries its own TTL (liveness.go).
+		{Bucket: n.OwnersBucket(), LimitMarkerTTL: releasedTTL, Description: "toolbatch: which engine works on which run, the projector's leader, and the engines alive"},
 		{Bucket: n.StateBucket(), Description: "toolbatch committed state: staged commands of finalized batches"},
 		{Bucket: n.WorkersBucket(), TTL: WorkerTTL, Description: "toolbatch live sandbox workers: sandbox.<pool>.<tool_id>.<worker_id> = capability"},
 		{Bucket: n.RegistryBucket(), Description: "toolbatch live executor registry: recovery capabilities"},
@@ -205,6 +203,9 @@ func (l *eventLog) append(ctx context.Context, runID string, lastSeq uint64, evs
 }
 
 func isWrongLastSequence(err error) bool {
+	if err == nil {
+		return false
+	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||

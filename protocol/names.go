@@ -85,11 +85,14 @@ var (
 	// ForwardFamily carries the messages other engines forward to the owner of
 	// their run (engine internal).
 	ForwardFamily = Family{"forward", []string{"engine", TokEngineID, "forward"}, ""}
+	// PingFamily is where an engine answers other engines' liveness probes
+	// (engine internal).
+	PingFamily = Family{"ping", []string{"engine", TokEngineID, "ping"}, ""}
 )
 
 // Families lists every subject family, in the order of docs/protocol.md.
 var Families = []Family{EventsFamily, SubmitFamily, SubmitAsFamily, ResumeFamily, ResumeAsFamily, ControlFamily, ResultFamily, DispatchFamily, OutFamily,
-	TimerAtFamily, TimerFireFamily, ClaimFamily, HeartbeatFamily, GateFamily, BrainFamily, DelegateFamily, ForwardFamily}
+	TimerAtFamily, TimerFireFamily, ClaimFamily, HeartbeatFamily, GateFamily, BrainFamily, DelegateFamily, ForwardFamily, PingFamily}
 
 // Out kinds: the last token of an out subject.
 const (
@@ -266,6 +269,9 @@ func (n Names) Heartbeat() string { return n.Subject(HeartbeatFamily) }
 // engine owns (core NATS, engine internal).
 func (n Names) Forward(engineID string) string { return n.Subject(ForwardFamily, engineID) }
 
+// Ping is where an engine answers the liveness probes of the others.
+func (n Names) Ping(engineID string) string { return n.Subject(PingFamily, engineID) }
+
 // RunOut is the filter of every out subject of a run.
 func (n Names) RunOut(runID string) string { return n.Subject(OutFamily, runID, ">") }
 
@@ -366,6 +372,15 @@ func WorkerFilter(pool, toolID string) string { return WorkerKey(pool, toolID, "
 
 // RegistryKey is a brain tool's capability in the registry bucket.
 func RegistryKey(toolID string) string { return RegistryKeyPrefix + toolID }
+
+// PresenceKey is an engine's presence in the owners bucket: it lives
+// while the engine renews it, and its deletion (by the engine at shutdown,
+// by another engine that found it dead, or by its TTL) hands the runs it
+// owned to the others.
+func PresenceKey(engineID string) string { return PresenceKeyPrefix + engineID }
+
+// PresenceKeyPrefix begins every engine's presence key.
+const PresenceKeyPrefix = "engine."
 
 // ProjectorLeaderKey is the key in the owners bucket of the engine that
 // runs the projector.
