@@ -266,7 +266,6 @@ func (e *Engine) Setup(ctx context.Context) error {
 // handed to a run.
 const intakeBytes = 64 << 20
 
-
 // ensurePoolConsumers creates the dispatch consumer of every sandbox tool
 // of the catalog, one per pool and tool, that the pool's workers share.
 // The engine creates them, not the workers: a worker may only bind to its
