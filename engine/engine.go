@@ -196,6 +196,7 @@ type Engine struct {
 	ownersKV, catalogKV jetstream.KeyValue
 	live                *liveCapabilities
 	liveness            *liveness // of the engines (liveness.go)
+	fwd                 forwards  // messages forwarded to other engines
 
 	catMu    sync.Mutex
 	catalogs map[string]*catalog.Catalog // by snapshot id
@@ -226,6 +227,7 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 		catalogs: map[string]*catalog.Catalog{cfg.Catalog.SnapshotID(): cfg.Catalog},
 		ready:    make(chan struct{}),
 		id:       cfg.ID,
+		fwd:      forwards{sent: map[string]sentForward{}},
 	}
 	if e.id == "" {
 		e.id = nuid.Next()
@@ -365,7 +367,11 @@ func (e *Engine) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("serve forwards: %w", err)
 	}
-	subs = append(subs, fwd)
+	fwdReplies, err := e.serveForwardReplies()
+	if err != nil {
+		return fmt.Errorf("serve forwards: %w", err)
+	}
+	subs = append(subs, fwd, fwdReplies)
 	e.reclaim(ctx)
 	close(e.ready)
 	e.log.Info().Str("prefix", e.cfg.Prefix).Str("catalog", e.cfg.Catalog.SnapshotID()).Msg("engine ready")

@@ -1134,3 +1134,45 @@ func TestFloodIsThrottled(t *testing.T) {
 		t.Fatalf("%d accepted and %d throttled, want %d and %d", accepted, refused, burst, flood-burst)
 	}
 }
+
+// TestAGoneOwnersRunIsTakenOver: a run whose owner key names an engine
+// that is gone without a word (its presence key still there, nothing
+// subscribed to its subjects: a process killed a moment ago) is taken over
+// once the engine is found gone, and the submission forwarded to the gone
+// engine in between comes back at once (the forward meets no responders)
+// instead of after the ack wait, 10 minutes here: the batch's results
+// arrive well within the test's minute.
+func TestAGoneOwnersRunIsTakenOver(t *testing.T) {
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{AckWait: 10 * time.Minute})
+	nc := testnats.Connect(t, url)
+	js := testnats.JetStream(t, nc)
+	ctx := ctxT(t, time.Minute)
+	n := protocol.Names{Prefix: protocol.DefaultPrefix}
+	ghost := nats.NewMsg(n.KVSubject(protocol.BucketOwners, protocol.PresenceKey("ghost")))
+	ghost.Data = []byte("ghost")
+	if _, err := js.PublishMsg(ctx, ghost, jetstream.WithMsgTTL(10*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	owners, err := js.KeyValue(ctx, n.OwnersBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := owners.Create(ctx, protocol.OwnerKey("rg"), []byte("ghost")); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, url)
+	if err := c.Submit(ctx, submitOf("rg", 1, "echo", `{"text":"hi"}`)); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.WaitResults(ctx, "rg", "rg/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resultTexts(res); len(got) != 1 || !strings.Contains(got[0], "hi") {
+		t.Fatalf("results %v", got)
+	}
+	if _, err := owners.Get(ctx, protocol.PresenceKey("ghost")); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("the gone engine's presence: %v", err)
+	}
+}

@@ -3,7 +3,9 @@ package engine
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,8 +24,12 @@ import (
 // it as if JetStream had delivered it there and acknowledges it through
 // that subject, to which any connection may publish. A forwarded
 // message is never forwarded again: if its run changed hands meanwhile it
-// is given back to the stream. A forward that is lost (the owner died) is
-// redelivered after the ack wait, as any unacknowledged message is.
+// is given back to the stream. A forward carries a reply subject of the
+// forwarding engine's, so that one that reaches no subscriber (the owner
+// is gone, and not yet declared dead) is answered "no responders" by the
+// server and given back to the stream at once; the owner sends nothing
+// there. One lost otherwise (the owner died with it) is redelivered after
+// the ack wait, as any unacknowledged message is.
 
 // ownedElsewhere is ErrNotOwner with the owner's engine id.
 type ownedElsewhere struct{ owner string }
@@ -43,9 +49,79 @@ func (e *Engine) forward(m jetstream.Msg, owner string) bool {
 	}
 	h.Set(protocol.HeaderForwardedSubject, m.Subject())
 	h.Set(protocol.HeaderForwardedAck, m.Reply())
-	err := e.nc.PublishMsg(&nats.Msg{Subject: e.names.Forward(owner), Header: h, Data: m.Data()})
+	reply := e.fwd.track(m)
+	err := e.nc.PublishMsg(&nats.Msg{Subject: e.names.Forward(owner), Reply: reply, Header: h, Data: m.Data()})
+	if err != nil {
+		e.fwd.take(reply)
+	}
 	return err == nil
 }
+
+// forwards are the messages this engine forwarded recently, by the reply
+// subject their forward carried.
+type forwards struct {
+	inbox string // <inbox>.<n> is a forward's reply subject
+	mu    sync.Mutex
+	next  uint64
+	sent  map[string]sentForward
+	swept time.Time
+}
+
+type sentForward struct {
+	msg jetstream.Msg
+	at  time.Time
+}
+
+// forwardMemory is how long a forward is remembered: a "no responders"
+// answer comes within a round trip.
+const forwardMemory = 5 * time.Second
+
+func (f *forwards) track(m jetstream.Msg) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := time.Now()
+	if now.Sub(f.swept) > forwardMemory {
+		for k, s := range f.sent {
+			if now.Sub(s.at) > forwardMemory {
+				delete(f.sent, k)
+			}
+		}
+		f.swept = now
+	}
+	f.next++
+	reply := f.inbox + "." + strconv.FormatUint(f.next, 10)
+	f.sent[reply] = sentForward{msg: m, at: now}
+	return reply
+}
+
+func (f *forwards) take(reply string) jetstream.Msg {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.sent[reply]
+	delete(f.sent, reply)
+	if !ok {
+		return nil
+	}
+	return s.msg
+}
+
+// serveForwardReplies gives back to the stream the forwards that reached
+// nobody.
+func (e *Engine) serveForwardReplies() (*nats.Subscription, error) {
+	e.fwd.inbox = e.nc.NewInbox()
+	return e.nc.Subscribe(e.fwd.inbox+".*", func(r *nats.Msg) {
+		if r.Header.Get("Status") != noRespondersStatus {
+			return
+		}
+		if m := e.fwd.take(r.Subject); m != nil {
+			_ = m.NakWithDelay(busyDelay(m, e.cfg.AckWait))
+		}
+	})
+}
+
+// noRespondersStatus is the status NATS answers a message with a reply
+// subject that reached no subscriber.
+const noRespondersStatus = "503"
 
 // serveForwards takes the messages other engines forward to this one.
 func (e *Engine) serveForwards() (*nats.Subscription, error) {

@@ -316,3 +316,57 @@ func TestRestartTakesItsRunsBack(t *testing.T) {
 		t.Fatalf("results %+v", res.Results)
 	}
 }
+
+// TestAnotherEngineTakesAKilledEnginesRuns: two engines on one server;
+// the one that owns the runs is killed while their calls run, and the
+// other takes them over at once: it finds the killed engine gone (its
+// probes meet no responders) rather than waiting for the killed engine's
+// messages to come back after an ack wait of 2 minutes here. The runs'
+// results arrive well before that; and the calls of the runs the live
+// engine owned are not touched.
+func TestAnotherEngineTakesAKilledEnginesRuns(t *testing.T) {
+	url := testnats.Start(t, t.TempDir())
+	engineAt := func(name string) *testproc.Proc {
+		return testproc.Start(t, name, `"engine ready"`, binary, "--nats-url", url, "--log-format", "json", "--ack-wait", "2m")
+	}
+	doomed := engineAt("doomed")
+	nc := testnats.Connect(t, url)
+	c, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 60*time.Second)
+	js := testnats.JetStream(t, nc)
+	ev, err := js.Stream(ctx, "TOOLBATCH_EVENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := []string{"k1", "k2", "k3"}
+	for _, run := range runs {
+		sub := &protocol.Submit{RunID: run, ThreadID: "t", Step: 1, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{
+			{Type: events.BlockToolUse, ID: "c1", Name: "sleep", Input: events.MustJSON(`{"duration":"3s"}`)}}}}
+		if err := c.Submit(ctx, sub); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, run := range runs {
+		testwait.Until(t, ctx, run+"'s call executing", func() bool {
+			m, err := ev.GetLastMsgForSubject(ctx, "toolbatch.events."+run)
+			return err == nil && slices.Contains(m.Header.Values(protocol.HeaderEvent), string(events.TypeCallExecuting))
+		})
+	}
+	heir := engineAt("heir")
+	doomed.Kill()
+	for _, run := range runs {
+		res, err := c.WaitResults(ctx, run, run+"/1")
+		if err != nil {
+			t.Fatalf("%s after its engine was killed: %v\n%s", run, err, heir.Logs())
+		}
+		if len(res.Results) != 1 || res.Results[0].IsError {
+			t.Fatalf("%s: results %+v", run, res.Results)
+		}
+	}
+	if !strings.Contains(heir.Logs(), "taking its runs over") {
+		t.Fatalf("the heir did not find the killed engine gone:\n%s", heir.Logs())
+	}
+}
