@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -161,4 +162,15 @@ func (c *Conn) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSCA, "tls-ca", "", "CA certificate that signed the NATS server's certificate")
 	fs.StringVar(&c.TLSCert, "tls-client-cert", "", "client certificate, for a server that requires mutual TLS")
 	fs.StringVar(&c.TLSKey, "tls-client-key", "", "client certificate's key")
+}
+
+// ServiceOptions are the connection options of the long-lived programs
+// (the engine, a sandbox worker): reconnect forever, and find a stalled
+// server (a paused process, a host that stopped answering) within about
+// three seconds, by pings every second of which three may go unanswered,
+// instead of nats.go's four minutes; then move to another server of the
+// cluster at once. name names the connection in the server's monitoring.
+func ServiceOptions(name string) []nats.Option {
+	return []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.PingInterval(time.Second), nats.MaxPingsOutstanding(3),
+		nats.ReconnectWait(250 * time.Millisecond), nats.ReconnectJitter(100*time.Millisecond, 500*time.Millisecond)}
 }

@@ -300,37 +300,43 @@ func (e *Engine) ensurePoolConsumers(ctx context.Context) error {
 // Run serves until ctx is done, then drains: it stops taking messages,
 // finishes the commit in progress and returns.
 func (e *Engine) Run(ctx context.Context) error {
-	if err := e.Setup(ctx); err != nil {
+	if err := e.untilDone(ctx, "create the streams, buckets and consumers", e.Setup); err != nil {
 		return err
 	}
-	ping, err := e.liveness.register(ctx)
+	ping, err := e.liveness.subscribe()
 	if err != nil {
-		return fmt.Errorf("register this engine's presence: %w", err)
+		return err
 	}
 	defer func() { _ = ping.Unsubscribe() }()
-	watchCtx, cancelWatch := context.WithTimeout(ctx, 10*time.Second)
-	err = e.live.start(watchCtx)
-	cancelWatch()
-	if err != nil {
+	if err := e.untilDone(ctx, "register this engine's presence", e.liveness.register); err != nil {
+		return fmt.Errorf("register this engine's presence: %w", err)
+	}
+	if err := e.untilDone(ctx, "watch the executors' buckets", e.live.start); err != nil {
 		return err
 	}
 	defer e.live.stop()
-	intake, err := e.js.CreateOrUpdateConsumer(ctx, e.names.InboxStream(), jetstream.ConsumerConfig{
-		Durable: protocol.ConsumerEngine, AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
-		MaxAckPending: e.cfg.MaxPending, MaxDeliver: -1, Description: "toolbatch engine intake",
+	var intake, timers jetstream.Consumer
+	var proj *projectorRunner
+	err = e.untilDone(ctx, "create the engine's consumers", func(ctx context.Context) error {
+		var err error
+		intake, err = e.js.CreateOrUpdateConsumer(ctx, e.names.InboxStream(), jetstream.ConsumerConfig{
+			Durable: protocol.ConsumerEngine, AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
+			MaxAckPending: e.cfg.MaxPending, MaxDeliver: -1, Description: "toolbatch engine intake",
+		})
+		if err != nil {
+			return fmt.Errorf("intake consumer: %w", err)
+		}
+		timers, err = e.js.CreateOrUpdateConsumer(ctx, e.names.TimersStream(), jetstream.ConsumerConfig{
+			Durable: protocol.ConsumerEngine, AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
+			MaxAckPending: e.cfg.MaxPending, MaxDeliver: -1, FilterSubjects: []string{e.names.TimerFire("*")},
+			Description: "toolbatch engine: fired ticket timers",
+		})
+		if err != nil {
+			return fmt.Errorf("timer consumer: %w", err)
+		}
+		proj, err = newProjectorRunner(ctx, e)
+		return err
 	})
-	if err != nil {
-		return fmt.Errorf("intake consumer: %w", err)
-	}
-	timers, err := e.js.CreateOrUpdateConsumer(ctx, e.names.TimersStream(), jetstream.ConsumerConfig{
-		Durable: protocol.ConsumerEngine, AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
-		MaxAckPending: e.cfg.MaxPending, MaxDeliver: -1, FilterSubjects: []string{e.names.TimerFire("*")},
-		Description: "toolbatch engine: fired ticket timers",
-	})
-	if err != nil {
-		return fmt.Errorf("timer consumer: %w", err)
-	}
-	proj, err := newProjectorRunner(ctx, e)
 	if err != nil {
 		return err
 	}

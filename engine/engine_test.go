@@ -1176,3 +1176,53 @@ func TestAGoneOwnersRunIsTakenOver(t *testing.T) {
 		t.Fatalf("the gone engine's presence: %v", err)
 	}
 }
+
+// TestEnginesStartTogetherOnAFreshCluster: two engines started at once
+// with three replicas on a cluster that has just started (no meta leader
+// yet, every stream to be created and placed) wait for it and both come
+// up, then serve a batch.
+func TestEnginesStartTogetherOnAFreshCluster(t *testing.T) {
+	urls := testnats.StartCluster(t, t.TempDir(), 3)
+	ctx := ctxT(t, 2*time.Minute)
+	var engines []*engine.Engine
+	for i := range 2 {
+		cfg := engine.Config{Replicas: 3}
+		if testing.Verbose() {
+			cfg.Logger = zerolog.New(zerolog.NewTestWriter(t)).With().Int("engine", i+1).Logger().Level(zerolog.InfoLevel)
+		}
+		e, err := engine.New(testnats.Connect(t, urls), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		engines = append(engines, e)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, len(engines))
+	for _, e := range engines {
+		go func() { done <- e.Run(runCtx) }()
+	}
+	defer func() {
+		stop()
+		for range engines {
+			if err := <-done; err != nil {
+				t.Errorf("engine: %v", err)
+			}
+		}
+	}()
+	for _, e := range engines {
+		select {
+		case <-e.Ready():
+		case err := <-done:
+			t.Fatalf("an engine stopped before it was ready: %v", err)
+		case <-ctx.Done():
+			t.Fatal("an engine not ready within the test's time")
+		}
+	}
+	c := newClient(t, urls)
+	if err := c.Submit(ctx, submitOf("rc", 1, "echo", `{"text":"hi"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitResults(ctx, "rc", "rc/1"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -65,6 +65,12 @@ type liveness struct {
 
 	mu    sync.Mutex
 	peers map[string]*peer // the other engines whose presence is known
+	// heard is when this engine's probe of itself was last answered, back
+	// is when the last break in those answers ended: what a lease watch
+	// needs to tell a silent worker from a connection that carried
+	// nothing (connected).
+	heard, back time.Time
+	selfProbing bool
 }
 
 // peer is another engine, as probes see it.
@@ -79,20 +85,20 @@ func newLiveness(e *Engine) *liveness {
 	return &liveness{e: e, ttl: max(e.cfg.AckWait, 2*time.Second), peers: map[string]*peer{}}
 }
 
+// subscribe answers the other engines' probes.
+func (l *liveness) subscribe() (*nats.Subscription, error) {
+	return l.e.nc.Subscribe(l.e.names.Ping(l.e.id), func(m *nats.Msg) { _ = m.Respond(nil) })
+}
+
 // register writes this engine's presence (unconditionally: a previous
-// process of the same id may have left its key) and answers probes.
-func (l *liveness) register(ctx context.Context) (*nats.Subscription, error) {
-	sub, err := l.e.nc.Subscribe(l.e.names.Ping(l.e.id), func(m *nats.Msg) { _ = m.Respond(nil) })
-	if err != nil {
-		return nil, err
-	}
+// process of the same id may have left its key).
+func (l *liveness) register(ctx context.Context) error {
 	ack, err := l.publish(ctx, nil)
 	if err != nil {
-		_ = sub.Unsubscribe()
-		return nil, err
+		return err
 	}
 	l.rev = ack.Sequence
-	return sub, nil
+	return nil
 }
 
 // publish writes this engine's presence key; after, when not nil, is the
@@ -206,10 +212,15 @@ func (l *liveness) watched(entry jetstream.KeyValueEntry) {
 	p.rev = entry.Revision()
 }
 
-// probeAll probes every other engine without waiting for the answers.
+// probeAll probes every other engine, and this one, without waiting for
+// the answers.
 func (l *liveness) probeAll() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if !l.selfProbing {
+		l.selfProbing = true
+		go l.probeSelf()
+	}
 	for id, p := range l.peers {
 		if p.probing {
 			continue
@@ -252,6 +263,35 @@ func (l *liveness) probe(id string, p *peer) {
 	}
 	l.e.log.Warn().Str("engine", id).Dur("silent", now.Sub(p.silent)).Msg("engine gone (no connection answers its probes): taking its runs over")
 	// The watch delivers the deletion: every engine sweeps then.
+}
+
+// probeSelf asks this engine's own ping subject through the server: an
+// answer proves the connection carries messages both ways now.
+func (l *liveness) probeSelf() {
+	_, err := l.e.nc.Request(l.e.names.Ping(l.e.id), nil, probeTimeout)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.selfProbing = false
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	if now.Sub(l.heard) > 2*probeEvery+probeTimeout {
+		l.back = now // the first answer after a break (or ever)
+	}
+	l.heard = now
+}
+
+// connected reports whether this engine's connection carries messages now,
+// and since when without a break. A lease or a dispatch deadline watched
+// here runs out only while it does, and no sooner than one lease after a
+// break ended: a worker's heartbeats and claims could not reach an engine
+// whose server stalled or failed over, and must not be held against the
+// worker.
+func (l *liveness) connected() (bool, time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.heard.IsZero() && time.Since(l.heard) <= 2*probeEvery+probeTimeout, l.back
 }
 
 // alive reports whether an engine may still be alive: known by the watch,

@@ -87,11 +87,14 @@ func TestProbesDeclareOnlyAGoneEngineDead(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ping, err := e.liveness.register(ctx)
+	ping, err := e.liveness.subscribe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ping.Unsubscribe()
+	if err := e.liveness.register(ctx); err != nil {
+		t.Fatal(err)
+	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	for _, s := range e.shards {
@@ -127,11 +130,14 @@ func TestProbesDeclareOnlyAGoneEngineDead(t *testing.T) {
 // projector's lead, then registers again.
 func TestAnEngineDeclaredDeadFencesItself(t *testing.T) {
 	e, ctx := setUpEngine(t)
-	ping, err := e.liveness.register(ctx)
+	ping, err := e.liveness.subscribe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ping.Unsubscribe()
+	if err := e.liveness.register(ctx); err != nil {
+		t.Fatal(err)
+	}
 	s := e.shardOf("rf")
 	rev, err := e.ownersKV.Create(ctx, protocol.OwnerKey("rf"), []byte(e.id))
 	if err != nil {

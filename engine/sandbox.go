@@ -333,9 +333,13 @@ func (s *shard) onResult(ctx context.Context, rs *runState, in *inboxMsg) error 
 }
 
 // checkLeases decides the attempts whose lease or dispatch deadline ran
-// out.
+// out, while this engine's connection works (liveness.connected).
 func (s *shard) checkLeases() {
 	now := time.Now()
+	up, since := s.e.liveness.connected()
+	if !up || now.Before(since.Add(s.e.cfg.Lease)) {
+		return // what could not reach this engine is not held against a worker
+	}
 	for _, rs := range s.runs {
 		for callID, u := range rs.unclaimed {
 			if now.Before(u.deadline) {

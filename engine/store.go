@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -76,10 +77,16 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 		Storage: jetstream.FileStorage, Replicas: sc.Replicas, AllowMsgSchedules: true, AllowRollup: true,
 		Description: "toolbatch ticket timers (deadlines and due scheduled actions) and cancels of delegated children",
 	})
+	// Every stream and bucket at once: on a cluster each replicated one
+	// waits for its own group's leader election, and these overlap.
+	var steps []func() error
 	for _, cfg := range cfgs {
-		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
-			return fmt.Errorf("create stream %s: %w", cfg.Name, err)
-		}
+		steps = append(steps, func() error {
+			if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+				return fmt.Errorf("create stream %s: %w", cfg.Name, err)
+			}
+			return nil
+		})
 	}
 	for _, kv := range []jetstream.KeyValueConfig{
 		{Bucket: n.CatalogBucket(), Description: "toolbatch catalogs by snapshot id"},
@@ -91,16 +98,22 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 		{Bucket: n.RegistryBucket(), Description: "toolbatch live executor registry: recovery capabilities"},
 	} {
 		kv.Storage, kv.Replicas = jetstream.FileStorage, sc.Replicas
-		if slices.Contains(sealedBuckets(n), kv.Bucket) {
-			// Made once: an update would undo the purge refusal below,
-			// which JetStream then refuses to cancel.
-			if _, err := js.KeyValue(ctx, kv.Bucket); err == nil {
-				continue
+		steps = append(steps, func() error {
+			if slices.Contains(sealedBuckets(n), kv.Bucket) {
+				// Made once: an update would undo the purge refusal below,
+				// which JetStream then refuses to cancel.
+				if _, err := js.KeyValue(ctx, kv.Bucket); err == nil {
+					return nil
+				}
 			}
-		}
-		if _, err := js.CreateOrUpdateKeyValue(ctx, kv); err != nil {
-			return fmt.Errorf("create bucket %s: %w", kv.Bucket, err)
-		}
+			if _, err := js.CreateOrUpdateKeyValue(ctx, kv); err != nil {
+				return fmt.Errorf("create bucket %s: %w", kv.Bucket, err)
+			}
+			return nil
+		})
+	}
+	if err := inParallel(steps); err != nil {
+		return err
 	}
 	// Workers and brain services write their own keys of these two
 	// buckets: a rollup header on one of their writes would purge every
@@ -120,6 +133,18 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 		}
 	}
 	return nil
+}
+
+// inParallel runs steps at once and returns their errors.
+func inParallel(steps []func() error) error {
+	errs := make([]error, len(steps))
+	var wg sync.WaitGroup
+	for i, step := range steps {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = step() }()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // sealedBuckets are the buckets that take no rollup: workers and brain

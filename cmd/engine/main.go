@@ -122,7 +122,7 @@ func run(args []string, stderr io.Writer) error {
 		cfg.WorkerPools = workers.of
 	}
 	url := o.natsURL
-	connOpts := []nats.Option{nats.Name("toolbatch-engine"), nats.MaxReconnects(-1)}
+	connOpts := access.ServiceOptions("toolbatch-engine")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if url == "" {

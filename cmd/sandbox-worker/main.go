@@ -122,7 +122,7 @@ func run(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(*natsURL, append(connOpts, nats.Name("toolbatch-sandbox-worker"), nats.MaxReconnects(-1))...)
+	nc, err := nats.Connect(*natsURL, append(connOpts, access.ServiceOptions("toolbatch-sandbox-worker")...)...)
 	if err != nil {
 		return fmt.Errorf("connect to %s: %w", *natsURL, err)
 	}
