@@ -119,7 +119,7 @@ func (r *Run) apply(e events.Event) error {
 		case c.Claim != nil:
 			return fail(e, ev.CallID, ErrAlreadyClaimed)
 		}
-		c.Claim = &Grant{Attempt: ev.Attempt, WorkerID: ev.WorkerID, Token: ev.ClaimToken, LeaseMS: ev.LeaseMS, At: ev.At}
+		c.Claim = &Grant{Attempt: ev.Attempt, WorkerID: ev.WorkerID, Incarnation: ev.Incarnation, Token: ev.ClaimToken, LeaseMS: ev.LeaseMS, At: ev.At}
 		c.Crossed = true
 		c.Entries++
 		return nil

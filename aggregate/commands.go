@@ -81,12 +81,13 @@ type ParkClient struct {
 // Claim grants an attempt of a sandbox call to a worker: the dispatch
 // boundary.
 type Claim struct {
-	CallID   string
-	Attempt  int
-	WorkerID string
-	Token    string
-	LeaseMS  int64
-	At       time.Time
+	CallID      string
+	Attempt     int
+	WorkerID    string
+	Incarnation string // the worker process's id: its claim again is granted again
+	Token       string
+	LeaseMS     int64
+	At          time.Time
 }
 
 // Complete reports an attempt's outcome: an output, or an error. A sandbox

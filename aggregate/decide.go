@@ -391,10 +391,13 @@ func (d *decider) claim(cl Claim) error {
 		return ErrNotSandbox
 	}
 	if c.Claim != nil {
+		if cl.Incarnation != "" && c.Claim.WorkerID == cl.WorkerID && c.Claim.Incarnation == cl.Incarnation {
+			return nil // the same process asks again: its grant stands, unchanged
+		}
 		return ErrAlreadyClaimed
 	}
 	return d.emit(&events.CallClaimed{BatchID: b.ID, CallID: c.CallID, Attempt: c.Attempt,
-		WorkerID: cl.WorkerID, ClaimToken: cl.Token, LeaseMS: cl.LeaseMS, At: cl.At})
+		WorkerID: cl.WorkerID, Incarnation: cl.Incarnation, ClaimToken: cl.Token, LeaseMS: cl.LeaseMS, At: cl.At})
 }
 
 func (d *decider) complete(cp Complete) error { return d.completeAttempt(cp, false) }

@@ -91,7 +91,7 @@ func (h *harness) dispatch(c *datadriven.Case) (string, error) {
 		return h.decide(aggregate.ParkClient{CallID: arg(c, "call", ""), CorrelationID: arg(c, "corr", ""), Deadline: h.after(c, "deadline"), At: h.now})
 	case "claim":
 		return h.decide(aggregate.Claim{CallID: arg(c, "call", ""), Attempt: argInt(c, "attempt", 1), WorkerID: arg(c, "worker", "w1"),
-			Token: arg(c, "token", "tok"), LeaseMS: 10000, At: h.now})
+			Incarnation: arg(c, "process", ""), Token: arg(c, "token", "tok"), LeaseMS: 10000, At: h.now})
 	case "complete":
 		return h.complete(c)
 	case "resume":

@@ -151,11 +151,12 @@ type Call struct {
 
 // Grant is a granted claim of one attempt.
 type Grant struct {
-	Attempt  int       `msgpack:"attempt"`
-	WorkerID string    `msgpack:"worker_id"`
-	Token    string    `msgpack:"token"`
-	LeaseMS  int64     `msgpack:"lease_ms"`
-	At       time.Time `msgpack:"at"`
+	Attempt     int       `msgpack:"attempt"`
+	WorkerID    string    `msgpack:"worker_id"`
+	Incarnation string    `msgpack:"incarnation,omitempty"`
+	Token       string    `msgpack:"token"`
+	LeaseMS     int64     `msgpack:"lease_ms"`
+	At          time.Time `msgpack:"at"`
 }
 
 // New returns the empty state of a run.

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -31,7 +32,9 @@ import (
 //  2. A worker asks for the attempt on <prefix>.api.claim. The engine
 //     decides the claim, commits CallClaimed (the dispatch boundary), and
 //     only then answers with a claim token and a lease. A second claim of
-//     the same attempt (a redelivered or duplicated dispatch) is refused.
+//     the same attempt (a redelivered or duplicated dispatch) is refused
+//     (protocol.ReasonClaimed), unless it comes from the same worker
+//     process (its first answer was lost): its grant is answered again.
 //  3. The worker heartbeats on <prefix>.api.heartbeat while the tool runs;
 //     each heartbeat renews the lease. A lease that runs out is decided by
 //     the recovery table (LeaseExpired). After a restart the engine waits
@@ -231,18 +234,25 @@ func (s *shard) onClaim(ctx context.Context, rs *runState, cr *claimReq) error {
 		return nil
 	}
 	leaseMS := s.e.cfg.Lease.Milliseconds()
-	token := newID()
-	_, err := s.decideNow(ctx, rs, aggregate.Claim{CallID: callID, Attempt: req.Attempt, WorkerID: req.WorkerID, Token: token, LeaseMS: leaseMS, At: s.e.cfg.Now()})
+	_, err := s.decideNow(ctx, rs, aggregate.Claim{CallID: callID, Attempt: req.Attempt, WorkerID: req.WorkerID,
+		Incarnation: req.Incarnation, Token: newID(), LeaseMS: leaseMS, At: s.e.cfg.Now()})
 	if err != nil && !aggregate.IsDecision(err) {
 		return err // answered busy: the worker gives the job back
+	}
+	if errors.Is(err, aggregate.ErrAlreadyClaimed) {
+		respond(cr.req, protocol.ClaimReply{Reason: protocol.ReasonClaimed})
+		return nil
 	}
 	if err != nil {
 		respond(cr.req, protocol.ClaimReply{Reason: err.Error()})
 		return nil
 	}
+	// The grant as the log holds it: new, or the one this worker process
+	// asks for again.
+	c, _ := rs.run.OpenBatch().Call(callID)
+	token := c.Claim.Token
 	rs.leases[callID] = lease{attempt: req.Attempt, token: token, deadline: time.Now().Add(s.e.cfg.Lease)}
 	delete(rs.unclaimed, callID)
-	c, _ := rs.run.OpenBatch().Call(callID)
 	respond(cr.req, protocol.ClaimReply{Granted: true, ClaimToken: token, LeaseMS: leaseMS, Job: &protocol.Dispatch{
 		BatchID: batchID, RunID: rs.id, CallID: callID, ToolID: c.ToolID, Arguments: c.Arguments, Attempt: req.Attempt, OperationID: req.OperationID}})
 	return nil

@@ -86,9 +86,18 @@ tools:
 	if d1.Attempt != 1 || d1.OperationID != "fence/1/c1" {
 		t.Fatalf("dispatch %+v", d1)
 	}
-	g1 := request("toolbatch.api.claim", protocol.ClaimRequest{OperationID: d1.OperationID, Attempt: 1, WorkerID: "old"})
+	g1 := request("toolbatch.api.claim", protocol.ClaimRequest{OperationID: d1.OperationID, Attempt: 1, WorkerID: "old", Incarnation: "p1"})
 	if !g1.Granted || g1.ClaimToken == "" {
 		t.Fatalf("first claim: %+v", g1)
+	}
+	// The same worker process asks again (as when the first answer was
+	// lost): the same grant.
+	if g := request("toolbatch.api.claim", protocol.ClaimRequest{OperationID: d1.OperationID, Attempt: 1, WorkerID: "old", Incarnation: "p1"}); !g.Granted || g.ClaimToken != g1.ClaimToken || g.Job == nil {
+		t.Fatalf("the same process's claim again: %+v (first %+v)", g, g1)
+	}
+	// Another process of the same worker does not get it.
+	if g := request("toolbatch.api.claim", protocol.ClaimRequest{OperationID: d1.OperationID, Attempt: 1, WorkerID: "old", Incarnation: "p2"}); g.Granted || g.Reason != protocol.ReasonClaimed {
+		t.Fatalf("another process's claim: %+v", g)
 	}
 	// The notice carries no arguments; the grant carries the job as the
 	// log has it.
@@ -99,7 +108,7 @@ tools:
 		t.Fatalf("granted job: %+v", g1.Job)
 	}
 	// The same attempt again (a redelivered dispatch) is refused.
-	if g := request("toolbatch.api.claim", protocol.ClaimRequest{OperationID: d1.OperationID, Attempt: 1, WorkerID: "other"}); g.Granted {
+	if g := request("toolbatch.api.claim", protocol.ClaimRequest{OperationID: d1.OperationID, Attempt: 1, WorkerID: "other"}); g.Granted || g.Reason != protocol.ReasonClaimed {
 		t.Fatalf("second claim of attempt 1 granted: %+v", g)
 	}
 	// No heartbeat: the lease runs out and attempt 2 is dispatched.

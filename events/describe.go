@@ -31,7 +31,11 @@ func Describe(e Event) string {
 		}
 		return s
 	case *CallClaimed:
-		return fmt.Sprintf("CallClaimed %s attempt=%d worker=%s token=%s", ev.CallID, ev.Attempt, ev.WorkerID, ev.ClaimToken)
+		s := fmt.Sprintf("CallClaimed %s attempt=%d worker=%s token=%s", ev.CallID, ev.Attempt, ev.WorkerID, ev.ClaimToken)
+		if ev.Incarnation != "" {
+			s += " process=" + ev.Incarnation
+		}
+		return s
 	case *CallCompleted:
 		return fmt.Sprintf("CallCompleted %s attempt=%d %s", ev.CallID, ev.Attempt, DescribeOutput(ev.Output))
 	case *CallIndeterminate:

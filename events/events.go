@@ -118,13 +118,16 @@ type CallExecuting struct {
 // CallClaimed records that a sandbox worker was granted an attempt: the
 // dispatch boundary. It is committed before the claim is answered.
 type CallClaimed struct {
-	BatchID    string    `msgpack:"batch_id" json:"batch_id"`
-	CallID     string    `msgpack:"call_id" json:"call_id"`
-	Attempt    int       `msgpack:"attempt" json:"attempt"`
-	WorkerID   string    `msgpack:"worker_id" json:"worker_id"`
-	ClaimToken string    `msgpack:"claim_token" json:"claim_token"`
-	LeaseMS    int64     `msgpack:"lease_ms" json:"lease_ms"`
-	At         time.Time `msgpack:"at" json:"at"`
+	BatchID  string `msgpack:"batch_id" json:"batch_id"`
+	CallID   string `msgpack:"call_id" json:"call_id"`
+	Attempt  int    `msgpack:"attempt" json:"attempt"`
+	WorkerID string `msgpack:"worker_id" json:"worker_id"`
+	// Incarnation is the claiming worker process's id (absent before it
+	// was recorded): the same process's claim again is granted again.
+	Incarnation string    `msgpack:"incarnation,omitempty" json:"incarnation,omitempty"`
+	ClaimToken  string    `msgpack:"claim_token" json:"claim_token"`
+	LeaseMS     int64     `msgpack:"lease_ms" json:"lease_ms"`
+	At          time.Time `msgpack:"at" json:"at"`
 }
 
 // CallCompleted records a call's determinate outcome, with its staged state.

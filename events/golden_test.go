@@ -145,7 +145,7 @@ func eventSamples() map[events.Type]eventSample {
 		events.TypeCallClaimed: {event: &events.CallClaimed{
 			BatchID: "run_7f3a/3", CallID: "toolu_01", Attempt: 2, WorkerID: "worker-a1",
 			ClaimToken: "claim_5e2", LeaseMS: 30000, At: goldenAt,
-		}},
+		}, allowZero: []string{"Incarnation"}}, // added later, omitted when empty: the fixture's bytes stand
 		events.TypeCallCompleted: {event: &events.CallCompleted{
 			BatchID: "run_7f3a/3", CallID: "toolu_01", Attempt: 2, Output: output(),
 			ErrorKind: events.ErrorExecution, At: goldenAt,
@@ -231,8 +231,10 @@ func wireFixtures() []wireFixture {
 		{name: "dispatch", newValue: newOf[protocol.Dispatch](),
 			sample: &protocol.Dispatch{BatchID: "run_7f3a/3", RunID: "run_7f3a", CallID: "toolu_01", ToolID: "read_file",
 				Arguments: events.MustJSON(goldenValue), Attempt: 2, OperationID: "run_7f3a/3/toolu_01"}},
-		{name: "claim_request", newValue: newOf[protocol.ClaimRequest](),
+		{name: "claim_request", newValue: newOf[protocol.ClaimRequest](), allowZero: []string{"Incarnation"}, // a worker before it
 			sample: &protocol.ClaimRequest{OperationID: "run_7f3a/3/toolu_01", Attempt: 2, WorkerID: "worker-a1"}},
+		{name: "claim_request_process", newValue: newOf[protocol.ClaimRequest](),
+			sample: &protocol.ClaimRequest{OperationID: "run_7f3a/3/toolu_01", Attempt: 2, WorkerID: "worker-a1", Incarnation: "Q7bDh2kxN1c9mT0sWv4ZpE"}},
 		{name: "claim_reply", newValue: newOf[protocol.ClaimReply](), allowZero: []string{"Job"}, // a heartbeat's reply
 			sample: &protocol.ClaimReply{Granted: true, ClaimToken: "claim_5e2", LeaseMS: 30000, Reason: "granted on first claim"}},
 		{name: "claim_reply_job", newValue: newOf[protocol.ClaimReply](),

@@ -283,11 +283,17 @@ type Dispatch struct {
 	OperationID string         `msgpack:"operation_id" json:"operation_id"`
 }
 
-// ClaimRequest asks for an attempt on <prefix>.api.claim.
+// ClaimRequest asks for an attempt on <prefix>.api.claim. Incarnation is
+// the worker process's own id, new at each start: a claim of an attempt
+// already granted to the same worker and incarnation (its answer was lost,
+// say in a leader election) is granted again with the same token, so a
+// worker asks again rather than losing the job; a worker runs an attempt
+// once however many times it is granted.
 type ClaimRequest struct {
 	OperationID string `msgpack:"operation_id" json:"operation_id"`
 	Attempt     int    `msgpack:"attempt" json:"attempt"`
 	WorkerID    string `msgpack:"worker_id" json:"worker_id"`
+	Incarnation string `msgpack:"incarnation,omitempty" json:"incarnation,omitempty"`
 }
 
 // ClaimReply answers a claim: granted with a token, a lease and the job as
@@ -305,6 +311,12 @@ type ClaimReply struct {
 // ReasonBusy in a refused ClaimReply means the engine could not decide
 // now: give the job back and try again later (nothing was granted).
 const ReasonBusy = "engine busy, try again"
+
+// ReasonClaimed in a refused ClaimReply means another worker (or another
+// process of this one) holds the attempt's claim: give the job back
+// without running it. Its holder may not have had the grant's answer; the
+// job reaches it again, or the lease runs out and the engine decides.
+const ReasonClaimed = "claimed by another worker"
 
 // Heartbeat extends a claim's lease on <prefix>.api.heartbeat; the reply is
 // a ClaimReply (granted false when the claim is no longer current).

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
 	"github.com/toolbatch/toolbatch/events"
@@ -27,7 +28,12 @@ const (
 	DefaultConcurrency = 4
 	DefaultGrace       = 30 * time.Second
 	advertiseEvery     = 10 * time.Second
-	claimTimeout       = 5 * time.Second
+	// claimTimeout bounds a claim's round trip: an engine answers within
+	// milliseconds, so a claim unanswered this long is given back (its
+	// run's owner may be gone, and another engine takes the run over in
+	// seconds) rather than holding a slot. Asked again, an attempt already
+	// granted to this process is granted again (ClaimRequest.Incarnation).
+	claimTimeout = 2 * time.Second
 )
 
 // Config configures a worker.
@@ -55,6 +61,75 @@ type Worker struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	log    zerolog.Logger
+	// incarnation names this process in its claims.
+	incarnation string
+
+	mu sync.Mutex
+	// jobs are the attempts this process is claiming or running, by
+	// operation id and attempt, with every delivery of each: a job
+	// delivered again meanwhile (its acknowledgement lost in a leader
+	// election, say) joins the one in hand and is never run twice.
+	jobs map[string]*job
+	// ran are the attempts this process ran and reported, by when: one
+	// delivered again later is acknowledged, never run again (the claim it
+	// would be granted again is this process's own).
+	ran map[string]time.Time
+}
+
+// ranMemory is how long a reported attempt is remembered.
+const ranMemory = 10 * time.Minute
+
+// job is an attempt in hand, with its deliveries.
+type job struct {
+	mu   sync.Mutex
+	msgs []jetstream.Msg
+}
+
+// each applies f to every delivery of the job.
+func (j *job) each(f func(jetstream.Msg) error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, m := range j.msgs {
+		_ = f(m)
+	}
+}
+
+// take registers a delivery: the job it starts, or nil when it joined an
+// attempt already in hand or was acknowledged as one already run.
+func (w *Worker) take(key string, m jetstream.Msg) *job {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.ran[key]; ok {
+		_ = m.Ack()
+		return nil
+	}
+	if j, ok := w.jobs[key]; ok {
+		j.mu.Lock()
+		j.msgs = append(j.msgs, m)
+		j.mu.Unlock()
+		return nil
+	}
+	j := &job{msgs: []jetstream.Msg{m}}
+	w.jobs[key] = j
+	return j
+}
+
+// done lets an attempt go; ran says its tool ran and its result was
+// published.
+func (w *Worker) done(key string, ran bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.jobs, key)
+	if !ran {
+		return
+	}
+	now := time.Now()
+	for k, at := range w.ran {
+		if now.Sub(at) > ranMemory {
+			delete(w.ran, k)
+		}
+	}
+	w.ran[key] = now
 }
 
 // New returns a worker for the tools of a sandbox config.
@@ -85,7 +160,8 @@ func New(nc *nats.Conn, sc sandbox.Config, runner Runner, cfg Config) (*Worker, 
 	if err != nil {
 		return nil, err
 	}
-	return &Worker{cfg: cfg, tools: sc.Tools, runner: runner, nc: nc, js: js, log: cfg.Logger}, nil
+	return &Worker{cfg: cfg, tools: sc.Tools, runner: runner, nc: nc, js: js, log: cfg.Logger,
+		incarnation: nuid.Next(), jobs: map[string]*job{}, ran: map[string]time.Time{}}, nil
 }
 
 func (w *Worker) names() protocol.Names { return protocol.Names{Prefix: w.cfg.Prefix} }
@@ -258,29 +334,40 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 		return
 	}
 	log := w.log.With().Str("run_id", d.RunID).Str("call_id", d.CallID).Int("attempt", d.Attempt).Logger()
-	reply, err := w.request(w.names().Claim(), protocol.ClaimRequest{OperationID: d.OperationID, Attempt: d.Attempt, WorkerID: w.cfg.WorkerID})
-	if err != nil {
-		log.Warn().Err(err).Msg("claim unanswered: job given back")
-		_ = m.NakWithDelay(time.Second)
+	key := fmt.Sprintf("%s/%d", d.OperationID, d.Attempt)
+	j := w.take(key, m)
+	if j == nil {
+		log.Debug().Msg("delivered again while in hand: joined")
 		return
 	}
-	if !reply.Granted && reply.Reason == protocol.ReasonBusy {
-		_ = m.NakWithDelay(time.Second)
+	ran := false
+	defer func() { w.done(key, ran) }()
+	reply, err := w.request(w.names().Claim(), protocol.ClaimRequest{OperationID: d.OperationID, Attempt: d.Attempt,
+		WorkerID: w.cfg.WorkerID, Incarnation: w.incarnation})
+	if err != nil {
+		log.Warn().Err(err).Msg("claim unanswered: job given back")
+		j.each(func(m jetstream.Msg) error { return m.NakWithDelay(time.Second) })
+		return
+	}
+	if !reply.Granted && (reply.Reason == protocol.ReasonBusy || reply.Reason == protocol.ReasonClaimed) {
+		// Busy, or another worker holds the claim and may not have had its
+		// answer: give the job back for its holder (or the lease's end).
+		j.each(func(m jetstream.Msg) error { return m.NakWithDelay(time.Second) })
 		return
 	}
 	if !reply.Granted {
 		log.Info().Str("reason", reply.Reason).Msg("claim refused: job dropped")
-		_ = m.Ack()
+		j.each(jetstream.Msg.Ack)
 		return
 	}
 	// Run what the engine granted, not what the notice said: the job of
 	// the claim reply, which only an engine can send to this worker's
 	// inbox. It must be the attempt claimed, of a tool of this subject.
-	job := reply.Job
+	granted := reply.Job
 	where, _ := w.names().Match(protocol.DispatchFamily, m.Subject()) // pool, tool
-	if job == nil || job.OperationID != d.OperationID || job.Attempt != d.Attempt || len(where) != 2 || where[1] != job.ToolID {
+	if granted == nil || granted.OperationID != d.OperationID || granted.Attempt != d.Attempt || len(where) != 2 || where[1] != granted.ToolID {
 		log.Warn().Str("subject", m.Subject()).Msg("claim granted without this job: not run; the lease runs out and the engine decides")
-		_ = m.Ack()
+		j.each(jetstream.Msg.Ack)
 		return
 	}
 	lease := time.Duration(reply.LeaseMS) * time.Millisecond
@@ -299,7 +386,7 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 			case <-toolCtx.Done():
 				return
 			case <-tick.C:
-				_ = m.InProgress()
+				j.each(jetstream.Msg.InProgress)
 				r, err := w.request(w.names().Heartbeat(), protocol.Heartbeat{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, WorkerID: w.cfg.WorkerID})
 				if err == nil && !r.Granted && r.Reason != protocol.ReasonBusy {
 					log.Warn().Str("reason", r.Reason).Msg("claim lost: stopping the tool")
@@ -309,7 +396,7 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 			}
 		}
 	}()
-	res := w.runner.Run(toolCtx, sandbox.Call{ToolID: job.ToolID, CallID: job.CallID, OperationID: job.OperationID, Attempt: job.Attempt, Arguments: job.Arguments})
+	res := w.runner.Run(toolCtx, sandbox.Call{ToolID: granted.ToolID, CallID: granted.CallID, OperationID: granted.OperationID, Attempt: granted.Attempt, Arguments: granted.Arguments})
 	stopTool()
 	<-beatDone
 	result := protocol.Result{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, Output: res.Output, Error: res.Err}
@@ -321,7 +408,7 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 		log.Error().Err(err).Msg("encode result")
 		return
 	}
-	msg := nats.NewMsg(w.names().Result(job.RunID))
+	msg := nats.NewMsg(w.names().Result(granted.RunID))
 	msg.Data = body
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -337,7 +424,8 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 		case <-time.After(time.Second):
 		}
 	}
-	_ = m.Ack()
+	ran = true
+	j.each(jetstream.Msg.Ack)
 	log.Debug().Msg("done")
 }
 
