@@ -518,6 +518,8 @@ func permissionMatrix(t *testing.T, d *deployment) {
 		{"w1", "subscribe to the claim subject (answer claims)", func(c *conn) op { return subscribe(c, n.Claim()) }},
 		{"w1", "publish a claim grant to another worker's inbox", func(c *conn) op { return publish(c, access.InboxPrefix(w2key)+".x.y") }},
 		{"w1", "publish to an engine's forward subject", func(c *conn) op { return publish(c, n.Forward("e1")) }},
+		{"w1", "answer an engine's liveness probes (keep a dead engine alive)", func(c *conn) op { return subscribe(c, n.Ping("e1")) }},
+		{"w1", "write an engine's presence", func(c *conn) op { return kvPut(c, n.OwnersBucket(), protocol.PresenceKey("e1")) }},
 		{"w1", "submit a batch", func(c *conn) op { return jsPublish(c, n.Submit("r3")) }},
 		// clients
 		{"c1", "publish a commit on a run's events subject", func(c *conn) op { return jsPublish(c, n.Events("r1")) }},
@@ -543,6 +545,8 @@ func permissionMatrix(t *testing.T, d *deployment) {
 		{"c1", "subscribe to the shared inbox prefix", func(c *conn) op { return subscribe(c, "_INBOX.>") }},
 		{"c1", "subscribe to submits", func(c *conn) op { return subscribe(c, n.Submit("*")) }},
 		{"c1", "publish to an engine's forward subject", func(c *conn) op { return publish(c, n.Forward("e1")) }},
+		{"c1", "answer an engine's liveness probes (keep a dead engine alive)", func(c *conn) op { return subscribe(c, n.Ping("e1")) }},
+		{"c1", "delete an engine's presence (declare it dead)", func(c *conn) op { return kvPut(c, n.OwnersBucket(), protocol.PresenceKey("e1")) }},
 		{"c1", "ask a brain tool directly", func(c *conn) op { return request(c, n.Brain("search")) }},
 		// approvers
 		{"alice", "resume as another principal", func(c *conn) op { return jsPublish(c, n.ResumeAs("r2", "bob")) }},

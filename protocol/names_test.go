@@ -28,6 +28,7 @@ func TestLayout(t *testing.T) {
 		{n.Brain("echo"), "toolbatch.brain.echo"},
 		{n.Delegate("child"), "toolbatch.delegate.child"},
 		{n.Forward("e1"), "toolbatch.engine.e1.forward"},
+		{n.Ping("e1"), "toolbatch.engine.e1.ping"},
 		{n.Pattern(ResumeAsFamily), "toolbatch.resume.*.*"},
 		{n.Pattern(GateFamily), "toolbatch.gate"},
 		{n.EventsStream(), "TOOLBATCH_EVENTS"},
