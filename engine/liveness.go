@@ -167,7 +167,7 @@ func (l *liveness) renew() {
 		l.rev = ack.Sequence
 		return
 	case !isWrongLastSequence(err):
-		l.e.log.Warn().Err(err).Msg("could not renew this engine's presence; trying again")
+		l.e.log.Warn().Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Msg("could not renew this engine's presence; trying again")
 		return
 	}
 	l.e.log.Warn().Msg("this engine was declared dead while it could not renew its presence: letting every run go, then registering again")

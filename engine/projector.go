@@ -118,7 +118,7 @@ func (p *projectorRunner) run(ctx context.Context) error {
 					p.quarantine(m, poison)
 					break
 				}
-				p.e.log.Error().Err(err).Str(fieldSubject, m.Subject()).Msg("projector: commit not projected; retrying")
+				p.e.log.Error().Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Str(fieldSubject, m.Subject()).Msg("projector: commit not projected; retrying")
 				if meta, merr := m.Metadata(); merr == nil {
 					p.e.log.Debug().Uint64(fieldStreamSeq, meta.Sequence.Stream).Msg("projector: stuck at this commit")
 				}

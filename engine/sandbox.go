@@ -104,7 +104,7 @@ func (e *Engine) dispatchUntil(runCtx context.Context, inv invocation, deadline 
 		if err == nil {
 			return
 		}
-		e.log.Warn().Str(fieldRunID, inv.runID).Str(fieldCallID, inv.callID).Err(err).Msg("dispatch failed; retrying until its dispatch deadline")
+		e.log.Warn().Str(fieldRunID, inv.runID).Str(fieldCallID, inv.callID).Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Msg("dispatch failed; retrying until its dispatch deadline")
 		select {
 		case <-ctx.Done():
 			return

@@ -206,7 +206,7 @@ func (s *shard) keepAlive(runCtx context.Context) {
 				err = s.drive(ctx, runCtx, rs)
 			}
 			if err != nil {
-				s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("drive failed; will retry")
+				s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Msg("drive failed; will retry")
 				s.abandon(rs)
 			}
 		}
@@ -264,7 +264,7 @@ func (s *shard) handle(runCtx context.Context, it item) {
 		log.Debug().Err(err).Msg("run extended elsewhere: reloading")
 	}
 	if err != nil {
-		log.Error().Err(err).Str("kind", it.work.kindName()).Msg("work failed; will retry")
+		log.Error().Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Str("kind", it.work.kindName()).Msg("work failed; will retry")
 		m := it.msg()
 		held := m != nil && slices.Contains(rs.held, m)
 		s.abandon(rs) // fold again next time

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Start-up on a cluster: a stream, bucket or consumer created while the
@@ -65,7 +67,7 @@ func (e *Engine) untilDone(ctx context.Context, what string, step func(context.C
 			return err
 		}
 		if msg := strings.ReplaceAll(err.Error(), "\n", "; "); msg != said {
-			e.log.Warn().Str("step", what).Str("error", msg).Msg("waiting for JetStream to " + what)
+			e.log.Warn().Str("step", what).Str("error", msg).Str(protocol.FieldMeaning, protocol.Meaning(err)).Msg("waiting for JetStream to " + what)
 			said = msg
 		}
 		select {

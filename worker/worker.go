@@ -345,7 +345,7 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 	reply, err := w.request(w.names().Claim(), protocol.ClaimRequest{OperationID: d.OperationID, Attempt: d.Attempt,
 		WorkerID: w.cfg.WorkerID, Incarnation: w.incarnation})
 	if err != nil {
-		log.Warn().Err(err).Msg("claim unanswered: job given back")
+		log.Warn().Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Msg("claim unanswered: job given back")
 		j.each(func(m jetstream.Msg) error { return m.NakWithDelay(time.Second) })
 		return
 	}
@@ -417,7 +417,7 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 		if err == nil {
 			break
 		}
-		log.Warn().Err(err).Msg("publish result failed; retrying")
+		log.Warn().Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Msg("publish result failed; retrying")
 		select {
 		case <-runCtx.Done():
 			return // aborted: the lease runs out and the engine decides

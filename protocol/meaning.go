@@ -1,0 +1,45 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// FieldMeaning is the log field that carries Meaning.
+const FieldMeaning = "meaning"
+
+// Meaning says in words what a NATS or JetStream error met under a fault
+// means for the operation that is retried: logged next to the error, so
+// that an operator reading "no response from stream" knows it is a leader
+// election and not a lost message. "" when there is nothing to add.
+func Meaning(err error) string {
+	var apiErr *jetstream.APIError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &apiErr):
+		switch apiErr.ErrorCode {
+		case 10008:
+			return "JetStream is electing a leader or catching up: the request is retried"
+		case 10005:
+			return "not enough servers are up to place the replicas: waiting for them"
+		case jetstream.JSErrCodeStreamWrongLastSequence, 10164:
+			return "someone wrote first (another engine, or this one's earlier try that did land): reloaded and decided again"
+		case 10158:
+			return "the same message is being stored by an earlier try: the retry is answered once it lands, never stored twice"
+		}
+	case errors.Is(err, jetstream.ErrNoStreamResponse), strings.Contains(err.Error(), "no response from stream"):
+		return "the stream has no leader at the moment (a server lost or paused, an election): the publish is retried under the same message id"
+	case errors.Is(err, nats.ErrNoResponders):
+		return "nothing serves that subject now (JetStream starting or electing, or a service down): retried"
+	case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return "no answer in time (a slow or failing server): retried; a timeout never counts as a refusal"
+	case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrDisconnected):
+		return "the connection is moving to another server: retried"
+	}
+	return ""
+}
