@@ -48,6 +48,7 @@ var Long = Profile{Runs: 8, MinBatches: 4, MaxBatches: 7, MaxCalls: 6, MaxCrashe
 // Result is what one schedule did and found.
 type Result struct {
 	Seed     int64
+	Servers  int // nats-servers: 1, or 3 for a cluster schedule
 	Engines  int
 	Duration time.Duration
 	Runs     int
@@ -63,7 +64,16 @@ type Result struct {
 	Indeterminate []string
 	Replayed      []string
 	Retries       int // attempts after unavailable_before_dispatch
-	Effects       int // sandbox tool entries recorded by the tools
+	// Unavailable lists the calls completed unavailable_before_dispatch
+	// (the model sees that error).
+	Unavailable []string
+	Effects     int // sandbox tool entries recorded by the tools
+	// Faults counts a cluster schedule's faults by kind (Fault*);
+	// ServerOnly says its plan hit only the nats-servers, so that the
+	// server-only checks applied; Failovers are its failover figures.
+	Faults     map[string]int
+	ServerOnly bool
+	Failovers  []Failover
 	// Surprises lists the exits the driver did not cause (for example an
 	// engine that could not connect while the nats-server was down).
 	Surprises []string
@@ -80,6 +90,15 @@ func (r *Result) Line() string {
 	if len(r.Failures) > 0 {
 		verdict = fmt.Sprintf("FAILED (%d problems)", len(r.Failures))
 	}
+	if r.Servers > 1 {
+		class := "mixed faults"
+		if r.ServerOnly {
+			class = "server-only faults"
+		}
+		return fmt.Sprintf("seed %d: %d servers, %d engine(s), %d runs, %d batches, %d calls, %d resumes; %s %s; indeterminate %d, replayed %d, retried %d, unavailable %d; %d effects; failover %s; %d exits not caused by the driver; %s: %s",
+			r.Seed, r.Servers, r.Engines, r.Runs, r.Batches, r.Calls, r.Resumes, class, faultCounts(r.Faults), len(r.Indeterminate), len(r.Replayed), r.Retries,
+			len(r.Unavailable), r.Effects, FailoverFigures(r.Failovers), len(r.Surprises), r.Duration.Round(100*time.Millisecond), verdict)
+	}
 	return fmt.Sprintf("seed %d: %d engine(s), %d runs, %d batches, %d calls, %d resumes; crashes %s; indeterminate %d, replayed %d, retried %d; %d effects; %d exits not caused by the driver; %s: %s",
 		r.Seed, r.Engines, r.Runs, r.Batches, r.Calls, r.Resumes, crashCounts(r.Crashes), len(r.Indeterminate), len(r.Replayed), r.Retries,
 		r.Effects, len(r.Surprises), r.Duration.Round(100*time.Millisecond), verdict)
@@ -95,19 +114,30 @@ func crashCounts(m map[string]int) string {
 
 // Summary is the totals of several schedules.
 func Summary(rs []*Result) string {
-	crashes := map[string]int{}
+	crashes, faults := map[string]int{}, map[string]int{}
 	var indet, replayed, failed int
 	var seeds []string
+	var fos []Failover
+	cluster := false
 	for _, r := range rs {
 		for k, n := range r.Crashes {
 			crashes[k] += n
 		}
+		for k, n := range r.Faults {
+			faults[k] += n
+		}
+		fos = append(fos, r.Failovers...)
+		cluster = cluster || r.Servers > 1
 		indet += len(r.Indeterminate)
 		replayed += len(r.Replayed)
 		if len(r.Failures) > 0 {
 			failed++
 		}
 		seeds = append(seeds, fmt.Sprint(r.Seed))
+	}
+	if cluster {
+		return fmt.Sprintf("chaos cluster summary: %d schedules run (seeds %s), %d failed; faults injected %s; calls made indeterminate %d; calls replayed %d; failover %s",
+			len(rs), strings.Join(seeds, ", "), failed, faultCounts(faults), indet, replayed, FailoverFigures(fos))
 	}
 	return fmt.Sprintf("chaos summary: %d schedules run (seeds %s), %d failed; crashes injected %s; calls made indeterminate %d; calls replayed %d",
 		len(rs), strings.Join(seeds, ", "), failed, crashCounts(crashes), indet, replayed)
@@ -137,21 +167,60 @@ func Build(root, dir string) (Binaries, error) {
 func Run(ctx context.Context, bins Binaries, p Profile, seed int64, dir, shared string, progress io.Writer) (*Result, error) {
 	started := time.Now()
 	rng := rand.New(rand.NewSource(seed))
-	res := &Result{Seed: seed, Engines: 1 + rng.Intn(2), Runs: p.Runs, Crashes: map[string]int{}, Dir: dir}
-	logf := func(format string, args ...any) {
-		if progress != nil {
-			fmt.Fprintf(progress, "chaos: seed %d: +%5.1fs "+format+"\n", append([]any{seed, time.Since(started).Seconds()}, args...)...)
-		}
-	}
-	c, err := startCluster(ctx, bins, dir, shared, res.Engines, 2)
+	res := &Result{Seed: seed, Servers: 1, Engines: 1 + rng.Intn(2), Runs: p.Runs, Crashes: map[string]int{}, Dir: dir}
+	logf := progressf(progress, seed, started)
+	c, err := startCluster(ctx, bins, dir, shared, 1, res.Engines, 2)
 	if err != nil {
 		return nil, fmt.Errorf("start the processes: %w", err)
 	}
 	defer c.stop()
 	logf("started nats-server, %d engine(s), 2 workers on %s", res.Engines, c.url)
+	d := drive{specs: workload(seed, p), timeout: p.BatchTimeout,
+		faults: func(done <-chan struct{}, _ func() []string) error { return crash(ctx, c, seed, p, done, res, logf) }}
+	_, err = execute(ctx, c, d, res, started, logf)
+	return res, err
+}
 
-	nc, err := nats.Connect(c.url, nats.Name("toolbatch-chaos-client"), nats.MaxReconnects(-1),
-		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
+// progressf returns the printf of a schedule's progress lines.
+func progressf(progress io.Writer, seed int64, started time.Time) func(string, ...any) {
+	return func(format string, args ...any) {
+		if progress != nil {
+			fmt.Fprintf(progress, "chaos: seed %d: +%5.1fs "+format+"\n", append([]any{seed, time.Since(started).Seconds()}, args...)...)
+		}
+	}
+}
+
+// drive is how a schedule drives its workload.
+type drive struct {
+	specs   []runSpec
+	timeout time.Duration // per batch
+	// enough, when not nil, is closed by faults when its plan is done:
+	// then each run stops after its first atLeast batches.
+	enough  <-chan struct{}
+	atLeast int
+	// faults injects the schedule's faults until done is closed (the
+	// workload is done); awaiting returns the runs waiting for a batch's
+	// results now. An error means a process did not come back.
+	faults func(done <-chan struct{}, awaiting func() []string) error
+	// clientOpts are added to the driver's client connection.
+	clientOpts []nats.Option
+}
+
+// outcome is what a schedule's streams and effects held at its end, for
+// the checks of a mode.
+type outcome struct {
+	rec     *recorded
+	f       *fold
+	effects map[string][]int
+}
+
+// execute drives the workload against the processes while faults runs,
+// then reads the streams and runs the checks of every schedule into res.
+// The outcome is nil when the streams could not be read (a failure says
+// why).
+func execute(ctx context.Context, c *cluster, d drive, res *Result, started time.Time, logf func(string, ...any)) (*outcome, error) {
+	nc, err := nats.Connect(c.url, append([]nats.Option{nats.Name("toolbatch-chaos-client"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100 * time.Millisecond), nats.RetryOnFailedConnect(true)}, d.clientOpts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -162,22 +231,31 @@ func Run(ctx context.Context, bins Binaries, p Profile, seed int64, dir, shared 
 	}
 
 	// The workload, one goroutine per run.
-	specs := workload(seed, p)
-	runners := make([]*runner, len(specs))
+	runners := make([]*runner, len(d.specs))
 	var wg sync.WaitGroup
 	workCtx, stopWork := context.WithCancel(ctx)
 	defer stopWork()
-	for i, s := range specs {
-		runners[i] = &runner{c: cl, seed: seed, spec: s, timeout: p.BatchTimeout, answered: map[string]bool{}, results: map[string]*protocol.ResultsOut{}}
+	for i, s := range d.specs {
+		runners[i] = &runner{c: cl, seed: res.Seed, spec: s, timeout: d.timeout, enough: d.enough, atLeast: d.atLeast,
+			answered: map[string]bool{}, results: map[string]*protocol.ResultsOut{}}
 		wg.Add(1)
 		go func() { defer wg.Done(); runners[i].run(workCtx) }()
 	}
 	workDone := make(chan struct{})
 	go func() { wg.Wait(); close(workDone) }()
 
-	// The crashes, until the workload is done.
-	crashErr := crash(ctx, c, seed, p, workDone, res, logf)
-	if crashErr != nil {
+	// The faults, until the workload is done.
+	awaiting := func() []string {
+		var out []string
+		for _, r := range runners {
+			if r.awaiting() {
+				out = append(out, r.spec.id)
+			}
+		}
+		return out
+	}
+	faultErr := d.faults(workDone, awaiting)
+	if faultErr != nil {
 		stopWork()
 	}
 	<-workDone
@@ -187,8 +265,8 @@ func Run(ctx context.Context, bins Binaries, p Profile, seed int64, dir, shared 
 		res.Failures = append(res.Failures, r.failures...)
 		res.Resumes += r.resumes
 	}
-	if crashErr != nil {
-		res.Failures = append(res.Failures, crashErr.Error())
+	if faultErr != nil {
+		res.Failures = append(res.Failures, faultErr.Error())
 	}
 	submitted := submittedBatches(runners)
 
@@ -202,7 +280,7 @@ func Run(ctx context.Context, bins Binaries, p Profile, seed int64, dir, shared 
 	rec, vs, err := settle(rctx, c.url, 20*time.Second)
 	if err != nil {
 		res.Failures = append(res.Failures, "after the workload: "+err.Error())
-		return res, nil
+		return nil, nil
 	}
 	f := foldEvents(rec)
 	effects, bad, err := readEffects(filepath.Join(c.effects, effectsFile))
@@ -216,11 +294,12 @@ func Run(ctx context.Context, bins Binaries, p Profile, seed int64, dir, shared 
 	res.Indeterminate = f.indeterminate
 	res.Replayed = f.replayed
 	res.Retries = f.retries
+	res.Unavailable = f.unavailable
 	for _, as := range effects {
 		res.Effects += len(as)
 	}
 	res.Duration = time.Since(started)
-	return res, nil
+	return &outcome{rec: rec, f: f, effects: effects}, nil
 }
 
 // submittedBatches returns the batches the runners had acknowledged by NATS:
@@ -308,7 +387,7 @@ func crash(ctx context.Context, c *cluster, seed int64, p Profile, done <-chan s
 		case KindWorker:
 			target = c.workers[st.pick%len(c.workers)]
 		default:
-			target = c.nats
+			target = c.nats[0]
 		}
 		at := time.Since(started)
 		target.kill()
@@ -333,7 +412,11 @@ func crash(ctx context.Context, c *cluster, seed int64, p Profile, done <-chan s
 // where its logs are.
 func Report(w io.Writer, r *Result, reproduce string) {
 	fmt.Fprintf(w, "chaos: seed %d FAILED; reproduce with: %s\n", r.Seed, reproduce)
-	fmt.Fprintf(w, "  crashes: %s\n", strings.Join(r.CrashLog, "; "))
+	what := "crashes"
+	if r.Servers > 1 {
+		what = "faults"
+	}
+	fmt.Fprintf(w, "  %s: %s\n", what, strings.Join(r.CrashLog, "; "))
 	for _, f := range r.Failures {
 		fmt.Fprintf(w, "  - %s\n", f)
 	}

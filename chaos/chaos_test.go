@@ -3,8 +3,10 @@ package chaos
 import (
 	"context"
 	"flag"
+	"io"
 	"math/rand"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,7 +26,36 @@ var shortSeeds = []int64{227, 558}
 // TestChaosShort runs the short schedules of shortSeeds inside `make test`;
 // with -seed or CHAOS_SEED it runs that one schedule.
 func TestChaosShort(t *testing.T) {
-	runSchedules(t, "TestChaosShort", Short, shortSeeds)
+	runSchedules(t, "TestChaosShort", single(Short), shortSeeds)
+}
+
+// clusterShortSeed is the schedule of TestChaosClusterShort: a fixed seed,
+// so that CI runs the same plan every time. Its plan (ClusterShort's kinds)
+// kills -9 the events stream's leader, then SIGSTOPs the events leader of
+// the moment for 8-9 s (the seed picks the stopped server's role).
+const clusterShortSeed = 3
+
+// TestChaosClusterShort runs one short schedule on a 3-node nats-server
+// cluster inside `make test`; with -seed or CHAOS_SEED it runs that seed.
+func TestChaosClusterShort(t *testing.T) {
+	runSchedules(t, "TestChaosClusterShort", onCluster(ClusterShort), []int64{clusterShortSeed})
+}
+
+// scheduleFunc runs one schedule of a seed in dir.
+type scheduleFunc func(ctx context.Context, b Binaries, seed int64, dir string, progress io.Writer) (*Result, error)
+
+// single runs the schedules of the one-server mode.
+func single(p Profile) scheduleFunc {
+	return func(ctx context.Context, b Binaries, seed int64, dir string, progress io.Writer) (*Result, error) {
+		return Run(ctx, b, p, seed, dir, dir, progress)
+	}
+}
+
+// onCluster runs the schedules of the cluster mode.
+func onCluster(p ClusterProfile) scheduleFunc {
+	return func(ctx context.Context, b Binaries, seed int64, dir string, progress io.Writer) (*Result, error) {
+		return RunCluster(ctx, b, p, seed, dir, dir, progress)
+	}
 }
 
 // randomSeeds draws n seeds from the clock.
@@ -84,7 +115,7 @@ func (w logWriter) Write(p []byte) (int, error) {
 
 // runSchedules runs a schedule per seed, or only the one of -seed or
 // CHAOS_SEED when given, and reports each failure with how to reproduce it.
-func runSchedules(t *testing.T, name string, p Profile, seeds []int64) {
+func runSchedules(t *testing.T, name string, run scheduleFunc, seeds []int64) {
 	if s := seedGiven(); s != "" {
 		seed, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
@@ -106,19 +137,29 @@ func runSchedules(t *testing.T, name string, p Profile, seeds []int64) {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		res, err := Run(ctx, b, p, seed, dir, dir, logWriter{t})
+		res, err := run(ctx, b, seed, dir, logWriter{t})
 		cancel()
 		if err != nil {
 			t.Fatalf("seed %d: %v (logs in %s)", seed, err, dir)
 		}
 		results = append(results, res)
 		t.Logf("chaos: %s", res.Line())
-		t.Logf("chaos: seed %d: crashes: %s", seed, strings.Join(res.CrashLog, "; "))
+		what := "crashes"
+		if res.Servers > 1 {
+			what = "faults"
+		}
+		t.Logf("chaos: seed %d: %s: %s", seed, what, strings.Join(res.CrashLog, "; "))
 		for _, s := range res.Indeterminate {
 			t.Logf("chaos: seed %d: indeterminate %s", seed, s)
 		}
 		for _, s := range res.Replayed {
 			t.Logf("chaos: seed %d: replayed %s", seed, s)
+		}
+		for _, s := range res.Unavailable {
+			t.Logf("chaos: seed %d: completed unavailable_before_dispatch %s", seed, s)
+		}
+		for _, f := range res.Failovers {
+			t.Logf("chaos: seed %d: failover after %s (+%.1fs): %s", seed, f.What, f.At.Seconds(), f.figure())
 		}
 		if len(res.Failures) > 0 {
 			var sb strings.Builder
@@ -128,6 +169,10 @@ func runSchedules(t *testing.T, name string, p Profile, seeds []int64) {
 		}
 		for _, s := range res.Surprises {
 			t.Logf("chaos: seed %d: note: %s", seed, s)
+		}
+		if os.Getenv("CHAOS_KEEP") != "" {
+			t.Logf("chaos: seed %d: CHAOS_KEEP: logs kept in %s", seed, filepath.Join(dir, "logs"))
+			continue
 		}
 		os.RemoveAll(dir)
 	}

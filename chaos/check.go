@@ -145,11 +145,21 @@ type fold struct {
 	batchOrder    []string
 	completedOK   map[string]int // op -> attempt of a successful sandbox completion
 	indeterminate []string       // "op: reason"
+	unavailable   []string       // ops completed unavailable_before_dispatch (the model sees it)
 	replayed      []string       // "op attempt n"
 	retries       int
 	claims        int
 	refusedRes    int
 	failures      []string
+	at            time.Time // the commit being applied (its stream timestamp)
+}
+
+// when is the time of the commit being applied, for a call's history.
+func (f *fold) when() string {
+	if f.at.IsZero() {
+		return ""
+	}
+	return " [" + f.at.Format("15:04:05.000") + "]"
 }
 
 // foldEvents decodes every commit of the events stream.
@@ -163,6 +173,7 @@ func foldEvents(r *recorded) *fold {
 			continue
 		}
 		for _, e := range evs {
+			f.at = rec.Time
 			f.apply(runID, rec.Seq, e)
 		}
 	}
@@ -176,7 +187,7 @@ func (f *fold) call(batchID, callID string) *callInfo {
 func (f *fold) note(seq uint64, batchID, callID, what string) *callInfo {
 	c := f.call(batchID, callID)
 	if c != nil {
-		c.history = append(c.history, fmt.Sprintf("seq %d %s", seq, what))
+		c.history = append(c.history, fmt.Sprintf("seq %d %s%s", seq, what, f.when()))
 	}
 	return c
 }
@@ -189,7 +200,7 @@ func (f *fold) apply(runID string, seq uint64, e events.Event) {
 		for _, c := range ev.Calls {
 			op := ev.BatchID + "/" + c.CallID
 			f.calls[op] = &callInfo{runID: runID, batchID: ev.BatchID, callID: c.CallID, toolID: c.ToolID, op: op,
-				tool: c.Tool, claimed: map[int]bool{}, history: []string{fmt.Sprintf("seq %d submitted (%s, %s, mode %s)", seq, c.ToolID, c.Tool.Target, c.Tool.Policy.Mode)}}
+				tool: c.Tool, claimed: map[int]bool{}, history: []string{fmt.Sprintf("seq %d submitted (%s, %s, mode %s)%s", seq, c.ToolID, c.Tool.Target, c.Tool.Policy.Mode, f.when())}}
 			f.order = append(f.order, op)
 		}
 	case *events.CallGated:
@@ -211,6 +222,9 @@ func (f *fold) apply(runID string, seq uint64, e events.Event) {
 		c := f.note(seq, ev.BatchID, ev.CallID, fmt.Sprintf("completed attempt %d: %s", ev.Attempt, events.DescribeOutput(ev.Output)))
 		if c != nil && c.tool.Target == events.TargetSandbox && !ev.Output.IsError && ev.ErrorKind == "" {
 			f.completedOK[c.op] = ev.Attempt
+		}
+		if ev.ErrorKind == events.ErrorUnavailableBeforeDispatch {
+			f.unavailable = append(f.unavailable, ev.BatchID+"/"+ev.CallID)
 		}
 	case *events.CallIndeterminate:
 		f.note(seq, ev.BatchID, ev.CallID, fmt.Sprintf("indeterminate attempt %d: %s", ev.Attempt, ev.Reason))
@@ -365,4 +379,48 @@ func (f *fold) batchHistory(batchID string) string {
 		}
 	}
 	return b.String()
+}
+
+// checkServerOnly runs the checks of a schedule whose faults hit only the
+// nats-servers (no engine, no worker was killed): a server loss must cost
+// no call its outcome and show the model nothing. It returns a failure for
+// every call made indeterminate, every call completed
+// unavailable_before_dispatch, and every replay_safe tool entered more than
+// once (its effect lines counted per operation and attempt).
+func checkServerOnly(f *fold, effects map[string][]int) []string {
+	var failures []string
+	for _, s := range f.indeterminate {
+		op, reason, _ := strings.Cut(s, ": ")
+		failures = append(failures, fmt.Sprintf("server-only faults: %s made indeterminate (%s)%s", op, reason, f.describeOp(op)))
+	}
+	for _, op := range f.unavailable {
+		failures = append(failures, fmt.Sprintf("server-only faults: %s completed unavailable_before_dispatch (a model-visible error)%s", op, f.describeOp(op)))
+	}
+	ops := make([]string, 0, len(effects))
+	for op := range effects {
+		ops = append(ops, op)
+	}
+	sort.Strings(ops)
+	for _, op := range ops {
+		c := f.calls[op]
+		attempts := effects[op]
+		if c == nil || c.tool.Policy.Mode != events.ModeReplaySafe || len(attempts) < 2 {
+			continue
+		}
+		per := map[int]int{}
+		for _, a := range attempts {
+			per[a]++
+		}
+		failures = append(failures, fmt.Sprintf("server-only faults: %s (%s, replay_safe): effect doubled: %d effect lines (lines per attempt %v)%s",
+			op, c.toolID, len(attempts), per, c.describe()))
+	}
+	return failures
+}
+
+// describeOp returns the history of a call, or nothing for an unknown one.
+func (f *fold) describeOp(op string) string {
+	if c := f.calls[op]; c != nil {
+		return c.describe()
+	}
+	return ""
 }

@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/internal/testproc"
 )
@@ -40,11 +44,13 @@ const (
 	toolSBIdem    = "sb_idem"   // sandbox, idempotent (the worker says idempotent)
 	toolLater     = "later"     // sandbox, idempotent, scheduled 1s after its gate decision
 	effectsFile   = "effects.log"
-	dispatchLimit = "3s" // dispatch_deadline of the sandbox tools
+	dispatchLimit = "3s" // dispatch_deadline of the sandbox tools (one server)
 )
 
-// catalogYAML is the engine's catalog.
-const catalogYAML = `# the chaos driver's catalog
+// catalogYAML is the engine's catalog, its sandbox tools with that
+// dispatch_deadline.
+func catalogYAML(dispatchLimit string) string {
+	return `# the chaos driver's catalog
 tools:
   - {id: echo, builtin: echo, recovery: {mode: replay_safe, max_attempts: 3}}
   - {id: sleep, builtin: sleep, recovery: {mode: replay_safe, max_attempts: 3}}
@@ -60,6 +66,7 @@ gate:
     - {tools: [confirm], outcome: require_confirmation}
     - {tools: [later], outcome: schedule, after: 1s, action_kind: chaos}
 `
+}
 
 // workerYAML is a sandbox worker's config: every tool records its entry in
 // the effects directory, then sleeps for its "sleep" argument (seconds).
@@ -90,15 +97,21 @@ type Binaries struct {
 	Worker string // cmd/sandbox-worker
 }
 
-// cluster is one schedule's processes: a nats-server, one or two engines,
-// two sandbox workers.
+// cluster is one schedule's processes: a nats-server (or a cluster of
+// three), one or two engines, two sandbox workers.
 type cluster struct {
 	dir     string // the schedule's directory: store, configs, logs
 	effects string // the directory the tools write their effects to
-	url     string
-	nats    *proc
+	url     string // every server's client URL, comma-separated
+	nats    []*proc
+	nodes   []*natsNode // the servers of a 3-node cluster, as nats; nil with one server
 	engines []*proc
 	workers []*proc
+
+	// obs is the driver's observer connection to a cluster (leaders,
+	// health); nil with one server.
+	obs   *nats.Conn
+	obsJS jetstream.JetStream
 
 	cancel  context.CancelFunc
 	keepers sync.WaitGroup
@@ -106,21 +119,22 @@ type cluster struct {
 
 // all returns every process.
 func (c *cluster) all() []*proc {
-	out := []*proc{c.nats}
+	out := append([]*proc(nil), c.nats...)
 	out = append(out, c.engines...)
 	return append(out, c.workers...)
 }
 
 // startCluster writes the configs into dir and starts the processes: the
-// nats-server, then the first engine (it creates the streams), then the
-// other engines and the workers. shared is a directory readable by the
-// sandbox user, where the effects and the workers' work roots go.
-func startCluster(ctx context.Context, bins Binaries, dir, shared string, engines, workers int) (*cluster, error) {
-	port, err := testproc.Port()
-	if err != nil {
-		return nil, err
+// nats-server (servers 1) or a 3-node cluster (servers 3, then it waits
+// until the cluster is healthy), then the first engine (it creates the
+// streams, with 3 replicas on a cluster), then the other engines and the
+// workers. shared is a directory readable by the sandbox user, where the
+// effects and the workers' work roots go.
+func startCluster(ctx context.Context, bins Binaries, dir, shared string, servers, engines, workers int) (*cluster, error) {
+	if servers != 1 && servers != clusterSize {
+		return nil, fmt.Errorf("%d nats-servers: want 1 or %d", servers, clusterSize)
 	}
-	c := &cluster{dir: dir, effects: filepath.Join(shared, "effects"), url: fmt.Sprintf("nats://127.0.0.1:%d", port)}
+	c := &cluster{dir: dir, effects: filepath.Join(shared, "effects")}
 	for _, d := range []string{filepath.Join(dir, "logs"), filepath.Join(dir, "store")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
@@ -142,7 +156,11 @@ func startCluster(ctx context.Context, bins Binaries, dir, shared string, engine
 		return nil, err
 	}
 	catPath := filepath.Join(dir, "catalog.yaml")
-	if err := os.WriteFile(catPath, []byte(catalogYAML), 0o644); err != nil {
+	deadline := dispatchLimit
+	if servers > 1 {
+		deadline = clusterDispatchLimit
+	}
+	if err := os.WriteFile(catPath, []byte(catalogYAML(deadline)), 0o644); err != nil {
 		return nil, err
 	}
 	workerCfg := filepath.Join(dir, "worker.yaml")
@@ -151,15 +169,38 @@ func startCluster(ctx context.Context, bins Binaries, dir, shared string, engine
 	}
 	logPath := func(name string) string { return filepath.Join(dir, "logs", name+".log") }
 
-	c.nats, err = newProc("nats-server", KindNATS, logPath("nats-server"), bins.NATS, readyNATS,
-		"-js", "-sd", filepath.Join(dir, "store"), "-a", "127.0.0.1", "-p", fmt.Sprint(port))
-	if err != nil {
-		return nil, err
+	engineArgs := []string{"--catalog", catPath, "--log-format", "json"}
+	if servers == 1 {
+		engineArgs = append(engineArgs, "--ack-wait", "1s", "--lease", "1s")
+		port, err := testproc.Port()
+		if err != nil {
+			return nil, err
+		}
+		c.url = fmt.Sprintf("nats://127.0.0.1:%d", port)
+		p, err := newProc("nats-server", KindNATS, logPath("nats-server"), bins.NATS, readyNATS,
+			"-js", "-sd", filepath.Join(dir, "store"), "-a", "127.0.0.1", "-p", fmt.Sprint(port))
+		if err != nil {
+			return nil, err
+		}
+		c.nats = []*proc{p}
+	} else {
+		nodes, err := newNATSNodes(bins.NATS, dir, logPath)
+		if err != nil {
+			return nil, err
+		}
+		c.nodes = nodes
+		var urls []string
+		for _, n := range c.nodes {
+			c.nats = append(c.nats, n.proc)
+			urls = append(urls, n.url)
+		}
+		c.url = strings.Join(urls, ",")
+		engineArgs = append(engineArgs, "--replicas", fmt.Sprint(clusterSize), "--ack-wait", clusterAckWait, "--lease", clusterLease)
 	}
 	for i := 1; i <= engines; i++ {
 		name := fmt.Sprintf("engine-%d", i)
 		p, err := newProc(name, KindEngine, logPath(name), bins.Engine, readyEngine,
-			"--nats-url", c.url, "--ack-wait", "1s", "--lease", "1s", "--catalog", catPath, "--log-format", "json")
+			append([]string{"--nats-url", c.url}, engineArgs...)...)
 		if err != nil {
 			return nil, err
 		}
@@ -195,7 +236,24 @@ func startCluster(ctx context.Context, bins Binaries, dir, shared string, engine
 		}
 		return nil
 	}
-	steps := [][]*proc{{c.nats}, c.engines[:1], append(append([]*proc(nil), c.engines[1:]...), c.workers...)}
+	if err := start(c.nats...); err != nil {
+		c.stop()
+		return nil, err
+	}
+	if c.nodes != nil {
+		if err := c.observe(); err != nil {
+			c.stop()
+			return nil, err
+		}
+		hctx, stop := context.WithTimeoutCause(ctx, healTimeout, errNotHealthy)
+		err := c.waitHealthy(hctx)
+		stop()
+		if err != nil {
+			c.stop()
+			return nil, err
+		}
+	}
+	steps := [][]*proc{c.engines[:1], append(append([]*proc(nil), c.engines[1:]...), c.workers...)}
 	for _, ps := range steps {
 		if err := start(ps...); err != nil {
 			c.stop()
@@ -207,16 +265,22 @@ func startCluster(ctx context.Context, bins Binaries, dir, shared string, engine
 
 // stop kills every process and waits for the keepers.
 func (c *cluster) stop() {
+	if c.obs != nil {
+		c.obs.Close()
+	}
 	c.cancel()
 	c.keepers.Wait()
 }
 
-// waitAllReady waits until every process is up.
+// waitAllReady waits until every process is up, and a cluster healthy.
 func (c *cluster) waitAllReady(ctx context.Context) error {
 	for _, p := range c.all() {
 		if err := p.waitReady(ctx); err != nil {
 			return err
 		}
+	}
+	if c.nodes != nil {
+		return c.waitHealthy(ctx)
 	}
 	return nil
 }

@@ -32,18 +32,63 @@
 //     completion was recorded by its tool; and package audit finds no
 //     violation of contract.md §6 over both streams.
 //
+// Cluster mode (RunCluster, natscluster.go and faults.go) runs a schedule
+// on a 3-node nats-server cluster instead: three processes on loopback,
+// each with its own store directory and a config file (server_name n1..n3,
+// cluster { name, listen, routes } to all three, JetStream, the monitoring
+// endpoint), started together and waited for until every server passes
+// its full /healthz. Two engines run with --replicas 3, --ack-wait 15s and
+// --lease 15s, the sandbox tools with dispatch_deadline 30s (all above an
+// election plus a stalled-server detection, as docs/operations.md asks of
+// the ack wait; see clusterAckWait), engines and workers with --nats-url
+// listing the three servers. The seed draws a fault plan: each
+// fault kind of its class once, in a seeded order (even seeds: the server
+// faults only; odd seeds: those and the engine faults):
+//
+//   - kill -9 a follower (a server leading neither the events stream nor
+//     the meta group), the events stream's leader (StreamInfo's
+//     Cluster.Leader) or the meta leader (meta_cluster.leader of /jsz, as
+//     a majority of the servers names it); it stays down for a while and
+//     is restarted on its store;
+//   - SIGSTOP a server (the events leader, the meta leader or a follower)
+//     for 8-12 s, longer than an election, then SIGCONT;
+//   - a rolling restart: SIGTERM each server in turn and start it again,
+//     waiting for the cluster to be healthy before the next;
+//   - kill -9 one engine while the other lives, restarted later; kill -9
+//     both, then restart one and later the other.
+//
+// Before each fault the driver finds its target from the live cluster, and
+// after it waits until every server passes /healthz and the events stream
+// has a leader (a cluster that does not heal in 2 minutes fails the
+// schedule). The runs keep submitting batches until the plan is done. Every
+// check above applies; a plan of server faults only must also make no call
+// indeterminate, complete no call unavailable_before_dispatch (a server
+// loss must not become a model-visible error), and enter no replay_safe
+// tool twice (its effect lines per operation and attempt). For each fault
+// the Result records the failover: from the fault to the first commit
+// (events stream timestamp) of each run that had an unfinished batch then;
+// the median and maximum per fault kind are printed as figures, never
+// checked. The driver's own connections ping every second, so that they
+// leave a stopped server within seconds.
+//
 // Run returns a Result: the crashes injected by kind, the calls made
 // indeterminate, the attempts recovery replayed (CallExecuting with cause
-// recovered), and every failure with the history of the calls involved.
-// The same seed draws the same workload and the same crash sequence, so a
+// recovered), and every failure with the history of the calls involved
+// (RunCluster's also the faults by kind, the calls completed
+// unavailable_before_dispatch and the failover figures). The same seed
+// draws the same workload and the same crash sequence (or fault plan), so a
 // failing seed reproduces the failure (the exact interleaving with the
 // processes is up to the machine): go test ./chaos -run TestChaos -seed N,
 // or CHAOS_SEED=N. `make chaos` runs CHAOS_SCHEDULES long schedules of
 // random seeds; TestChaosShort runs two short ones of fixed seeds inside
-// `make test` (see shortSeeds for why they are fixed), and
-// TestKnownBugRefusedRedeliveryStrandsRun (CHAOS_KNOWN_BUGS=1) reproduces
-// the engine bug that keeps them fixed.
+// `make test` (see shortSeeds for why they are fixed). `make
+// chaos-cluster` runs CHAOS_SCHEDULES (default 6) cluster schedules of
+// random seeds, alternately even and odd (TestChaosCluster);
+// TestChaosClusterShort runs one of a fixed seed inside `make test` (a
+// kill -9 of the events leader, then a SIGSTOP of the events leader).
+// TestRefusedRedeliveryKeepsRunAlive is the regression test of an engine
+// bug the long schedules found.
 //
 // Imports: audit, client, events, protocol, internal/testproc,
-// github.com/nats-io/nats.go.
+// github.com/nats-io/nats.go (and its jetstream package).
 package chaos

@@ -21,5 +21,28 @@ func TestChaos(t *testing.T) {
 	if n == 0 {
 		n = 20
 	}
-	runSchedules(t, "TestChaos", Long, randomSeeds(n))
+	runSchedules(t, "TestChaos", single(Long), randomSeeds(n))
+}
+
+// TestChaosCluster runs CHAOS_SCHEDULES cluster schedules (default 6), or
+// the one of -seed or CHAOS_SEED: `make chaos-cluster`. Its random seeds
+// alternate even and odd, so that server-only plans (even seeds) and mixed
+// plans with engine kills (odd seeds) both run, and with six schedules each
+// fault kind occurs at least three times.
+func TestChaosCluster(t *testing.T) {
+	n := 0
+	if s := os.Getenv("CHAOS_SCHEDULES"); s != "" {
+		var err error
+		if n, err = strconv.Atoi(s); err != nil || n < 1 {
+			t.Fatalf("CHAOS_SCHEDULES=%q: want a positive number", s)
+		}
+	}
+	if n == 0 {
+		n = 6
+	}
+	seeds := randomSeeds(n)
+	for i := range seeds {
+		seeds[i] = seeds[i]&^1 | int64(i%2)
+	}
+	runSchedules(t, "TestChaosCluster", onCluster(ClusterLong), seeds)
 }

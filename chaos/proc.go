@@ -209,6 +209,56 @@ func (p *proc) kill() {
 	<-g.exited
 }
 
+// terminate sends SIGTERM to the running process, as an operator's
+// restart does, and waits until it has exited; a process still running
+// after grace is killed -9. The program stays down until release.
+func (p *proc) terminate(grace time.Duration) {
+	p.mu.Lock()
+	p.held = true
+	g := p.cur
+	p.mu.Unlock()
+	if g == nil {
+		return
+	}
+	fmt.Fprintf(p.log, "=== %s: SIGTERM by the chaos driver at %s\n", p.name, time.Now().Format(time.RFC3339Nano))
+	_ = g.cmd.Process.Signal(syscall.SIGTERM)
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-g.exited:
+	case <-t.C:
+		fmt.Fprintf(p.log, "=== %s: still running %s after SIGTERM: kill -9\n", p.name, grace)
+		_ = g.cmd.Process.Signal(syscall.SIGKILL)
+		<-g.exited
+	}
+}
+
+// signal sends sig (SIGSTOP, SIGCONT) to the running process, and notes it
+// in the log.
+func (p *proc) signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	g := p.cur
+	p.mu.Unlock()
+	if g == nil {
+		return fmt.Errorf("%s: no process to signal", p.name)
+	}
+	fmt.Fprintf(p.log, "=== %s: %s by the chaos driver at %s\n", p.name, signalName(sig), time.Now().Format(time.RFC3339Nano))
+	return g.cmd.Process.Signal(sig)
+}
+
+// signalName is the usual name of the signals the driver sends.
+func signalName(sig syscall.Signal) string {
+	switch sig {
+	case syscall.SIGSTOP:
+		return "SIGSTOP"
+	case syscall.SIGCONT:
+		return "SIGCONT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	}
+	return sig.String()
+}
+
 // restart lets the keeper start the program again.
 func (p *proc) restart() {
 	p.mu.Lock()

@@ -39,7 +39,7 @@ func TestRefusedRedeliveryKeepsRunAlive(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := startCluster(ctx, b, dir, dir, 1, 0)
+	c, err := startCluster(ctx, b, dir, dir, 1, 1, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -124,10 +124,15 @@ func answerDelay(seed int64, batchID, callID string) time.Duration {
 // runner drives one run: submit a batch, answer its tickets, wait for its
 // results, then the next batch.
 type runner struct {
-	c        *client.Client
-	seed     int64
-	spec     runSpec
-	timeout  time.Duration // per batch
+	c       *client.Client
+	seed    int64
+	spec    runSpec
+	timeout time.Duration // per batch
+	// enough, when not nil, ends the run early: once it is closed the run
+	// submits no batch after its first atLeast (a cluster schedule's runs
+	// go on until its faults are done).
+	enough   <-chan struct{}
+	atLeast  int
 	answered map[string]bool
 	watch    *client.Watch
 
@@ -140,6 +145,15 @@ type runner struct {
 	results  map[string]*protocol.ResultsOut // by batch id
 	pending  string                          // the batch acknowledged and awaited
 	resumes  int
+}
+
+// awaiting reports whether the run waits for a batch's results: NATS
+// acknowledged the batch, and its results have not come.
+func (r *runner) awaiting() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, done := r.results[r.pending]
+	return r.pending != "" && !done
 }
 
 // note adds a line to the trail.
@@ -156,14 +170,18 @@ func (r *runner) fail(format string, args ...any) {
 	r.failures = append(r.failures, r.spec.id+": "+fmt.Sprintf(format, args...))
 }
 
-// run drives every batch of the run, and stops at the first that fails.
+// run drives every batch of the run, and stops at the first that fails,
+// or once enough is closed and atLeast batches are done.
 func (r *runner) run(ctx context.Context) {
 	defer func() {
 		if r.watch != nil {
 			r.watch.Stop()
 		}
 	}()
-	for _, b := range r.spec.batches {
+	for i, b := range r.spec.batches {
+		if i >= r.atLeast && closed(r.enough) {
+			return
+		}
 		if !r.submit(ctx, b.submit) {
 			return
 		}
@@ -337,4 +355,17 @@ func (r *runner) checkResults(b batchSpec, res *protocol.ResultsOut) bool {
 		}
 	}
 	return ok
+}
+
+// closed reports whether ch is closed (false for nil).
+func closed(ch <-chan struct{}) bool {
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
