@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/internal/testwait"
 	"github.com/toolbatch/toolbatch/protocol"
 )
@@ -170,5 +171,45 @@ func TestAnEngineDeclaredDeadFencesItself(t *testing.T) {
 	// still names this engine, so it is taken again at once.
 	if lead.epoch != 0 || !lead.hold(ctx) || lead.epoch != 1 {
 		t.Fatalf("lead after the fence: epoch %d", lead.epoch)
+	}
+}
+
+// TestOwnersBucketOfAnEarlierVersionIsUpdated: a store set up before
+// presence keys (the owners bucket with a bucket-wide TTL, no per-message
+// TTLs) is updated in place at start-up: its keys stop expiring and
+// presence keys carry their own TTL.
+func TestOwnersBucketOfAnEarlierVersionIsUpdated(t *testing.T) {
+	nc := testnats.Connect(t, testnats.Start(t, t.TempDir()))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	js := testnats.JetStream(t, nc)
+	n := protocol.Names{Prefix: protocol.DefaultPrefix}
+	old, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: n.OwnersBucket(), TTL: 30 * time.Second, Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Put(ctx, protocol.OwnerKey("r0"), []byte("an-old-engine")); err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(nc, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Setup(ctx); err != nil {
+		t.Fatalf("set-up over an earlier owners bucket: %v", err)
+	}
+	s, err := js.Stream(ctx, "KV_"+n.OwnersBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	if cfg.MaxAge != 0 || !cfg.AllowMsgTTL {
+		t.Fatalf("owners bucket after set-up: max age %v, message TTLs %v", cfg.MaxAge, cfg.AllowMsgTTL)
+	}
+	if err := e.liveness.register(ctx); err != nil {
+		t.Fatalf("presence in the updated bucket: %v", err)
+	}
+	if entry, err := e.ownersKV.Get(ctx, protocol.OwnerKey("r0")); err != nil || string(entry.Value()) != "an-old-engine" {
+		t.Fatalf("an earlier run key: %v %v", entry, err)
 	}
 }
