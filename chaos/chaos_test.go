@@ -158,9 +158,6 @@ func runSchedules(t *testing.T, name string, run scheduleFunc, seeds []int64) {
 		for _, s := range res.Unavailable {
 			t.Logf("chaos: seed %d: completed unavailable_before_dispatch %s", seed, s)
 		}
-		for _, f := range res.Failovers {
-			t.Logf("chaos: seed %d: failover after %s (+%.1fs): %s", seed, f.What, f.At.Seconds(), f.figure())
-		}
 		if len(res.Failures) > 0 {
 			var sb strings.Builder
 			Report(&sb, res, "go test -count=1 ./chaos -run '^"+name+"$' -seed "+strconv.FormatInt(seed, 10))

@@ -60,7 +60,9 @@
 // Before each fault the driver finds its target from the live cluster, and
 // after it waits until every server passes /healthz and the events stream
 // has a leader (a cluster that does not heal in 2 minutes fails the
-// schedule). The runs keep submitting batches until the plan is done. Every
+// schedule), then until every run that awaited results at the fault has
+// committed since (at most 2 minutes), so that one fault's failover figure
+// does not run into the next fault. The runs keep submitting batches until the plan is done. Every
 // check above applies; a plan of server faults only must also make no call
 // indeterminate, complete no call unavailable_before_dispatch (a server
 // loss must not become a model-visible error), and enter no replay_safe
@@ -79,7 +81,7 @@
 // draws the same workload and the same crash sequence (or fault plan), so a
 // failing seed reproduces the failure (the exact interleaving with the
 // processes is up to the machine): go test ./chaos -run TestChaos -seed N,
-// or CHAOS_SEED=N. `make chaos` runs CHAOS_SCHEDULES long schedules of
+// or CHAOS_SEED=N; CHAOS_KEEP=1 keeps the logs of a schedule that passed. `make chaos` runs CHAOS_SCHEDULES long schedules of
 // random seeds; TestChaosShort runs two short ones of fixed seeds inside
 // `make test` (see shortSeeds for why they are fixed). `make
 // chaos-cluster` runs CHAOS_SCHEDULES (default 6) cluster schedules of
