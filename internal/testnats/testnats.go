@@ -21,7 +21,14 @@ import (
 // connections, say).
 func Start(t testing.TB, dir string) (url string) {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	return serve(t, &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+}
+
+// serve starts a server, stopped at the test's cleanup, and returns its
+// client URL once it accepts connections.
+func serve(t testing.TB, opts *server.Options) string {
+	t.Helper()
+	srv, err := server.NewServer(opts)
 	if err != nil {
 		t.Fatalf("new server: %v", err)
 	}
@@ -78,16 +85,7 @@ func StartCluster(t testing.TB, dir string, n int) string {
 		opts := &server.Options{ServerName: fmt.Sprintf("s%d", i+1), Host: "127.0.0.1", Port: -1, JetStream: true,
 			StoreDir: filepath.Join(dir, fmt.Sprintf("s%d", i+1)), NoLog: true, NoSigs: true,
 			Cluster: server.ClusterOpts{Name: "test", Host: "127.0.0.1", Port: ports[i]}, Routes: routes}
-		srv, err := server.NewServer(opts)
-		if err != nil {
-			t.Fatalf("new server: %v", err)
-		}
-		go srv.Start()
-		t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-		if !srv.ReadyForConnections(10 * time.Second) {
-			t.Fatal("nats-server did not start")
-		}
-		urls = append(urls, srv.ClientURL())
+		urls = append(urls, serve(t, opts))
 	}
 	return strings.Join(urls, ",")
 }
