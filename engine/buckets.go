@@ -38,6 +38,9 @@ func (e *Engine) openBuckets(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("open stream %s: %w", e.names.EventsStream(), err)
 	}
+	if e.inbox, err = e.js.Stream(ctx, e.names.InboxStream()); err != nil {
+		return fmt.Errorf("open stream %s: %w", e.names.InboxStream(), err)
+	}
 	return nil
 }
 

@@ -264,3 +264,35 @@ func TestTransientStartUpErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestResultWaitsInTheInbox: a worker's result stored in the inbox and
+// not yet taken is found by its attempt (so its lease does not run out
+// while it waits there), among the run's other results; none is no.
+func TestResultWaitsInTheInbox(t *testing.T) {
+	e, ctx := setUpEngine(t)
+	for _, r := range []protocol.Result{
+		{OperationID: "rw/1/c1", Attempt: 1, ClaimToken: "t1", Output: &events.Output{}},
+		{OperationID: "rw/1/c2", Attempt: 2, ClaimToken: "t2", Output: &events.Output{}},
+	} {
+		body, err := events.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.js.Publish(ctx, e.names.Result("rw"), body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		op      string
+		attempt int
+		want    bool
+	}{{"rw/1/c1", 1, true}, {"rw/1/c2", 2, true}, {"rw/1/c2", 1, false}, {"rw/1/c3", 1, false}} {
+		got, err := e.resultWaits(ctx, "rw", c.op, c.attempt)
+		if err != nil || got != c.want {
+			t.Errorf("result of %s attempt %d waits: %v %v, want %v", c.op, c.attempt, got, err, c.want)
+		}
+	}
+	if got, err := e.resultWaits(ctx, "other", "other/1/c1", 1); err != nil || got {
+		t.Errorf("another run: %v %v", got, err)
+	}
+}

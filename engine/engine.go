@@ -195,8 +195,9 @@ type Engine struct {
 	// Buckets, opened once by Setup.
 	ownersKV, catalogKV jetstream.KeyValue
 	live                *liveCapabilities
-	liveness            *liveness // of the engines (liveness.go)
-	fwd                 forwards  // messages forwarded to other engines
+	liveness            *liveness        // of the engines (liveness.go)
+	inbox               jetstream.Stream // the inbox stream, opened by Setup
+	fwd                 forwards         // messages forwarded to other engines
 
 	catMu    sync.Mutex
 	catalogs map[string]*catalog.Catalog // by snapshot id
@@ -357,11 +358,13 @@ func (e *Engine) Run(ctx context.Context) error {
 
 	// Bounded by bytes too: 256 submissions near the NATS limit would
 	// otherwise sit in memory at once.
-	cc, err := intake.Consume(e.route, jetstream.PullMaxMessagesWithBytesLimit(256, intakeBytes))
+	cc, err := intake.Consume(e.route, jetstream.PullMaxMessagesWithBytesLimit(256, intakeBytes),
+		jetstream.PullExpiry(protocol.ServicePullExpiry), jetstream.PullHeartbeat(protocol.ServicePullHeartbeat))
 	if err != nil {
 		return fmt.Errorf("consume intake: %w", err)
 	}
-	tc, err := timers.Consume(e.route, jetstream.PullMaxMessages(64))
+	tc, err := timers.Consume(e.route, jetstream.PullMaxMessages(64),
+		jetstream.PullExpiry(protocol.ServicePullExpiry), jetstream.PullHeartbeat(protocol.ServicePullHeartbeat))
 	if err != nil {
 		return fmt.Errorf("consume timers: %w", err)
 	}

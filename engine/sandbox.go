@@ -298,11 +298,7 @@ func (s *shard) onResult(ctx context.Context, rs *runState, in *inboxMsg) error 
 		// (an invalid staged command, an oversized output) completes the
 		// call with an error output, as a brain tool's would; one that
 		// names nothing is terminated.
-		var head struct {
-			OperationID string `msgpack:"operation_id"`
-			Attempt     int    `msgpack:"attempt"`
-			ClaimToken  string `msgpack:"claim_token"`
-		}
+		var head resultHead
 		if herr := events.Unmarshal(in.msg.Data(), &head); herr != nil || head.OperationID == "" {
 			s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("undecodable result: terminated")
 			return in.msg.TermWithReason("undecodable result: " + err.Error())
@@ -368,6 +364,33 @@ func (s *shard) checkLeases() {
 	}
 }
 
+// resultHead is what names a worker's result: its attempt and claim.
+type resultHead struct {
+	OperationID string `msgpack:"operation_id"`
+	Attempt     int    `msgpack:"attempt"`
+	ClaimToken  string `msgpack:"claim_token"`
+}
+
+// resultWaits reports whether a worker's result for the attempt is stored
+// in the inbox and not yet taken. An error is no answer.
+func (e *Engine) resultWaits(ctx context.Context, runID, operationID string, attempt int) (bool, error) {
+	subject := e.names.Result(runID)
+	for seq := uint64(1); ; {
+		m, err := e.inbox.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		var head resultHead
+		if events.Unmarshal(m.Data, &head) == nil && head.OperationID == operationID && head.Attempt == attempt {
+			return true, nil
+		}
+		seq = m.Sequence + 1
+	}
+}
+
 type unclaimedExpiry struct {
 	callID  string
 	attempt int
@@ -385,6 +408,15 @@ func (s *shard) onLeaseExpired(ctx context.Context, rs *runState, le *leaseExpir
 	}
 	c, _ := b.Call(le.callID)
 	if c == nil {
+		return nil
+	}
+	if waits, err := s.e.resultWaits(ctx, rs.id, b.OperationID(le.callID), le.lease.attempt); waits || err != nil {
+		// The worker answered: its result is stored and not yet taken (its
+		// delivery is late, a consumer's leader election, say), or the
+		// inbox cannot tell now. Not a lost worker: watch it a while more.
+		s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, le.callID).AnErr("inbox", err).Msg("lease ran out with the result on its way: waiting for it")
+		le.lease.deadline = time.Now().Add(s.e.cfg.Lease)
+		rs.leases[le.callID] = le.lease
 		return nil
 	}
 	_, err := s.decideNow(ctx, rs, aggregate.LeaseExpired{CallID: le.callID, Attempt: le.lease.attempt, ClaimToken: le.lease.token,

@@ -226,7 +226,8 @@ func (w *Worker) Run(drain, abort context.Context) error {
 	var iters []jetstream.MessagesContext
 	var fetchers sync.WaitGroup
 	for _, c := range consumers {
-		it, err := c.Messages(jetstream.PullMaxMessages(w.cfg.Concurrency))
+		it, err := c.Messages(jetstream.PullMaxMessages(w.cfg.Concurrency),
+			jetstream.PullExpiry(protocol.ServicePullExpiry), jetstream.PullHeartbeat(protocol.ServicePullHeartbeat))
 		if err != nil {
 			return err
 		}

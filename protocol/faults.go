@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -43,3 +44,14 @@ func Meaning(err error) string {
 	}
 	return ""
 }
+
+// Pulls of the long-lived consumers (the engine's intake and timers, a
+// worker's jobs) expire after ServicePullExpiry and carry a heartbeat every
+// ServicePullHeartbeat: a pull lost with its consumer's leader (a server
+// lost or paused, an election) is noticed within two heartbeats and made
+// again, instead of after nats.go's default of 30 s, during which nothing
+// would be delivered.
+const (
+	ServicePullExpiry    = 5 * time.Second
+	ServicePullHeartbeat = time.Second
+)
