@@ -24,8 +24,9 @@ import (
 // incomplete results (10004), a request the cluster cannot handle yet
 // (10009), a stream or consumer offline (10118, 10119, 10194, 10195), and
 // a name already in use by a concurrent creation (10058, 10148: the next
-// try updates it).
-var transientCodes = []jetstream.ErrorCode{10005, 10008, 10004, 10009, 10118, 10119, 10194, 10195, 10058, 10148}
+// try updates it), and, for a publish, a duplicate still in process
+// (10158) or an expected sequence temporarily unavailable (10163).
+var transientCodes = []jetstream.ErrorCode{10005, 10008, 10004, 10009, 10118, 10119, 10194, 10195, 10058, 10148, 10158, 10163}
 
 // transient reports whether a start-up step's error may pass by itself.
 func transient(err error) bool {
