@@ -92,5 +92,5 @@
 // bug the long schedules found.
 //
 // Imports: audit, client, events, protocol, internal/testproc,
-// github.com/nats-io/nats.go (and its jetstream package).
+// github.com/nats-io/nats.go.
 package chaos

@@ -165,12 +165,14 @@ func (d *mp) callClaimed() Event {
 			v.Attempt, set = int(d.int64()), d.once(set, 2)
 		case "worker_id":
 			v.WorkerID, set = d.str(), d.once(set, 3)
+		case "incarnation":
+			v.Incarnation, set = d.str(), d.once(set, 4)
 		case "claim_token":
-			v.ClaimToken, set = d.str(), d.once(set, 4)
+			v.ClaimToken, set = d.str(), d.once(set, 5)
 		case "lease_ms":
-			v.LeaseMS, set = d.int64(), d.once(set, 5)
+			v.LeaseMS, set = d.int64(), d.once(set, 6)
 		case "at":
-			v.At, set = d.time(), d.once(set, 6)
+			v.At, set = d.time(), d.once(set, 7)
 		default:
 			d.bad = true
 		}

@@ -17,5 +17,5 @@
 //     then acknowledge the job.
 //
 // Imports: events, protocol, sandbox, github.com/nats-io/nats.go,
-// github.com/rs/zerolog.
+// github.com/nats-io/nuid, github.com/rs/zerolog.
 package worker
