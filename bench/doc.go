@@ -16,7 +16,14 @@
 //   - W3 replay: the replay program folding a recorded stream of 1,000,000
 //     events, from a file and from NATS;
 //   - W4 sandbox cost: /bin/true through sandbox.Runner with bubblewrap
-//     against a bare fork and exec.
+//     against a bare fork and exec;
+//   - failover (issue 16, failover.go): against nats-server processes
+//     built from the module's requirement, how long runs wait after a
+//     kill -9 of their engine (restarted with its id, or taken over by
+//     another), how long the projector's output waits after its leader's,
+//     and, on a 3-node cluster, whether a paused or killed events-stream
+//     leader moves any run (owner changes, indeterminate calls) and how
+//     long commits stop.
 //
 // W1, W2 and the ceiling run once with the engine's default durability
 // (JetStream's periodic flush) and once with --sync-always. Every figure is

@@ -32,12 +32,13 @@ type Results struct {
 	// Background is how busy the machine was without the benchmark, just
 	// before it started and just after it ended: other programs running
 	// meanwhile make every figure worse.
-	Background Background     `json:"background"`
-	Modes      []ModeResult   `json:"modes"`
-	Parked     *ParkedResult  `json:"parked_runs,omitempty"`
-	W3         *W3Result      `json:"w3_replay,omitempty"`
-	W4         *W4Result      `json:"w4_sandbox,omitempty"`
-	Targets    []TargetResult `json:"targets"`
+	Background Background      `json:"background"`
+	Modes      []ModeResult    `json:"modes"`
+	Parked     *ParkedResult   `json:"parked_runs,omitempty"`
+	W3         *W3Result       `json:"w3_replay,omitempty"`
+	W4         *W4Result       `json:"w4_sandbox,omitempty"`
+	Failover   *FailoverResult `json:"failover,omitempty"`
+	Targets    []TargetResult  `json:"targets"`
 }
 
 // Background is the machine's load outside the benchmark.
@@ -75,6 +76,8 @@ type Settings struct {
 	CeilingWindow     string `json:"ceiling_window"`
 	W3Events          int    `json:"w3_events"`
 	ParkedRuns        int    `json:"parked_runs"`
+	FailoverReps      int    `json:"failover_reps"`
+	FailoverCluster   int    `json:"failover_cluster_reps"`
 }
 
 // ModeResult is W1, W2 and the ceiling in one durability mode.
@@ -101,7 +104,7 @@ type Ratios struct {
 	HandRolledOverPublish   Num `json:"hand_rolled_p50_over_one_awaited_publish"`
 }
 
-// TargetResult is one target of issue 7.
+// TargetResult is one target of issue 7 (or of issue 16: failover).
 type TargetResult struct {
 	Target   string `json:"target"`
 	Measured string `json:"measured"`
@@ -109,27 +112,29 @@ type TargetResult struct {
 }
 
 type options struct {
-	out         string
-	reps        int
-	w1          time.Duration
-	w2          time.Duration
-	w2warm      time.Duration
-	w2runs      int
-	w2workers   int
-	concurrency int
-	steps       int
-	clientConns int
-	ceilWindow  time.Duration
-	w3events    int
-	w3load      time.Duration
-	parked      int
-	w4calls     int
-	modes       string
-	skip        string
-	goBin       string
-	keep        bool
-	pprofDir    string
-	extraEng    int
+	out           string
+	reps          int
+	w1            time.Duration
+	w2            time.Duration
+	w2warm        time.Duration
+	w2runs        int
+	w2workers     int
+	concurrency   int
+	steps         int
+	clientConns   int
+	ceilWindow    time.Duration
+	w3events      int
+	w3load        time.Duration
+	parked        int
+	w4calls       int
+	modes         string
+	skip          string
+	goBin         string
+	keep          bool
+	pprofDir      string
+	extraEng      int
+	foReps        int
+	foClusterReps int
 }
 
 func main() {
@@ -175,7 +180,9 @@ func run(args []string) error {
 	fs.IntVar(&o.parked, "parked", 10000, "runs to park for the memory figure (0: skip)")
 	fs.IntVar(&o.w4calls, "w4-calls", 40, "W4: calls per repetition")
 	fs.StringVar(&o.modes, "modes", "default,sync_always", "durability modes: default, sync_always")
-	fs.StringVar(&o.skip, "skip", "", "comma-separated parts to skip: w1, w2, census, ceiling, parked, w3, w4")
+	fs.StringVar(&o.skip, "skip", "", "comma-separated parts to skip: w1, w2, census, ceiling, parked, w3, w4, failover")
+	fs.IntVar(&o.foReps, "failover-reps", 5, "failover: repetitions of restart, takeover and projector takeover")
+	fs.IntVar(&o.foClusterReps, "failover-cluster-reps", 3, "failover: repetitions of each fault of the 3-node cluster (0: skip the cluster)")
 	fs.StringVar(&o.goBin, "go", "go", "the go command that builds the programs")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temporary directory (stores, logs, the recorded stream)")
 	fs.IntVar(&o.extraEng, "extra-engines", 0, "start this many more engines on the first engine's server (a scale-out check; not part of make bench)")
@@ -194,9 +201,12 @@ func run(args []string) error {
 	res := Results{Machine: machine(), Command: command(args), Started: time.Now().UTC(), Settings: Settings{
 		Reps: o.reps, W1Window: o.w1.String(), W2Window: o.w2.String(), W2Warmup: o.w2warm.String(), W2Runs: o.w2runs,
 		W2Workers: o.w2workers, WorkerConcurrency: o.concurrency, StepsPerRun: o.steps, ClientConns: o.clientConns,
-		CeilingWindow: o.ceilWindow.String(), W3Events: o.w3events, ParkedRuns: o.parked}}
+		CeilingWindow: o.ceilWindow.String(), W3Events: o.w3events, ParkedRuns: o.parked, FailoverReps: o.foReps, FailoverCluster: o.foClusterReps}}
 	if skip["parked"] {
 		res.Settings.ParkedRuns = 0
+	}
+	if skip["failover"] {
+		res.Settings.FailoverReps, res.Settings.FailoverCluster = 0, 0
 	}
 	res.Background.LoadAvgBefore = loadAvg()
 	res.Background.BusyCoresBefore = Num(busyCores(2 * time.Second))
@@ -266,6 +276,13 @@ func run(args []string) error {
 			return fmt.Errorf("W4: %w", err)
 		}
 		res.W4 = &w4
+	}
+	if !skip["failover"] {
+		fo, err := runFailover(ctx, o, root, bins, filepath.Join(tmp, "failover"))
+		if err != nil {
+			return fmt.Errorf("failover: %w", err)
+		}
+		res.Failover = fo
 	}
 	res.Background.LoadAvgAfter = loadAvg()
 	res.Background.BusyCoresAfter = Num(busyCores(2 * time.Second))
@@ -583,6 +600,31 @@ func targets(r *Results) []TargetResult {
 	if def != nil && def.W2 != nil {
 		add("beat DBOS: W2 > 283 batches/s at 64 concurrent", fmtNum(def.W2.BatchesPerSec, " batches/s"), boolp(float64(def.W2.BatchesPerSec) > 283))
 	}
+	if f := r.Failover; f != nil {
+		for _, x := range []struct {
+			target string
+			fig    *FailoverFigure
+		}{
+			{`failover restart: each run's first commit within 2 s of "engine ready"`, f.Restart},
+			{"failover takeover: each run's first commit within 5 s of the kill", f.Takeover},
+			{"failover projector: an out message of a later commit within 5 s", f.Projector},
+		} {
+			if x.fig != nil {
+				add(x.target, fmt.Sprintf("median %s, max %s (%d samples)", x.fig.Median, x.fig.Max, x.fig.Samples), x.fig.Met)
+			}
+		}
+		for _, x := range []struct {
+			target string
+			fault  *ClusterFault
+		}{
+			{"failover, events leader paused: no owner change, no indeterminate", f.Paused},
+			{"failover, events leader killed: no owner change, no indeterminate", f.Killed},
+		} {
+			if c := x.fault; c != nil {
+				add(x.target, fmt.Sprintf("%d owner changes, %d took over, %d lost, %d indeterminate (%d faults)", c.OwnerChanges, c.TookOver, c.Lost, c.Indeterminate, len(c.Reps)), c.Met)
+			}
+		}
+	}
 	return out
 }
 
@@ -679,7 +721,10 @@ func printTable(w io.Writer, r *Results) {
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintln(w, "== targets of issue 7 (default mode)")
+	if f := r.Failover; f != nil {
+		printFailover(w, f)
+	}
+	fmt.Fprintln(w, "== targets of issue 7 (default mode) and of issue 16 (failover)")
 	for _, t := range r.Targets {
 		verdict := "not measurable"
 		if t.Met != nil {

@@ -72,6 +72,12 @@ func startProc(name, ready, bin string, args ...string) (*proc, error) {
 
 // startProcWait is startProc with a longer or shorter wait for ready.
 func startProcWait(name, ready string, wait time.Duration, bin string, args ...string) (*proc, error) {
+	return startProcLines(name, ready, wait, nil, bin, args...)
+}
+
+// startProcLines is startProcWait that also hands every line of the
+// program's stderr to onLine (when not nil), with the time it was read.
+func startProcLines(name, ready string, wait time.Duration, onLine func(time.Time, []byte), bin string, args ...string) (*proc, error) {
 	p := &proc{name: name, ready: make(chan struct{}), exited: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
 	pipe, err := p.cmd.StderrPipe()
@@ -87,6 +93,9 @@ func startProcWait(name, ready string, wait time.Duration, bin string, args ...s
 		var once sync.Once
 		for sc.Scan() {
 			line := sc.Bytes()
+			if onLine != nil {
+				onLine(time.Now(), line)
+			}
 			p.mu.Lock()
 			p.logs = append(p.logs, line...)
 			p.logs = append(p.logs, '\n')
