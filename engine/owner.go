@@ -157,20 +157,31 @@ func (s *shard) releaseIdle(all bool) {
 // release gives the run up. It deletes the key as the bucket does (a
 // delete marker, so that another engine's Create succeeds), but through a
 // plain publish, which returns the marker's revision for the next acquire.
+//
+// A release that fails for a passing reason (an election) keeps the run,
+// and is tried again after the linger: the key has no TTL, and one left
+// behind would name this engine until it dies. Each try is short, so that
+// a shard with many runs to release is not held up by a server that does
+// not answer.
 func (s *shard) release(ctx context.Context, rs *runState) {
 	if !rs.owned || !rs.quiescent() {
 		return
 	}
-	rs.owned, rs.idleSince = false, time.Time{}
-	s.e.clients.release(rs.id) // not this engine's work any more
 	m := nats.NewMsg(s.e.names.KVSubject(protocol.BucketOwners, protocol.OwnerKey(rs.id)))
 	m.Header.Set(kvOperation, kvOperationDelete)
-	ack, err := s.e.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rs.ownRev), jetstream.WithMsgTTL(releasedTTL))
-	if err != nil {
-		s.e.log.Debug().Str(fieldRunID, rs.id).Err(err).Msg("release")
+	tctx, cancel := context.WithTimeout(ctx, streamTry)
+	ack, err := s.e.js.PublishMsg(tctx, m, jetstream.WithExpectLastSequencePerSubject(rs.ownRev), jetstream.WithMsgTTL(releasedTTL))
+	cancel()
+	if err != nil && !isWrongLastSequence(err) {
+		s.e.log.Debug().Str(fieldRunID, rs.id).Err(err).Msg("release failed; trying again after the linger")
+		rs.idleSince = time.Now()
 		return
 	}
-	rs.releasedRev = ack.Sequence
+	rs.owned, rs.idleSince = false, time.Time{}
+	s.e.clients.release(rs.id) // not this engine's work any more
+	if err == nil {
+		rs.releasedRev = ack.Sequence
+	} // else the key moved on: not this engine's to release
 }
 
 // releasedTTL is how long the delete marker of a released key stays in
