@@ -11,17 +11,20 @@ import (
 // TestChaos runs CHAOS_SCHEDULES long schedules (default 20), or the one
 // of -seed or CHAOS_SEED. It is built only with the chaos tag: `make chaos`.
 func TestChaos(t *testing.T) {
-	n := 0
-	if s := os.Getenv("CHAOS_SCHEDULES"); s != "" {
-		var err error
-		if n, err = strconv.Atoi(s); err != nil || n < 1 {
-			t.Fatalf("CHAOS_SCHEDULES=%q: want a positive number", s)
-		}
+	runSchedules(t, "TestChaos", single(Long), randomSeeds(schedules(t, 20)))
+}
+
+// schedules is CHAOS_SCHEDULES, or def when it is not set.
+func schedules(t *testing.T, def int) int {
+	s := os.Getenv("CHAOS_SCHEDULES")
+	if s == "" {
+		return def
 	}
-	if n == 0 {
-		n = 20
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		t.Fatalf("CHAOS_SCHEDULES=%q: want a positive number", s)
 	}
-	runSchedules(t, "TestChaos", single(Long), randomSeeds(n))
+	return n
 }
 
 // TestChaosCluster runs CHAOS_SCHEDULES cluster schedules (default 6), or
@@ -30,17 +33,7 @@ func TestChaos(t *testing.T) {
 // plans with engine kills (odd seeds) both run, and with six schedules each
 // fault kind occurs at least three times.
 func TestChaosCluster(t *testing.T) {
-	n := 0
-	if s := os.Getenv("CHAOS_SCHEDULES"); s != "" {
-		var err error
-		if n, err = strconv.Atoi(s); err != nil || n < 1 {
-			t.Fatalf("CHAOS_SCHEDULES=%q: want a positive number", s)
-		}
-	}
-	if n == 0 {
-		n = 6
-	}
-	seeds := randomSeeds(n)
+	seeds := randomSeeds(schedules(t, 6))
 	for i := range seeds {
 		seeds[i] = 2*seeds[i] + int64(i%2)
 	}

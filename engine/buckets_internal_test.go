@@ -2,14 +2,12 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/events"
@@ -239,29 +237,6 @@ func TestTrimOldestByBytes(t *testing.T) {
 		func(e entry) int64 { return e.size }, func(entry) bool { return true })
 	if len(m) != 3 {
 		t.Fatalf("trimmed within its bounds: %v", m)
-	}
-}
-
-// TestTransientStartUpErrors: what passes by itself (a timeout, no
-// suitable peers yet, the system temporarily unavailable) is waited out;
-// a refusal of the configuration is not, alone or among passing errors.
-func TestTransientStartUpErrors(t *testing.T) {
-	refused := &jetstream.APIError{Code: 500, ErrorCode: 10052, Description: "stream configuration update can not cancel deny purge"}
-	for _, c := range []struct {
-		err  error
-		want bool
-	}{
-		{context.DeadlineExceeded, true},
-		{&jetstream.APIError{Code: 400, ErrorCode: 10005, Description: "no suitable peers for placement"}, true},
-		{fmt.Errorf("create stream X: %w", &jetstream.APIError{Code: 503, ErrorCode: 10008}), true},
-		{refused, false},
-		{&jetstream.APIError{Code: 503, ErrorCode: 10039, Description: "jetstream not enabled for account"}, false},
-		{errors.Join(context.DeadlineExceeded, fmt.Errorf("bucket: %w", refused)), false},
-		{errors.Join(context.DeadlineExceeded, nats.ErrNoResponders), true},
-	} {
-		if got := transient(c.err); got != c.want {
-			t.Errorf("transient(%v) = %v, want %v", c.err, got, c.want)
-		}
 	}
 }
 

@@ -32,8 +32,10 @@
 //     executor is never entered before that commit.
 //  5. Acknowledge: an inbox message is acknowledged when its run is
 //     quiescent (parked on a ticket, finalized or ended). Until then it is
-//     kept in progress, so that after a crash the message is redelivered and
-//     the run is taken over and recovered by whichever engine gets it.
+//     kept in progress, so that after a crash nothing of the run is lost:
+//     another engine, finding the crashed one dead (liveness.go), takes
+//     the run over and recovers it from the log, and the message comes
+//     back to whichever engine owns the run then.
 //  6. Project: a separate durable consumer on the events stream folds every
 //     commit through the projector and publishes dispositions, tickets,
 //     results, refusals and run ends on <prefix>.out.<run_id>.<kind>. Each
@@ -48,7 +50,8 @@
 // (an inbox message, an executor's outcome, a worker's claim or heartbeat,
 // a lease or dispatch deadline), each of its own type and decoded once,
 // and drives the run once per item. Ownership of runs is owner.go and
-// forward.go, the run cache and recovery at load cache.go, commit staging
+// forward.go, which engines are alive liveness.go, retries through a
+// server's passing failure and start-up on a cluster retry.go, the run cache and recovery at load cache.go, commit staging
 // and flush commit.go, the translation of messages and outcomes into
 // aggregate commands translate.go (sandbox.go for the workers' claims,
 // heartbeats and results), driving the run up to its executors drive.go,

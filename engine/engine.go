@@ -411,15 +411,12 @@ func (e *Engine) Run(ctx context.Context) error {
 // previous process of it (same ID) left them, and nothing else would touch
 // them before another engine found that process dead.
 func (e *Engine) reclaim(ctx context.Context) {
-	runs, err := e.ownedBy(ctx, e.id)
+	n, err := e.recoverRunsOf(ctx, e.id)
 	if err != nil {
 		return // the bucket unreachable: the runs' messages bring them back
 	}
-	for _, runID := range runs {
-		e.shardOf(runID).post(item{runID: runID, work: &reclaimRun{}})
-	}
-	if len(runs) > 0 {
-		e.log.Info().Int("runs", len(runs)).Msg("taking back the runs this engine owned before it restarted")
+	if n > 0 {
+		e.log.Info().Int("runs", n).Msg("taking back the runs this engine owned before it restarted")
 	}
 }
 

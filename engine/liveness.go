@@ -54,6 +54,10 @@ const (
 	// before it is declared dead: longer than a client's reconnection to
 	// another server, during which its subscriptions are briefly gone.
 	deadAfter = 3 * time.Second
+	// heardWithin is how recent the last answer to this engine's probe of
+	// itself must be for its connection to count as working: two probes
+	// missed, and the wait of a third.
+	heardWithin = 2*probeEvery + probeTimeout
 )
 
 // liveness tracks this engine's presence and the others'.
@@ -276,7 +280,7 @@ func (l *liveness) probeSelf() {
 		return
 	}
 	now := time.Now()
-	if now.Sub(l.heard) > 2*probeEvery+probeTimeout {
+	if now.Sub(l.heard) > heardWithin {
 		l.back = now // the first answer after a break (or ever)
 	}
 	l.heard = now
@@ -291,7 +295,7 @@ func (l *liveness) probeSelf() {
 func (l *liveness) connected() (bool, time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return !l.heard.IsZero() && time.Since(l.heard) <= 2*probeEvery+probeTimeout, l.back
+	return !l.heard.IsZero() && time.Since(l.heard) <= heardWithin, l.back
 }
 
 // alive reports whether an engine may still be alive: known by the watch,
@@ -339,15 +343,26 @@ func (e *Engine) ownedBy(ctx context.Context, id string) ([]string, error) {
 func (e *Engine) sweep(dead string) {
 	ctx, cancel := opCtx()
 	defer cancel()
-	runs, err := e.ownedBy(ctx, dead)
+	n, err := e.recoverRunsOf(ctx, dead)
 	if err != nil {
 		e.log.Warn().Str("engine", dead).Err(err).Msg("could not list a dead engine's runs: they wait for their messages")
 		return
 	}
+	if n > 0 {
+		e.log.Info().Str("engine", dead).Int("runs", n).Msg("taking over a dead engine's runs")
+	}
+}
+
+// recoverRunsOf asks at once for every run whose owner key names an
+// engine (this one's previous process, or a dead one), and returns how
+// many: each is owned, folded from the log, recovered and driven on.
+func (e *Engine) recoverRunsOf(ctx context.Context, id string) (int, error) {
+	runs, err := e.ownedBy(ctx, id)
+	if err != nil {
+		return 0, err
+	}
 	for _, runID := range runs {
 		e.shardOf(runID).post(item{runID: runID, work: &reclaimRun{}})
 	}
-	if len(runs) > 0 {
-		e.log.Info().Str("engine", dead).Int("runs", len(runs)).Msg("taking over a dead engine's runs")
-	}
+	return len(runs), nil
 }

@@ -48,34 +48,15 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 			return nil
 		}
 	}
-	rev, err := kv.Create(ctx, key, []byte(s.e.id))
-	if errors.Is(err, jetstream.ErrKeyExists) {
-		entry, gerr := kv.Get(ctx, key)
-		switch {
-		case errors.Is(gerr, jetstream.ErrKeyNotFound):
-			return ErrNotOwner // it just went away: the message comes back soon
-		case gerr != nil:
-			return gerr
-		}
-		rev = entry.Revision()
-		if owner := string(entry.Value()); owner != s.e.id {
-			if s.e.liveness.alive(ctx, owner) {
-				return ownedElsewhere{owner: owner}
-			}
-			// Its owner is dead: the first engine to swap the key takes it.
-			rev, err = kv.Update(ctx, key, []byte(s.e.id), rev)
-			if isWrongLastSequence(err) {
-				return ErrNotOwner // another engine was first: the message goes to it
-			}
-			if err == nil {
-				s.e.log.Info().Str(fieldRunID, rs.id).Str("engine", owner).Msg("took the run over from a dead engine")
-			}
-		} else {
-			err = nil
-		}
+	rev, from, err := s.e.takeKey(ctx, key)
+	if errors.Is(err, ErrNotOwner) {
+		return err
 	}
 	if err != nil {
 		return fmt.Errorf("own run %s: %w", rs.id, err)
+	}
+	if from != "" {
+		s.e.log.Info().Str(fieldRunID, rs.id).Str("engine", from).Msg("took the run over from a dead engine")
 	}
 	rs.owned, rs.ownRev = true, rev
 	if rs.loaded {
@@ -88,6 +69,44 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 		}
 	}
 	return nil
+}
+
+// takeKey makes this engine the holder of a key of the owners bucket (a
+// run's, or the projector's lead): it creates the key when it is free,
+// keeps it when it names this engine already (a previous process of it),
+// and swaps it from a dead engine (liveness.go), the first engine to swap
+// it taking it. It returns the key's revision and the dead engine it was
+// taken from (""), or ownedElsewhere (a live engine holds it) or
+// ErrNotOwner (it went away, or another engine swapped it first: the
+// message comes back soon).
+func (e *Engine) takeKey(ctx context.Context, key string) (rev uint64, from string, err error) {
+	kv := e.ownersKV
+	rev, err = kv.Create(ctx, key, []byte(e.id))
+	if !errors.Is(err, jetstream.ErrKeyExists) {
+		return rev, "", err
+	}
+	entry, err := kv.Get(ctx, key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return 0, "", ErrNotOwner
+	case err != nil:
+		return 0, "", err
+	}
+	owner := string(entry.Value())
+	if owner == e.id {
+		return entry.Revision(), "", nil
+	}
+	if e.liveness.alive(ctx, owner) {
+		return 0, "", ownedElsewhere{owner: owner}
+	}
+	rev, err = kv.Update(ctx, key, []byte(e.id), entry.Revision())
+	if isWrongLastSequence(err) {
+		return 0, "", ErrNotOwner
+	}
+	if err != nil {
+		return 0, "", err
+	}
+	return rev, owner, nil
 }
 
 // forget drops this engine's hold on a run it no longer owns: its held
@@ -190,13 +209,14 @@ func (s *shard) release(ctx context.Context, rs *runState) {
 const releasedTTL = 10 * time.Minute
 
 // stillOwner reports, after a commit conflict, whether the run's key still
-// names this engine, and the engine it names otherwise.
+// names this engine (an unreachable bucket says nothing: yes), and the
+// engine it names otherwise.
 func (s *shard) stillOwner(ctx context.Context, rs *runState) (string, bool) {
 	entry, err := s.e.ownersKV.Get(ctx, protocol.OwnerKey(rs.id))
 	if err != nil {
 		return "", !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted)
 	}
-	return string(entry.Value()), string(entry.Value()) == s.e.id && entry.Revision() == rs.ownRev
+	return string(entry.Value()), string(entry.Value()) == s.e.id
 }
 
 // The key-value protocol's delete marker (JetStream ADR-8).

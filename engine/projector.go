@@ -159,24 +159,12 @@ func (l *leader) hold(ctx context.Context) bool {
 	}
 	l.rev = 0
 	epoch := l.e.liveness.epoch.Load()
-	kv := l.e.ownersKV
-	rev, err := kv.Create(ctx, l.key, []byte(l.e.id))
-	if errors.Is(err, jetstream.ErrKeyExists) {
-		entry, gerr := kv.Get(ctx, l.key)
-		if gerr != nil {
-			return false
-		}
-		owner := string(entry.Value())
-		if owner != l.e.id && l.e.liveness.alive(ctx, owner) {
-			return false
-		}
-		rev, err = kv.Update(ctx, l.key, []byte(l.e.id), entry.Revision())
-		if err == nil && owner != l.e.id {
-			l.e.log.Info().Str("engine", owner).Msg("took the projector's lead over from a dead engine")
-		}
-	}
+	rev, from, err := l.e.takeKey(ctx, l.key)
 	if err != nil {
 		return false
+	}
+	if from != "" {
+		l.e.log.Info().Str("engine", from).Msg("took the projector's lead over from a dead engine")
 	}
 	l.rev, l.epoch = rev, epoch
 	return true

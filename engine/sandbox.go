@@ -97,19 +97,12 @@ func poolOf(d events.Descriptor) string {
 func (e *Engine) dispatchUntil(runCtx context.Context, inv invocation, deadline time.Duration) {
 	ctx, cancel := context.WithTimeout(runCtx, deadline)
 	defer cancel()
-	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
-		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
-		err := e.dispatch(pctx, inv)
-		pcancel()
-		if err == nil {
-			return
-		}
+	_, err := retrying(ctx, 5*time.Second, func(ctx context.Context) (struct{}, error) { return struct{}{}, e.dispatch(ctx, inv) }, func(err error) {
 		e.log.Warn().Str(fieldRunID, inv.runID).Str(fieldCallID, inv.callID).Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Msg("dispatch failed; retrying until its dispatch deadline")
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
+	})
+	if err != nil && ctx.Err() == nil {
+		// Refused for good: the deadline's watch decides the attempt.
+		e.log.Error().Str(fieldRunID, inv.runID).Str(fieldCallID, inv.callID).Err(err).Msg("dispatch refused")
 	}
 }
 

@@ -163,18 +163,16 @@ type eventLog struct {
 // of its commits (what the cache counts it as).
 func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, uint64, int64, error) {
 	run := aggregate.New(runID)
-	last, err := retried(ctx, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
-		return l.stream.GetLastMsgForSubject(ctx, l.names.Events(runID))
-	})
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return run, 0, 0, nil
-	}
+	last, err := l.lastSeq(ctx, runID)
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("load run %s: %w", runID, err)
 	}
+	if last == 0 {
+		return run, 0, 0, nil
+	}
 	var seq uint64
 	var size int64
-	err = protocol.ReadOrdered(ctx, l.js, l.names.EventsStream(), protocol.ReadOptions{Subjects: []string{l.names.Events(runID)}, UpTo: last.Sequence}, func(m jetstream.Msg, meta *jetstream.MsgMetadata) error {
+	err = protocol.ReadOrdered(ctx, l.js, l.names.EventsStream(), protocol.ReadOptions{Subjects: []string{l.names.Events(runID)}, UpTo: last}, func(m jetstream.Msg, meta *jetstream.MsgMetadata) error {
 		s := meta.Sequence.Stream
 		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
 		if err != nil {
@@ -194,9 +192,9 @@ func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, uint
 
 // lastSeq returns the sequence of the run's last commit (0: none).
 func (l *eventLog) lastSeq(ctx context.Context, runID string) (uint64, error) {
-	last, err := retried(ctx, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+	last, err := retrying(ctx, streamTry, func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
 		return l.stream.GetLastMsgForSubject(ctx, l.names.Events(runID))
-	})
+	}, nil)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, nil
 	}
@@ -221,9 +219,9 @@ func (l *eventLog) append(ctx context.Context, runID string, lastSeq uint64, evs
 	msg.Header.Set(protocol.HeaderPrev, strconv.FormatUint(lastSeq, 10))
 	sum := sha256.Sum256(body)
 	id := fmt.Sprintf("%s/%d/%s", runID, lastSeq, hex.EncodeToString(sum[:8]))
-	ack, err := retried(ctx, func(ctx context.Context) (*jetstream.PubAck, error) {
+	ack, err := retrying(ctx, streamTry, func(ctx context.Context) (*jetstream.PubAck, error) {
 		return l.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(lastSeq), jetstream.WithMsgID(id))
-	})
+	}, nil)
 	if err != nil {
 		if isWrongLastSequence(err) {
 			return 0, 0, fmt.Errorf("%w: %v", ErrConflict, err)
@@ -233,34 +231,11 @@ func (l *eventLog) append(ctx context.Context, runID string, lastSeq uint64, evs
 	return ack.Sequence, len(body), nil
 }
 
-// streamTry bounds one try of a request to the events stream: a leader
-// election leaves a request unanswered, and the next try, made as soon as
-// the try times out, reaches the new leader (a try that did land is not
-// doubled: an append carries its message id). A commit so goes through
-// within a try of the election's end instead of when its whole operation
-// times out.
+// streamTry bounds one try of a request to the events stream (retry.go):
+// a commit so goes through within a try of an election's end instead of
+// when its whole operation times out. A try that did land is not doubled:
+// an append carries its message id.
 const streamTry = 2 * time.Second
-
-// retried makes a request to a stream, each try bounded by streamTry,
-// again while it fails for a passing reason and ctx lasts. A definite
-// answer (a wrong last sequence, a message too large for the server, a
-// message not found) ends it.
-func retried[T any](ctx context.Context, f func(context.Context) (T, error)) (T, error) {
-	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, 500*time.Millisecond) {
-		tctx, cancel := context.WithTimeout(ctx, streamTry)
-		v, err := f(tctx)
-		cancel()
-		if err == nil || ctx.Err() != nil || isWrongLastSequence(err) || errors.Is(err, nats.ErrMaxPayload) ||
-			errors.Is(err, jetstream.ErrMsgNotFound) || !transient(err) {
-			return v, err
-		}
-		select {
-		case <-ctx.Done():
-			return v, err
-		case <-time.After(backoff):
-		}
-	}
-}
 
 func isWrongLastSequence(err error) bool {
 	if err == nil {

@@ -3,6 +3,7 @@ package protocol
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,7 +29,7 @@ func Meaning(err error) string {
 			return "JetStream is electing a leader or catching up: the request is retried"
 		case 10005:
 			return "not enough servers are up to place the replicas: waiting for them"
-		case jetstream.JSErrCodeStreamWrongLastSequence, 10164:
+		case jetstream.JSErrCodeStreamWrongLastSequence, jetstream.JSErrCodeStreamWrongLastSequenceConstant:
 			return "someone wrote first (another engine, or this one's earlier try that did land): reloaded and decided again"
 		case 10158:
 			return "the same message is being stored by an earlier try: the retry is answered once it lands, never stored twice"
@@ -43,6 +44,38 @@ func Meaning(err error) string {
 		return "the connection is moving to another server: retried"
 	}
 	return ""
+}
+
+// passingCodes are the JetStream errors that pass by themselves: no
+// suitable peers for placement yet (10005), the system temporarily
+// unavailable (10008), incomplete results (10004), a request the cluster
+// cannot handle yet (10009), a stream or consumer offline (10118, 10119,
+// 10194, 10195), a name already in use by a concurrent creation (10058,
+// 10148: the next try updates it), a duplicate still in process (10158)
+// and an expected sequence temporarily unavailable (10163).
+var passingCodes = []jetstream.ErrorCode{10005, 10008, 10004, 10009, 10118, 10119, 10194, 10195, 10058, 10148, 10158, 10163}
+
+// Passing reports whether an error met on a request to JetStream may pass
+// by itself, so that the request is worth trying again: one of
+// passingCodes, or no answer of JetStream's at all (a timeout, no
+// responders while JetStream starts or elects, a connection moving to
+// another server). A definite answer (a configuration refused, a missing
+// permission, a wrong last sequence, a message the server will never take)
+// does not pass. A joined error passes when each of its errors does.
+func Passing(err error) bool {
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range joined.Unwrap() {
+			if !Passing(e) {
+				return false
+			}
+		}
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return slices.Contains(passingCodes, apiErr.ErrorCode)
+	}
+	return !errors.Is(err, nats.ErrMaxPayload)
 }
 
 // Pulls of the long-lived consumers (the engine's intake and timers, a
