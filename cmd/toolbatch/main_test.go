@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,16 +50,6 @@ func testMain(m *testing.M) int {
 	return m.Run()
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -71,7 +60,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 // ready" log line. It returns the NATS URL.
 func startEngine(t *testing.T, args ...string) string {
 	t.Helper()
-	port := freePort(t)
+	port := testproc.FreePort(t)
 	all := append([]string{"--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-format", "json"}, args...)
 	cmd := exec.Command(engineBin, all...)
 	pipe, err := cmd.StderrPipe()

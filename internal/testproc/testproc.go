@@ -49,14 +49,66 @@ func FreePort(t *testing.T) int {
 }
 
 // Port returns a TCP port that is free on 127.0.0.1 now, for programs
-// that start processes outside a test.
+// that start processes outside a test. The port is below the kernel's
+// ephemeral range (ip_local_port_range), which outgoing connections and
+// listeners on port 0 draw from: a port from that range could be taken by
+// any connection between this call and the program's bind, and again while
+// a killed server is down before it restarts on the same port.
 func Port() (int, error) {
+	low := ephemeralLow()
+	const first = 10000
+	span := low - first
+	if span < 1000 {
+		return anyPort()
+	}
+	// Each call starts where the last one stopped, so that ports returned
+	// one after another differ before any is bound; processes start apart.
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	if portsNext == 0 {
+		portsNext = int(time.Now().UnixNano()/1000+int64(os.Getpid())*7919)%span + 1
+	}
+	for i := 0; i < span; i++ {
+		p := first + (portsNext+i)%span
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		portsNext += i + 1
+		return p, nil
+	}
+	return anyPort()
+}
+
+var (
+	portsMu   sync.Mutex
+	portsNext int // where the next Port call starts; 0 before the first
+)
+
+// anyPort is a port the kernel picks, for a machine whose ephemeral range
+// leaves no room below it.
+func anyPort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (32768,
+// Linux's default, when it can't be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	var low, high int
+	if _, err := fmt.Sscan(string(b), &low, &high); err != nil || low <= 0 {
+		return 32768
+	}
+	return low
 }
 
 // Proc is a running program.
