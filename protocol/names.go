@@ -22,6 +22,10 @@ const (
 	StreamDispatch Stream = "DISPATCH" // sandbox jobs (work queue)
 	StreamOut      Stream = "OUT"      // projections for subscribers
 	StreamTimers   Stream = "TIMERS"   // ticket timers and their fires (work queue)
+	// StreamCheckpoints holds the engines' signed checkpoints of the events
+	// stream (limits): anchors outside the log that an auditor compares
+	// the log with.
+	StreamCheckpoints Stream = "CHECKPOINTS"
 )
 
 // Bucket is the kind of one of toolbatch's KV buckets, named like a stream.
@@ -34,6 +38,7 @@ const (
 	BucketState    Bucket = "STATE"    // committed state
 	BucketWorkers  Bucket = "WORKERS"  // live sandbox workers' advertisements
 	BucketOwners   Bucket = "OWNERS"   // which engine works on which run
+	BucketKeys     Bucket = "KEYS"     // the engines' public signing keys and their revocations
 )
 
 // Placeholders of a subject family's tokens.
@@ -88,11 +93,18 @@ var (
 	// PingFamily is where an engine answers other engines' liveness probes
 	// (engine internal).
 	PingFamily = Family{"ping", []string{"engine", TokEngineID, "ping"}, ""}
+	// CheckpointFamily is where the engine that leads the projection
+	// publishes its signed checkpoints of the events stream.
+	CheckpointFamily = Family{"checkpoint", []string{"checkpoint", "events"}, StreamCheckpoints}
+	// CheckpointRequestFamily asks for a checkpoint now (request/reply,
+	// answered by the engine that leads the projection).
+	CheckpointRequestFamily = Family{"checkpoint_request", []string{"api", "checkpoint"}, ""}
 )
 
 // Families lists every subject family, in the order of docs/protocol.md.
 var Families = []Family{EventsFamily, SubmitFamily, SubmitAsFamily, ResumeFamily, ResumeAsFamily, ControlFamily, ResultFamily, DispatchFamily, OutFamily,
-	TimerAtFamily, TimerFireFamily, ClaimFamily, HeartbeatFamily, GateFamily, BrainFamily, DelegateFamily, ForwardFamily, PingFamily}
+	TimerAtFamily, TimerFireFamily, ClaimFamily, HeartbeatFamily, GateFamily, BrainFamily, DelegateFamily, ForwardFamily, PingFamily,
+	CheckpointFamily, CheckpointRequestFamily}
 
 // Out kinds: the last token of an out subject.
 const (
@@ -225,11 +237,15 @@ func (n Names) InboxStream() string    { return n.StreamName(StreamInbox) }
 func (n Names) DispatchStream() string { return n.StreamName(StreamDispatch) }
 func (n Names) OutStream() string      { return n.StreamName(StreamOut) }
 func (n Names) TimersStream() string   { return n.StreamName(StreamTimers) }
+func (n Names) CheckpointsStream() string {
+	return n.StreamName(StreamCheckpoints)
+}
 func (n Names) CatalogBucket() string  { return n.BucketName(BucketCatalogs) }
 func (n Names) RegistryBucket() string { return n.BucketName(BucketRegistry) }
 func (n Names) StateBucket() string    { return n.BucketName(BucketState) }
 func (n Names) WorkersBucket() string  { return n.BucketName(BucketWorkers) }
 func (n Names) OwnersBucket() string   { return n.BucketName(BucketOwners) }
+func (n Names) KeysBucket() string     { return n.BucketName(BucketKeys) }
 
 // Subjects of the families, by name.
 func (n Names) Events(runID string) string { return n.Subject(EventsFamily, runID) }
@@ -271,6 +287,11 @@ func (n Names) Forward(engineID string) string { return n.Subject(ForwardFamily,
 
 // Ping is where an engine answers the liveness probes of the others.
 func (n Names) Ping(engineID string) string { return n.Subject(PingFamily, engineID) }
+
+// Checkpoint is where the signed checkpoints of the events stream are
+// published; CheckpointRequest asks for one now.
+func (n Names) Checkpoint() string        { return n.Subject(CheckpointFamily) }
+func (n Names) CheckpointRequest() string { return n.Subject(CheckpointRequestFamily) }
 
 // RunOut is the filter of every out subject of a run.
 func (n Names) RunOut(runID string) string { return n.Subject(OutFamily, runID, ">") }
@@ -339,6 +360,18 @@ const (
 	// HeaderPrev carries the stream sequence of the run's previous commit
 	// (0 for its first), so that a reader can tell it has every commit.
 	HeaderPrev = "Toolbatch-Prev"
+	// HeaderPrevHash carries the hash of the run's previous commit (64
+	// zeros for its first), so that a run's commits are a hash chain.
+	HeaderPrevHash = "Toolbatch-Prev-Hash"
+	// HeaderSigner is the public key (an nkey) of the engine that signed
+	// the commit; HeaderSig its ed25519 signature, in base64url, of the
+	// root of the signed batch of commits the commit is a leaf of, and
+	// HeaderSigProof the commit's place in that batch:
+	// "<index>/<size>" then ":" and the Merkle audit path, leaf to root,
+	// each hash base64url, joined by ",".
+	HeaderSigner   = "Toolbatch-Signer"
+	HeaderSig      = "Toolbatch-Sig"
+	HeaderSigProof = "Toolbatch-Sig-Proof"
 	// HeaderSource names the commit an out message was derived from:
 	// "<events stream sequence>/<index of the output in that commit>".
 	HeaderSource = "Toolbatch-Source"
@@ -381,6 +414,12 @@ func PresenceKey(engineID string) string { return PresenceKeyPrefix + engineID }
 
 // PresenceKeyPrefix begins every engine's presence key.
 const PresenceKeyPrefix = "engine."
+
+// SignerKey is an engine's public signing key in the keys bucket.
+func SignerKey(publicKey string) string { return SignerKeyPrefix + publicKey }
+
+// SignerKeyPrefix begins every key of the keys bucket.
+const SignerKeyPrefix = "signer."
 
 // ProjectorLeaderKey is the key in the owners bucket of the engine that
 // runs the projector.

@@ -1,0 +1,132 @@
+package proof
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nkeys"
+)
+
+// Signer signs an engine's commits in batches: Seal hands it a commit's
+// hash and returns once a signature covers it. One goroutine (Run) signs;
+// every commit that waits while it signs goes into the next batch.
+type Signer struct {
+	kp   nkeys.KeyPair
+	key  string
+	reqs chan sealReq
+	done chan struct{}
+	once sync.Once
+}
+
+type sealReq struct {
+	commit Hash
+	reply  chan sealed
+}
+
+type sealed struct {
+	seal Seal
+	err  error
+}
+
+// ErrClosed is returned by Seal once the signer has stopped.
+var ErrClosed = errors.New("proof: signer stopped")
+
+// NewSigner signs with kp, an nkey pair (ed25519) with its seed.
+func NewSigner(kp nkeys.KeyPair) (*Signer, error) {
+	key, err := kp.PublicKey()
+	if err != nil {
+		return nil, fmt.Errorf("proof: signing key: %w", err)
+	}
+	if _, err := kp.Seed(); err != nil {
+		return nil, fmt.Errorf("proof: signing key %s: no seed: %w", key, err)
+	}
+	return &Signer{kp: kp, key: key, reqs: make(chan sealReq, maxBatch), done: make(chan struct{})}, nil
+}
+
+// Key is the signer's public key: the Toolbatch-Signer of its commits.
+func (s *Signer) Key() string { return s.key }
+
+// Run signs until ctx ends or Close; then Seal fails with ErrClosed.
+func (s *Signer) Run(ctx context.Context) {
+	defer s.Close()
+	batch := make([]sealReq, 0, maxBatch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.done:
+			return
+		case r := <-s.reqs:
+			batch = append(batch[:0], r)
+		}
+	more:
+		for len(batch) < maxBatch {
+			select {
+			case r := <-s.reqs:
+				batch = append(batch, r)
+			default:
+				break more
+			}
+		}
+		s.sign(batch)
+	}
+}
+
+// Close stops the signer.
+func (s *Signer) Close() { s.once.Do(func() { close(s.done) }) }
+
+func (s *Signer) sign(batch []sealReq) {
+	leaves := make([]Hash, len(batch))
+	for i, r := range batch {
+		leaves[i] = leafHash(r.commit)
+	}
+	root, paths := tree(leaves)
+	sig, err := s.kp.Sign(rootMessage(root))
+	for i, r := range batch {
+		if err != nil {
+			r.reply <- sealed{err: fmt.Errorf("proof: sign: %w", err)}
+			continue
+		}
+		r.reply <- sealed{seal: Seal{Sig: sig, Index: i, Size: len(batch), Path: paths[i]}}
+	}
+}
+
+// Seal returns the seal of a commit: a signature of the root of the batch
+// it was signed in, and its audit path in that batch.
+func (s *Signer) Seal(ctx context.Context, commit Hash) (Seal, error) {
+	r := sealReq{commit: commit, reply: make(chan sealed, 1)}
+	select {
+	case s.reqs <- r:
+	case <-s.done:
+		return Seal{}, ErrClosed
+	case <-ctx.Done():
+		return Seal{}, ctx.Err()
+	}
+	select {
+	case res := <-r.reply:
+		return res.seal, res.err
+	case <-s.done:
+		// signed before it stopped, or never
+		select {
+		case res := <-r.reply:
+			return res.seal, res.err
+		default:
+			return Seal{}, ErrClosed
+		}
+	case <-ctx.Done():
+		return Seal{}, ctx.Err()
+	}
+}
+
+// SignCheckpoint signs a checkpoint as this signer.
+func (s *Signer) SignCheckpoint(c Checkpoint) (Checkpoint, error) {
+	c.Signer = s.key
+	sig, err := s.kp.Sign(c.message())
+	if err != nil {
+		return c, fmt.Errorf("proof: sign checkpoint: %w", err)
+	}
+	c.Sig = b64.EncodeToString(sig)
+	return c, nil
+}
