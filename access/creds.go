@@ -174,3 +174,39 @@ func ServiceOptions(name string) []nats.Option {
 	return []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.PingInterval(time.Second), nats.MaxPingsOutstanding(3),
 		nats.ReconnectWait(250 * time.Millisecond), nats.ReconnectJitter(100*time.Millisecond, 500*time.Millisecond)}
 }
+
+// SigningKey reads the key pair an engine signs its commits with from a
+// seed file: a credentials file of toolbatch auth, a NATS .creds file, or
+// a signing key file this function wrote. With create, a missing file is
+// made (a new key, mode 0600).
+func SigningKey(path string, create bool) (nkeys.KeyPair, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) && create {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			return nil, err
+		}
+		seed, err := kp.Seed()
+		if err != nil {
+			return nil, err
+		}
+		pub, _ := kp.PublicKey()
+		var b bytes.Buffer
+		fmt.Fprintf(&b, "# toolbatch engine signing key %s: a secret, keep it 0600; pin its public key (replay audit --keys)\n", pub)
+		b.WriteString("-----BEGIN USER NKEY SEED-----\n")
+		b.Write(seed)
+		b.WriteString("\n------END USER NKEY SEED------\n")
+		if err := WriteCreds(path, b.Bytes()); err != nil {
+			return nil, fmt.Errorf("signing key: %w", err)
+		}
+		return kp, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("signing key: %w", err)
+	}
+	kp, err := nkeys.ParseDecoratedUserNKey(data)
+	if err != nil {
+		return nil, fmt.Errorf("signing key %s: no user nkey seed in it: %w", path, err)
+	}
+	return kp, nil
+}

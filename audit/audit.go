@@ -12,6 +12,7 @@ import (
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/projector"
+	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -57,6 +58,7 @@ const (
 	InvNeverReplay = "invariant 6 (a never_replay call is entered at most once)"
 	InvReplay      = "invariant 7 (replay only when the pinned mode equals the live capability, within max_attempts)"
 	InvProjection  = "invariant 8 (the projection derived from the events equals what was published)"
+	InvSigned      = "invariant 9 (only engines write the log: each commit signed by a pinned engine key and chained to its run's previous commit)"
 	InvLog         = "log (every commit of a run, in order, decodable)"
 )
 
@@ -76,6 +78,15 @@ type Auditor struct {
 	sawOut     bool
 	violations []Violation
 	reported   map[string]bool
+	keys       *proof.Keyring // nil: signatures are not verified
+	proofs     Proofs
+}
+
+// Proofs counts what the audit saw of the log's signatures.
+type Proofs struct {
+	Signed   int  // commits with a signature
+	Unsigned int  // commits without one before the first signed commit (written before signing)
+	Verified bool // the signatures were checked against pinned keys
 }
 
 type runAudit struct {
@@ -83,6 +94,7 @@ type runAudit struct {
 	run     *aggregate.Run
 	model   projector.Model
 	lastSeq uint64
+	last    proof.Hash // the hash of the run's last commit read
 	broken  bool              // folding stopped at an illegal transition
 	derived map[string][]byte // "<subject> <source>" -> body the projector derives
 }
@@ -94,6 +106,13 @@ func New(prefix string) *Auditor {
 	}
 	return &Auditor{prefix: prefix, runs: map[string]*runAudit{}, reported: map[string]bool{}}
 }
+
+// Keys makes the auditor verify every signature against keys (the pinned
+// keyring); without it, only the runs' hash chains are checked.
+func (a *Auditor) Keys(keys *proof.Keyring) { a.keys, a.proofs.Verified = keys, keys != nil }
+
+// Proofs reports what the audit saw of the log's signatures.
+func (a *Auditor) Proofs() Proofs { return a.proofs }
 
 // Runs returns the folded runs, by id.
 func (a *Auditor) Runs() map[string]*aggregate.Run {
@@ -108,7 +127,7 @@ func (a *Auditor) Runs() map[string]*aggregate.Run {
 // state that breaks an invariant is reported where it first appears.
 func (a *Auditor) add(v Violation) {
 	key := v.Run + "|" + v.Batch + "|" + v.Call + "|" + v.Invariant
-	if v.Invariant == InvLog || v.Invariant == InvProjection || v.Invariant == InvBarrier {
+	if v.Invariant == InvLog || v.Invariant == InvProjection || v.Invariant == InvBarrier || v.Invariant == InvSigned {
 		key += "|" + v.Detail
 	}
 	if a.reported[key] {
@@ -162,6 +181,7 @@ func (a *Auditor) EventDecoded(r Record, evs []events.Event, decodeErr error) {
 		a.add(v)
 	}
 	ra.lastSeq = r.Seq
+	a.checkProof(ra, r)
 	if decodeErr != nil {
 		v.Invariant, v.Detail = InvLog, "undecodable commit: "+decodeErr.Error()
 		a.add(v)
@@ -189,6 +209,46 @@ func (a *Auditor) EventDecoded(r Record, evs []events.Event, decodeErr error) {
 		}
 	}
 }
+
+// checkProof checks a commit's place in its run's hash chain and, with
+// pinned keys, its signature. An unsigned commit is reported when keys
+// are pinned, or once a signed one has been stored before it; without
+// pinned keys, unsigned commits before the first signed one are counted
+// as written before signing.
+func (a *Auditor) checkProof(ra *runAudit, r Record) {
+	v := Violation{Run: ra.id, Seq: r.Seq, Invariant: InvSigned}
+	c, seal, err := proof.Read(proof.Message{Subject: r.Subject, Header: r.Headers, Body: r.Data})
+	prevHash := ra.last
+	ra.last = c.Hash()
+	if err != nil {
+		v.Detail = err.Error()
+		a.add(v)
+		return
+	}
+	if seal == nil {
+		if a.proofs.Signed > 0 || a.keys != nil {
+			v.Detail = "an unsigned commit in a signed log: not written by an engine"
+			a.add(v)
+		} else {
+			a.proofs.Unsigned++
+		}
+		return
+	}
+	a.proofs.Signed++
+	if c.PrevHash != prevHash {
+		v.Detail = fmt.Sprintf("the run's hash chain is broken: the commit names %s as its previous commit's hash, the run's previous commit read hashes to %s", short(c.PrevHash), short(prevHash))
+		a.add(v)
+	}
+	if a.keys == nil {
+		return
+	}
+	if err := a.keys.Verify(c, seal, r.Seq); err != nil {
+		v.Detail = "not signed by a pinned engine key: " + strings.TrimPrefix(err.Error(), "proof: ")
+		a.add(v)
+	}
+}
+
+func short(h proof.Hash) string { return h.String()[:16] }
 
 // check looks at an event before it is folded, for what the fold accepts
 // but the contract forbids.

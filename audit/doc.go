@@ -7,5 +7,5 @@
 // with what the out stream holds. It does no IO: the caller feeds it
 // messages.
 //
-// Imports: aggregate, events, projector, protocol.
+// Imports: aggregate, events, projector, proof, protocol.
 package audit

@@ -70,11 +70,11 @@ func (s *shard) load(ctx context.Context, rs *runState) error {
 	if rs.loaded {
 		return nil
 	}
-	run, seq, size, err := s.e.events.load(ctx, rs.id)
+	run, at, size, err := s.e.events.load(ctx, rs.id)
 	if err != nil {
 		return err
 	}
-	rs.run, rs.seq, rs.bytes = run, seq, size
+	rs.run, rs.tip, rs.bytes = run, at, size
 	if aggregate.Next(run).Kind == aggregate.NextExecuting {
 		caps := map[string]events.Capability{}
 		exclude := map[string]bool{}

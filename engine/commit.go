@@ -59,13 +59,13 @@ func (s *shard) stage(rs *runState, run *aggregate.Run, evs []events.Event) {
 func (s *shard) flush(ctx context.Context, rs *runState) error {
 	for len(rs.pending) > 0 {
 		n := len(rs.pending)
-		var seq uint64
+		var at tip
 		var size int
 		var evs []events.Event
 		var err error
 		for {
 			evs = slices.Concat(rs.pending[:n]...)
-			seq, size, err = s.e.events.append(ctx, rs.id, rs.seq, evs)
+			at, size, err = s.e.events.append(ctx, rs.id, rs.tip, evs)
 			if n == 1 || !errors.Is(err, nats.ErrMaxPayload) {
 				break
 			}
@@ -77,14 +77,14 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 		}
 		if s.e.log.GetLevel() <= zerolog.DebugLevel {
 			for _, e := range evs {
-				ev := s.e.log.Debug().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, seq)
+				ev := s.e.log.Debug().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, at.seq)
 				if b := rs.run.Batch; b != nil {
 					ev = ev.Str(fieldBatchID, b.ID)
 				}
 				ev.Msg(events.Describe(e))
 			}
 		}
-		rs.seq, rs.bytes = seq, rs.bytes+int64(size)
+		rs.tip, rs.bytes = at, rs.bytes+int64(size)
 		s.e.clients.committed(rs.id, rs.client, evs)
 		rs.pending = rs.pending[n:]
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -90,6 +91,10 @@ type Config struct {
 	// calls in progress to finish and be recorded (default 10s); calls
 	// still running then are left to the recovery of the next owner.
 	Grace time.Duration
+	// Signer signs every commit (proof.Signer; the engine runs it). Nil
+	// appends unsigned commits, as engines did before issue 15: replay
+	// audit reports such a log as unsigned.
+	Signer *proof.Signer
 	// Now is the engine's clock (default time.Now): the time of every
 	// event and of every ticket's deadline and due time. The engine's
 	// in-memory watches (leases, dispatch deadlines, idle runs) use the
@@ -224,7 +229,7 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 	n := protocol.Names{Prefix: cfg.Prefix}
 	e := &Engine{
 		cfg: cfg, nc: nc, js: js, names: n, log: cfg.Logger,
-		events:   &eventLog{js: js, names: n},
+		events:   &eventLog{js: js, names: n, signer: cfg.Signer},
 		catalogs: map[string]*catalog.Catalog{cfg.Catalog.SnapshotID(): cfg.Catalog},
 		ready:    make(chan struct{}),
 		id:       cfg.ID,
@@ -303,6 +308,11 @@ func (e *Engine) ensurePoolConsumers(ctx context.Context) error {
 func (e *Engine) Run(ctx context.Context) error {
 	if err := e.untilDone(ctx, "create the streams, buckets and consumers", e.Setup); err != nil {
 		return err
+	}
+	if s := e.cfg.Signer; s != nil {
+		sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		defer stop() // after the shards: a commit in flight at shutdown is still signed
+		go s.Run(sctx)
 	}
 	ping, err := e.liveness.subscribe()
 	if err != nil {

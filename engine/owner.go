@@ -64,7 +64,7 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 		if err != nil {
 			return err
 		}
-		if seq != rs.seq {
+		if seq != rs.tip.seq {
 			rs.loaded = false
 		}
 	}

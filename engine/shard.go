@@ -93,7 +93,7 @@ type outcome struct {
 type runState struct {
 	id     string
 	run    *aggregate.Run
-	seq    uint64 // stream sequence of the run's last commit
+	tip    tip    // where the run's log ends: what its next commit follows
 	bytes  int64  // bytes of the commits folded into run: what the cache counts it as
 	client string // the client of the last submission taken (per-client limits)
 	loaded bool

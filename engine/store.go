@@ -17,6 +17,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -156,21 +157,28 @@ type eventLog struct {
 	js     jetstream.JetStream
 	names  protocol.Names
 	stream jetstream.Stream // the events stream, opened by Setup
+	signer *proof.Signer    // nil: unsigned commits
 }
 
-// load folds a run from its subject. It returns the state, the stream
-// sequence of its last commit (0 for a run with no events) and the bytes
-// of its commits (what the cache counts it as).
-func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, uint64, int64, error) {
+// tip is where a run's log ends: its last commit's stream sequence (0 for
+// none) and hash (proof.ZeroHash for none), what its next commit follows.
+type tip struct {
+	seq  uint64
+	hash proof.Hash
+}
+
+// load folds a run from its subject. It returns the state, the run's
+// tip and the bytes of its commits (what the cache counts it as).
+func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, tip, int64, error) {
 	run := aggregate.New(runID)
 	last, err := l.lastSeq(ctx, runID)
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("load run %s: %w", runID, err)
+		return nil, tip{}, 0, fmt.Errorf("load run %s: %w", runID, err)
 	}
 	if last == 0 {
-		return run, 0, 0, nil
+		return run, tip{}, 0, nil
 	}
-	var seq uint64
+	var at tip
 	var size int64
 	err = protocol.ReadOrdered(ctx, l.js, l.names.EventsStream(), protocol.ReadOptions{Subjects: []string{l.names.Events(runID)}, UpTo: last}, func(m jetstream.Msg, meta *jetstream.MsgMetadata) error {
 		s := meta.Sequence.Stream
@@ -181,13 +189,17 @@ func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, uint
 		if err := run.ApplyAll(evs); err != nil {
 			return fmt.Errorf("commit at %d: %w", s, err)
 		}
-		seq, size = s, size+int64(len(m.Data()))
+		c, _, err := proof.Read(proof.Message{Subject: m.Subject(), Header: m.Headers(), Body: m.Data()})
+		if err != nil {
+			return fmt.Errorf("commit at %d: %w", s, err)
+		}
+		at, size = tip{seq: s, hash: c.Hash()}, size+int64(len(m.Data()))
 		return nil
 	})
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("load run %s: %w", runID, err)
+		return nil, tip{}, 0, fmt.Errorf("load run %s: %w", runID, err)
 	}
-	return run, seq, size, nil
+	return run, at, size, nil
 }
 
 // lastSeq returns the sequence of the run's last commit (0: none).
@@ -204,19 +216,34 @@ func (l *eventLog) lastSeq(ctx context.Context, runID string) (uint64, error) {
 	return last.Sequence, nil
 }
 
-// append publishes events as one commit after lastSeq, and returns the new
-// sequence and the commit's size.
-func (l *eventLog) append(ctx context.Context, runID string, lastSeq uint64, evs []events.Event) (uint64, int, error) {
+// append publishes events as one commit after the run's tip, signed
+// when the log has a signer, and returns the new tip and the commit's
+// size.
+func (l *eventLog) append(ctx context.Context, runID string, after tip, evs []events.Event) (tip, int, error) {
 	body, types, err := events.EncodeCommit(evs)
 	if err != nil {
-		return 0, 0, err
+		return tip{}, 0, err
 	}
+	lastSeq := after.seq
 	msg := nats.NewMsg(l.names.Events(runID))
 	msg.Data = body
 	for _, t := range types {
 		msg.Header.Add(protocol.HeaderEvent, t)
 	}
 	msg.Header.Set(protocol.HeaderPrev, strconv.FormatUint(lastSeq, 10))
+	c := proof.Commit{Subject: msg.Subject, Prev: lastSeq, Types: types, Body: body}
+	if l.signer != nil {
+		c.PrevHash, c.Signer = after.hash, l.signer.Key()
+		seal, err := l.signer.Seal(ctx, c.Hash())
+		if err != nil {
+			return tip{}, 0, fmt.Errorf("append to run %s: %w", runID, err)
+		}
+		sig, path := seal.Headers()
+		msg.Header.Set(protocol.HeaderPrevHash, c.PrevHash.String())
+		msg.Header.Set(protocol.HeaderSigner, c.Signer)
+		msg.Header.Set(protocol.HeaderSig, sig)
+		msg.Header.Set(protocol.HeaderSigProof, path)
+	}
 	sum := sha256.Sum256(body)
 	id := fmt.Sprintf("%s/%d/%s", runID, lastSeq, hex.EncodeToString(sum[:8]))
 	ack, err := retrying(ctx, streamTry, func(ctx context.Context) (*jetstream.PubAck, error) {
@@ -224,11 +251,11 @@ func (l *eventLog) append(ctx context.Context, runID string, lastSeq uint64, evs
 	}, nil)
 	if err != nil {
 		if isWrongLastSequence(err) {
-			return 0, 0, fmt.Errorf("%w: %v", ErrConflict, err)
+			return tip{}, 0, fmt.Errorf("%w: %v", ErrConflict, err)
 		}
-		return 0, 0, fmt.Errorf("append to run %s: %w", runID, err)
+		return tip{}, 0, fmt.Errorf("append to run %s: %w", runID, err)
 	}
-	return ack.Sequence, len(body), nil
+	return tip{seq: ack.Sequence, hash: c.Hash()}, len(body), nil
 }
 
 // streamTry bounds one try of a request to the events stream (retry.go):

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/toolbatch/toolbatch/audit"
+	"github.com/toolbatch/toolbatch/proof"
 )
 
 // AuditReport is what an audit of a recorded log found.
@@ -14,6 +15,8 @@ type AuditReport struct {
 	// OutChecked is false when there was no out stream to read (a file
 	// source without its out file): invariant 8 was not checked.
 	OutChecked bool
+	// Proofs is what the audit saw of the log's signatures.
+	Proofs audit.Proofs
 }
 
 // Audit feeds the selected events, then the out messages derived from
@@ -21,8 +24,9 @@ type AuditReport struct {
 // violations. Out messages derived from commits stored after the events
 // were read are left out. each, when not nil, sees every events message
 // as it is read (progress).
-func Audit(ctx context.Context, src Source, prefix string, sel Selection, each func(*Message)) (AuditReport, error) {
+func Audit(ctx context.Context, src Source, prefix string, sel Selection, keys *proof.Keyring, each func(*Message)) (AuditReport, error) {
 	a := audit.New(prefix)
+	a.Keys(keys)
 	var lastEvent uint64
 	err := src.Read(ctx, EventsStream, sel, true, func(m *Message) error {
 		if each != nil {
@@ -56,5 +60,6 @@ func Audit(ctx context.Context, src Source, prefix string, sel Selection, each f
 	}
 	rep.Violations = a.Finish()
 	rep.Runs = len(a.Runs())
+	rep.Proofs = a.Proofs()
 	return rep, nil
 }

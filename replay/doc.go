@@ -27,6 +27,6 @@
 // stream and header name comes from there), audit, the standard library
 // and the NATS client; never engine or a cmd/ package.
 //
-// Imports: aggregate, audit, events, projector, protocol,
+// Imports: aggregate, audit, events, projector, proof, protocol,
 // github.com/nats-io/nats.go.
 package replay

@@ -6,6 +6,6 @@
 // clients can connect. With --nats-url it uses an existing server or
 // cluster instead.
 //
-// Imports: access, catalog, embedded, engine, events, internal/cli, protocol,
+// Imports: access, catalog, embedded, engine, events, internal/cli, proof, protocol,
 // github.com/nats-io/nats.go, github.com/nats-io/nuid, github.com/rs/zerolog.
 package main

@@ -24,6 +24,7 @@ import (
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/cli"
+	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -39,7 +40,8 @@ type options struct {
 	limits                                      events.Limits
 	logFormat, logLevel                         string
 	outMaxAge, ackWait, lease                   time.Duration
-	syncAlways                                  bool
+	syncAlways, unsigned                        bool
+	signingKey                                  string
 }
 
 func main() {
@@ -81,6 +83,8 @@ func run(args []string, stderr io.Writer) error {
 	fs.StringVar(&o.tlsKey, "tls-key", "", "embedded server: TLS certificate's key")
 	fs.StringVar(&o.tlsClientCA, "tls-client-ca", "", "embedded server: require client certificates signed by this CA (mutual TLS)")
 	o.conn.Flags(fs)
+	fs.StringVar(&o.signingKey, "signing-key", "", "seed file of the key this engine signs its commits and checkpoints with (default: the --creds user's key; without --creds, <store>/signing.nk, made at the first start)")
+	fs.BoolVar(&o.unsigned, "unsigned", false, "append unsigned commits, as engines did before signing (replay audit reports the log as unsigned); for measurements")
 	fs.StringVar(&o.engineID, "engine-id", "", "this engine's id in the owners bucket, kept across restarts so that a restarted engine takes its runs back at once (default: kept in the embedded server's store; with --nats-url, a new one at each start)")
 	if done, err := cli.Parse(fs, args, stderr); done {
 		return err
@@ -113,6 +117,11 @@ func run(args []string, stderr io.Writer) error {
 		}
 	} else {
 		cfg.ID = o.engineID
+	}
+	if !o.unsigned {
+		if cfg.Signer, err = signer(o); err != nil {
+			return err
+		}
 	}
 	var workers workerPools
 	if o.auth != "" {
@@ -166,6 +175,11 @@ func run(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if cfg.Signer != nil {
+		log.Info().Str("key", cfg.Signer.Key()).Msg("signing commits (pin this key: replay audit --keys)")
+	} else {
+		log.Warn().Msg("--unsigned: commits are not signed; replay audit reports the log as unsigned")
+	}
 	return eng.Run(ctx)
 }
 
@@ -192,6 +206,27 @@ func reloadOnHangup(ctx context.Context, log zerolog.Logger, reloads ...func() e
 			}
 		}
 	}
+}
+
+// signer is the engine's signer: its --signing-key, its --creds' key, or
+// the key kept in the store directory, made on the first start.
+func signer(o options) (*proof.Signer, error) {
+	path, create := o.signingKey, false
+	switch {
+	case path != "":
+	case o.conn.Creds != "" && o.natsURL != "":
+		path = o.conn.Creds
+	default:
+		if err := os.MkdirAll(o.store, 0o700); err != nil {
+			return nil, fmt.Errorf("--store: %w", err)
+		}
+		path, create = filepath.Join(o.store, "signing.nk"), true
+	}
+	kp, err := access.SigningKey(path, create)
+	if err != nil {
+		return nil, err
+	}
+	return proof.NewSigner(kp)
 }
 
 // storedEngineID is the engine id kept in the store directory, made on

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/toolbatch/toolbatch/audit"
+	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/replay"
 )
 
@@ -21,8 +22,14 @@ func cmdAudit(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeSrc()
+	var keys *proof.Keyring
+	if o.keys != "" {
+		if keys, err = proof.LoadKeys(o.keys); err != nil {
+			return err
+		}
+	}
 	prog := newProgress(stderr)
-	rep, err := replay.Audit(ctx, src, o.prefix, o.sel, prog.add)
+	rep, err := replay.Audit(ctx, src, o.prefix, o.sel, keys, prog.add)
 	if err != nil {
 		return err
 	}
@@ -33,6 +40,7 @@ func cmdAudit(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	if !rep.OutChecked {
 		s.OutNote = "invariant 8 not checked (no out stream: --out-file)"
 	}
+	s.Signed, s.Unsigned, s.SigNote = rep.Proofs.Signed, rep.Proofs.Unsigned, signatureNote(rep.Proofs)
 	if err := printAudit(stdout, vs, s, o.json); err != nil {
 		return err
 	}
@@ -53,6 +61,25 @@ type summary struct {
 	OutMessages int    `json:"out_messages"`
 	OutChecked  bool   `json:"out_checked"`        // false: invariant 8 was not checked
 	OutNote     string `json:"out_note,omitempty"` // why not
+	Signed      int    `json:"signed"`             // commits with a signature
+	Unsigned    int    `json:"unsigned"`           // commits without one
+	SigNote     string `json:"signature_note,omitempty"`
+}
+
+// signatureNote says what invariant 9's check could not cover: a log
+// without signatures (written before engines signed, or with --unsigned),
+// commits from before signing began, signatures not verified without
+// pinned keys.
+func signatureNote(p audit.Proofs) string {
+	switch {
+	case p.Signed == 0 && p.Unsigned > 0:
+		return "unsigned log: no commit is signed (written before engines signed, or by engines run --unsigned); invariant 9 not checked"
+	case !p.Verified && p.Signed > 0:
+		return "signatures not verified (no --keys): only the runs' hash chains were checked"
+	case p.Unsigned > 0:
+		return fmt.Sprintf("%d commit%s before the first signed one written unsigned", p.Unsigned, plural(p.Unsigned))
+	}
+	return ""
 }
 
 func (s summary) String() string {
@@ -66,6 +93,9 @@ func (s summary) String() string {
 		s.Events, plural(s.Events), s.Commits, plural(s.Commits), s.OutMessages, plural(s.OutMessages))
 	if s.OutNote != "" {
 		line += "; " + s.OutNote
+	}
+	if s.SigNote != "" {
+		line += "; " + s.SigNote
 	}
 	return line
 }

@@ -15,6 +15,6 @@
 // (replay.HoldGC sets the garbage collector for the history's read), and
 // package audit checks the invariants.
 //
-// Imports: access, audit, catalog, events, internal/cli, protocol, replay,
+// Imports: access, audit, catalog, events, internal/cli, proof, protocol, replay,
 // github.com/nats-io/nats.go.
 package main

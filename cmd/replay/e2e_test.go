@@ -15,8 +15,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbatch/toolbatch/access"
 	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/internal/testproc"
+	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/replay"
 )
 
@@ -32,8 +34,9 @@ func TestEndToEnd(t *testing.T) {
 	engineBin, replayBin := bins[0], bins[1]
 	port := testproc.FreePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	store := t.TempDir()
 	testproc.Start(t, "engine", `"engine ready"`, engineBin,
-		"--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-format", "json")
+		"--store", store, "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-format", "json")
 
 	js := testnats.JetStream(t, testnats.Connect(t, url))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -110,13 +113,49 @@ func TestEndToEnd(t *testing.T) {
 	if fromFile := runReplay(t, replayBin, 0, "--file", export); fromFile != fromNATS {
 		t.Errorf("the history of the export differs from the one read from NATS:\n%s\n---\n%s", fromFile, fromNATS)
 	}
+	// The engine signed every commit with the key it made in its store:
+	// pinned, every signature verifies.
+	kp, err := access.SigningKey(filepath.Join(store, "signing.nk"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := kp.PublicKey()
+	keys := filepath.Join(dir, "keys.yaml")
+	if err := os.WriteFile(keys, proof.Format([]proof.Key{{Key: pub, Name: "engine"}}), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, args := range [][]string{{"audit", "--nats-url", url}, {"audit", "--file", export}} {
-		out := runReplay(t, replayBin, 0, args...)
-		if !strings.HasPrefix(out, "audit: every invariant holds: 2 runs, ") || strings.Contains(out, "not checked") {
+		out := runReplay(t, replayBin, 0, append(args, "--keys", keys)...)
+		if !strings.HasPrefix(out, "audit: every invariant holds: 2 runs, ") || strings.Contains(out, "not checked") || strings.Contains(out, "not verified") {
 			t.Errorf("%v: %s", args, out)
 		}
 	}
+	// One byte of one commit's body changed in the export: its signature
+	// fails, and the audit names the commit.
+	exported, err := os.ReadFile(export)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(exported), "\n")
+	rec, err := replay.ParseRecord([]byte(lines[2]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Data[len(rec.Data)-1] ^= 1
+	var b bytes.Buffer
+	if err := replay.WriteRecord(&b, rec); err != nil {
+		t.Fatal(err)
+	}
+	lines[2] = b.String()
+	if err := os.WriteFile(export, []byte(strings.Join(lines, "")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := runReplay(t, replayBin, 1, "audit", "--file", export, "--keys", keys)
+	if want := fmt.Sprintf("seq %d run ", rec.Seq); !strings.Contains(out, want) || !strings.Contains(out, "invariant 9") || !strings.Contains(out, "signature does not verify") {
+		t.Errorf("a changed commit: want %q and invariant 9 in:\n%s", want, out)
+	}
 }
+
 
 // waitResults waits for a batch's results message on the out stream.
 func waitResults(t *testing.T, ctx context.Context, js jetstream.JetStream, run string, step int) {

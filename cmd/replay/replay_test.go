@@ -170,18 +170,29 @@ func TestExportFromFile(t *testing.T) {
 }
 
 func TestAuditJSONAndWithoutOut(t *testing.T) {
+	// The forged result without the claim: the chain rewritten around the
+	// dropped claim breaks the runs' hash chain (invariant 9) at the two
+	// rechained commits, and the completion was never claimed (invariant 1).
 	stdout, _, code := inProcess(t, "audit", "--json", "--file", filepath.Join(streamsDir, "forged-result.jsonl"))
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
-	if code != 1 || len(lines) != 2 {
+	if code != 1 || len(lines) != 4 {
 		t.Fatalf("exit %d:\n%s", code, stdout)
 	}
-	var v violationLine
-	var s summary
-	if err := json.Unmarshal([]byte(lines[0]), &v); err != nil || v.Seq != 10 || v.Call != "c2" || !strings.HasPrefix(v.Invariant, "invariant 1 ") {
-		t.Errorf("violation line %s (%v)", lines[0], err)
+	want := []struct {
+		seq  uint64
+		call string
+		inv  string
+	}{{9, "", "invariant 9 "}, {10, "", "invariant 9 "}, {10, "c2", "invariant 1 "}}
+	for i, w := range want {
+		var v violationLine
+		if err := json.Unmarshal([]byte(lines[i]), &v); err != nil || v.Seq != w.seq || v.Call != w.call || !strings.HasPrefix(v.Invariant, w.inv) {
+			t.Errorf("violation line %s (%v), want seq %d call %q %s", lines[i], err, w.seq, w.call, w.inv)
+		}
 	}
-	if err := json.Unmarshal([]byte(lines[1]), &s); err != nil || s.OK || s.Violations != 1 || !s.OutChecked {
-		t.Errorf("summary line %s (%v)", lines[1], err)
+	var s summary
+	if err := json.Unmarshal([]byte(lines[3]), &s); err != nil || s.OK || s.Violations != 3 || !s.OutChecked || s.Signed != 22 ||
+		!strings.Contains(s.SigNote, "no --keys") {
+		t.Errorf("summary line %s (%v)", lines[3], err)
 	}
 	// An events file alone: every invariant but 8.
 	lone := filepath.Join(t.TempDir(), "lone.jsonl")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"flag"
@@ -13,10 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nkeys"
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/audit"
 	"github.com/toolbatch/toolbatch/events"
+
 	"github.com/toolbatch/toolbatch/projector"
+	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/protocol"
 	"github.com/toolbatch/toolbatch/replay"
 )
@@ -39,21 +43,66 @@ var epoch = time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)
 // recorder writes commits the way engine/store.go appends them, and the out
 // messages the way engine/projector.go publishes them.
 type recorder struct {
-	t    *testing.T
-	seq  uint64
-	runs map[string]*recordedRun
-	evs  []audit.Record
-	out  []audit.Record
+	t      *testing.T
+	seq    uint64
+	runs   map[string]*recordedRun
+	evs    []audit.Record
+	out    []audit.Record
+	signer *proof.Signer
 }
 
 type recordedRun struct {
 	run   *aggregate.Run
 	model projector.Model
 	last  uint64
+	hash  proof.Hash
+}
+
+// engineKey is the generated streams' engine key (keys.yaml pins it);
+// strangerKey is another, that no keys file pins.
+var engineKey, strangerKey = testKey("toolbatch test engine key 000001"), testKey("toolbatch test stranger key 0001")
+
+func testKey(seed string) func(t *testing.T) *proof.Signer {
+	return func(t *testing.T) *proof.Signer {
+		t.Helper()
+		kp, err := nkeys.FromRawSeed(nkeys.PrefixByteUser, []byte(seed))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := proof.NewSigner(kp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		go s.Run(ctx)
+		return s
+	}
 }
 
 func newRecorder(t *testing.T) *recorder {
-	return &recorder{t: t, runs: map[string]*recordedRun{}}
+	return &recorder{t: t, runs: map[string]*recordedRun{}, signer: engineKey(t)}
+}
+
+// sign gives a commit its signature headers as the engine writes them,
+// after the run's previous commit's hash, and returns the commit's hash.
+func sign(t *testing.T, s *proof.Signer, r *audit.Record, prevHash proof.Hash) proof.Hash {
+	t.Helper()
+	prev, err := strconv.ParseUint(r.Headers[protocol.HeaderPrev][0], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := proof.Commit{Subject: r.Subject, Prev: prev, PrevHash: prevHash, Signer: s.Key(), Types: r.Headers[protocol.HeaderEvent], Body: r.Data}
+	seal, err := s.Seal(context.Background(), c.Hash())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, path := seal.Headers()
+	r.Headers[protocol.HeaderPrevHash] = []string{prevHash.String()}
+	r.Headers[protocol.HeaderSigner] = []string{s.Key()}
+	r.Headers[protocol.HeaderSig] = []string{sig}
+	r.Headers[protocol.HeaderSigProof] = []string{path}
+	return c.Hash()
 }
 
 // at is the time of the next commit.
@@ -94,12 +143,14 @@ func (rc *recorder) commit(runID string, evs ...events.Event) uint64 {
 	rc.seq++
 	at := epoch.Add(time.Duration(rc.seq) * time.Second)
 	sum := sha256.Sum256(body)
-	rc.evs = append(rc.evs, audit.Record{Seq: rc.seq, Subject: "toolbatch.events." + runID, Time: at, Data: body,
+	rec := audit.Record{Seq: rc.seq, Subject: "toolbatch.events." + runID, Time: at, Data: body,
 		Headers: map[string][]string{
 			protocol.HeaderEvent: types,
 			protocol.HeaderPrev:  {strconv.FormatUint(r.last, 10)},
 			"Nats-Msg-Id":        {fmt.Sprintf("%s/%d/%s", runID, r.last, hex.EncodeToString(sum[:8]))},
-		}})
+		}}
+	r.hash = sign(rc.t, rc.signer, &rec, r.hash)
+	rc.evs = append(rc.evs, rec)
 	r.last = rc.seq
 	var outs []projector.Output
 	for _, e := range evs {
@@ -232,6 +283,8 @@ type streamCase struct {
 	// file, so that -update cannot bless a report that misses the point).
 	want []string
 	make func(t *testing.T) (evs, out []audit.Record)
+	// keys is the keys file the audit pins (default keys.yaml).
+	keys string
 }
 
 func good(t *testing.T) (*recorder, seqs) {
@@ -293,6 +346,88 @@ var streamCases = []streamCase{
 				}
 			}
 			return rc.evs, renumber(out)
+		}},
+	{name: "argument-changed", want: []string{"seq 1 run r1: invariant 9", "signature does not verify"},
+		make: func(t *testing.T) ([]audit.Record, []audit.Record) {
+			rc, _ := good(t)
+			return edit(t, rc.evs, 1, func(evs []events.Event) []events.Event {
+				b := evs[0].(*events.BatchSubmitted)
+				b.Calls[2].Arguments = events.MustJSON(`{"env":"prod","notify":"eve@example.org"}`)
+				return evs
+			}), rc.out
+		}},
+	{name: "principal-changed", want: []string{"run r1: invariant 9", "signature does not verify"},
+		make: func(t *testing.T) ([]audit.Record, []audit.Record) {
+			rc, _ := good(t)
+			for _, r := range rc.evs {
+				evs, err := events.DecodeCommit(r.Data, r.Headers[protocol.HeaderEvent])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(evs) > 0 {
+					if tr, ok := evs[0].(*events.TicketResolved); ok && tr.Principal == "alice" {
+						return edit(t, rc.evs, r.Seq, func(evs []events.Event) []events.Event {
+							evs[0].(*events.TicketResolved).Principal = "chris"
+							return evs
+						}), rc.out
+					}
+				}
+			}
+			t.Fatal("no ticket resolved by alice")
+			return nil, nil
+		}},
+	{name: "run-cloned", want: []string{"run r3: invariant 9", "signature does not verify"},
+		make: func(t *testing.T) ([]audit.Record, []audit.Record) {
+			rc, _ := good(t)
+			evs := append([]audit.Record{}, rc.evs...)
+			for _, r := range rc.evs {
+				if r.Subject == "toolbatch.events.r2" {
+					c := cloneRecord(r)
+					c.Seq, c.Subject = uint64(len(evs)+1), "toolbatch.events.r3"
+					evs = append(evs, c)
+				}
+			}
+			return rechain(evs), rc.out
+		}},
+	{name: "unsigned-commit", want: []string{"call c2: invariant 1", "invariant 9", "an unsigned commit in a signed log"},
+		make: func(t *testing.T) ([]audit.Record, []audit.Record) {
+			// a process that is not an engine appends a completion, without a
+			// signature: it cannot make one
+			rc, s := good(t)
+			evs := rechain(drop(rc.evs, s.claimC2))
+			for i, r := range evs {
+				if r.Seq > s.claimC2 && r.Subject == "toolbatch.events.r1" {
+					c := cloneRecord(r)
+					for _, h := range []string{protocol.HeaderPrevHash, protocol.HeaderSigner, protocol.HeaderSig, protocol.HeaderSigProof} {
+						delete(c.Headers, h)
+					}
+					evs[i] = c
+					break
+				}
+			}
+			return evs, rc.out
+		}},
+	{name: "resigned-by-stranger", want: []string{"invariant 9", "signed by a key that is not pinned"},
+		make: func(t *testing.T) ([]audit.Record, []audit.Record) {
+			// the whole log rewritten consistently (an argument changed, every
+			// chain and signature remade) with a key of the forger's own
+			rc, _ := good(t)
+			evs := edit(t, rc.evs, 1, func(evs []events.Event) []events.Event {
+				evs[0].(*events.BatchSubmitted).Calls[2].Arguments = events.MustJSON(`{"env":"staging"}`)
+				return evs
+			})
+			stranger := strangerKey(t)
+			last := map[string]proof.Hash{}
+			for i := range evs {
+				evs[i] = cloneRecord(evs[i])
+				last[evs[i].Subject] = sign(t, stranger, &evs[i], last[evs[i].Subject])
+			}
+			return evs, rc.out
+		}},
+	{name: "revoked-key", keys: "keys-revoked.yaml", want: []string{"seq 21 run r1", "signed by a revoked key", "was revoked after sequence 20"},
+		make: func(t *testing.T) ([]audit.Record, []audit.Record) {
+			rc, _ := good(t)
+			return rc.evs, rc.out
 		}},
 	{name: "results-altered", want: []string{"invariant 8", "differs from what the events derive"},
 		make: func(t *testing.T) ([]audit.Record, []audit.Record) {
@@ -453,13 +588,20 @@ func TestStreams(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	pub := engineKey(t).Key()
+	golden(t, filepath.Join(streamsDir, "keys.yaml"), proof.Format([]proof.Key{{Key: pub, Name: "engine-1"}}))
+	golden(t, filepath.Join(streamsDir, "keys-revoked.yaml"), proof.Format([]proof.Key{{Key: pub, Name: "engine-1", Revoked: true, RevokedAfter: 20}}))
 	for _, c := range streamCases {
 		t.Run(c.name, func(t *testing.T) {
 			evs, out := c.make(t)
 			path := filepath.Join(streamsDir, c.name+".jsonl")
 			golden(t, path, encodeAll(t, evs))
 			golden(t, replay.OutSibling(path), encodeAll(t, out))
-			stdout, stderr, code := inProcess(t, "audit", "--file", path)
+			keys := c.keys
+			if keys == "" {
+				keys = "keys.yaml"
+			}
+			stdout, stderr, code := inProcess(t, "audit", "--file", path, "--keys", filepath.Join(streamsDir, keys))
 			golden(t, filepath.Join(streamsDir, c.name+".audit.txt"), []byte(stdout))
 			wantCode := 1
 			if len(c.want) == 0 {
