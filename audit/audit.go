@@ -94,7 +94,7 @@ type runAudit struct {
 	run     *aggregate.Run
 	model   projector.Model
 	lastSeq uint64
-	last    proof.Hash // the hash of the run's last commit read
+	last    proof.Hash        // the hash of the run's last commit read
 	broken  bool              // folding stopped at an illegal transition
 	derived map[string][]byte // "<subject> <source>" -> body the projector derives
 }

@@ -156,7 +156,6 @@ func TestEndToEnd(t *testing.T) {
 	}
 }
 
-
 // waitResults waits for a batch's results message on the out stream.
 func waitResults(t *testing.T, ctx context.Context, js jetstream.JetStream, run string, step int) {
 	t.Helper()
