@@ -80,6 +80,7 @@ type clusterOptions struct {
 	extraEngine int      // more engines on the first one's server (--nats-url)
 	workerBin   string
 	syncAlways  bool
+	unsigned    bool // the engine appends unsigned commits (--unsigned)
 	workers     int
 	concurrency int
 	clientConns int
@@ -89,6 +90,9 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 	c := &cluster{mode: "default", dir: dir}
 	if o.syncAlways {
 		c.mode = "sync_always"
+	}
+	if o.unsigned {
+		c.mode = "unsigned"
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -112,6 +116,9 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 	args = append(args, unlimitedClients...)
 	if o.syncAlways {
 		args = append(args, "--sync-always")
+	}
+	if o.unsigned {
+		args = append(args, "--unsigned")
 	}
 	if c.engine, err = startProc("engine", `"engine ready"`, o.engineBin, args...); err != nil {
 		return nil, err

@@ -179,7 +179,7 @@ func run(args []string) error {
 	fs.DurationVar(&o.w3load, "w3-load-limit", 90*time.Second, "W3: stop loading NATS after this long (the NATS figures then cover fewer events)")
 	fs.IntVar(&o.parked, "parked", 10000, "runs to park for the memory figure (0: skip)")
 	fs.IntVar(&o.w4calls, "w4-calls", 40, "W4: calls per repetition")
-	fs.StringVar(&o.modes, "modes", "default,sync_always", "durability modes: default, sync_always")
+	fs.StringVar(&o.modes, "modes", "default,sync_always", "modes: default, sync_always, unsigned (the default mode with the engine's --unsigned: what signing costs)")
 	fs.StringVar(&o.skip, "skip", "", "comma-separated parts to skip: w1, w2, census, ceiling, parked, w3, w4, failover")
 	fs.IntVar(&o.foReps, "failover-reps", 5, "failover: repetitions of restart, takeover and projector takeover")
 	fs.IntVar(&o.foClusterReps, "failover-cluster-reps", 3, "failover: repetitions of each fault of the 3-node cluster (0: skip the cluster)")
@@ -244,7 +244,7 @@ func run(args []string) error {
 
 	for _, mode := range strings.Split(o.modes, ",") {
 		mode = strings.TrimSpace(mode)
-		if mode != "default" && mode != "sync_always" {
+		if mode != "default" && mode != "sync_always" && mode != "unsigned" {
 			return fmt.Errorf("--modes: unknown mode %q", mode)
 		}
 		if skip["w1"] && skip["w2"] && skip["ceiling"] {
@@ -309,10 +309,13 @@ func progress(msg string) {
 func runMode(ctx context.Context, o options, skip map[string]bool, mode string, bins binaries, self, dir string) (ModeResult, error) {
 	mr := ModeResult{Mode: mode, EngineFlag: "(none: the embedded server's default periodic flush)",
 		Engines: 1 + o.extraEng, Ratios: Ratios{Num(nan()), Num(nan()), Num(nan()), Num(nan()), Num(nan())}}
-	if mode == "sync_always" {
+	switch mode {
+	case "sync_always":
 		mr.EngineFlag = "--sync-always"
+	case "unsigned":
+		mr.EngineFlag = "--unsigned"
 	}
-	copts := clusterOptions{engineBin: bins.engine, workerBin: bins.worker, syncAlways: mode == "sync_always",
+	copts := clusterOptions{engineBin: bins.engine, workerBin: bins.worker, syncAlways: mode == "sync_always", unsigned: mode == "unsigned",
 		workers: 1, concurrency: o.concurrency, clientConns: o.clientConns, extraEngine: o.extraEng}
 	if o.extraEng > 0 {
 		batchTimeout = 10 * time.Minute
