@@ -80,6 +80,9 @@ type Auditor struct {
 	reported   map[string]bool
 	keys       *proof.Keyring // nil: signatures are not verified
 	proofs     Proofs
+	head       proof.Head         // over every events message read
+	cps        []proof.Checkpoint // to compare the head with, by sequence
+	nextCP     int                // the first checkpoint not compared yet
 }
 
 // Proofs counts what the audit saw of the log's signatures.
@@ -87,6 +90,8 @@ type Proofs struct {
 	Signed   int  // commits with a signature
 	Unsigned int  // commits without one before the first signed commit (written before signing)
 	Verified bool // the signatures were checked against pinned keys
+	// Checkpoints is how many checkpoints the stream was compared with.
+	Checkpoints int
 }
 
 type runAudit struct {
@@ -110,6 +115,44 @@ func New(prefix string) *Auditor {
 // Keys makes the auditor verify every signature against keys (the pinned
 // keyring); without it, only the runs' hash chains are checked.
 func (a *Auditor) Keys(keys *proof.Keyring) { a.keys, a.proofs.Verified = keys, keys != nil }
+
+// Checkpoints makes the auditor compare the head of the events stream
+// with each checkpoint at its sequence (and, with pinned keys, verify its
+// signature). The audit must then read the whole events stream.
+func (a *Auditor) Checkpoints(cps []proof.Checkpoint) {
+	a.cps = append([]proof.Checkpoint(nil), cps...)
+	sort.SliceStable(a.cps, func(i, j int) bool { return a.cps[i].Seq < a.cps[j].Seq })
+	a.proofs.Checkpoints = len(a.cps)
+}
+
+// compareCheckpoints compares the head with every checkpoint before seq
+// (the next message's sequence; ^0 at the end of the log).
+func (a *Auditor) compareCheckpoints(seq uint64) {
+	for ; a.nextCP < len(a.cps) && a.cps[a.nextCP].Seq < seq; a.nextCP++ {
+		cp := a.cps[a.nextCP]
+		v := Violation{Seq: cp.Seq, Invariant: InvSigned}
+		at := fmt.Sprintf("checkpoint at seq %d (%s, signed by %s)", cp.Seq, cp.At.UTC().Format(time.RFC3339), cp.Signer)
+		if a.keys != nil {
+			if err := a.keys.VerifyCheckpoint(cp); err != nil {
+				v.Detail = at + ": " + strings.TrimPrefix(err.Error(), "proof: ")
+				a.add(v)
+				continue
+			}
+		}
+		switch {
+		case a.head.Seq != cp.Seq && seq == ^uint64(0):
+			v.Detail = fmt.Sprintf("%s: the log ends at seq %d, before the checkpoint: commits after it are missing", at, a.head.Seq)
+		case a.head.Seq != cp.Seq:
+			v.Detail = fmt.Sprintf("%s: the log has no message at the checkpoint's sequence (it goes from %d to %d): a commit is missing", at, a.head.Seq, seq)
+		case a.head.Hash.String() != cp.Head || a.head.Commits != cp.Commits:
+			v.Detail = fmt.Sprintf("%s: the log up to it differs from what was checkpointed (%d messages, head %s; the checkpoint: %d, %s): a commit was dropped, inserted, moved or altered at or before it",
+				at, a.head.Commits, a.head.Hash.String()[:16], cp.Commits, cp.Head[:min(16, len(cp.Head))])
+		default:
+			continue
+		}
+		a.add(v)
+	}
+}
 
 // Proofs reports what the audit saw of the log's signatures.
 func (a *Auditor) Proofs() Proofs { return a.proofs }
@@ -149,6 +192,10 @@ func (a *Auditor) Event(r Record) {
 // and Toolbatch-Event header. A reader can so decode commits on every core
 // while the audit folds them in stream order.
 func (a *Auditor) EventDecoded(r Record, evs []events.Event, decodeErr error) {
+	if len(a.cps) > 0 {
+		a.compareCheckpoints(r.Seq)
+		a.head.AddMessage(r.Seq, proof.Message{Subject: r.Subject, Header: r.Headers, Body: r.Data})
+	}
 	runID, ok := protocol.Names{Prefix: a.prefix}.RunOf(protocol.EventsFamily, r.Subject)
 	if !ok || !events.ValidRunID(runID) {
 		a.add(Violation{Seq: r.Seq, Invariant: InvLog, Detail: fmt.Sprintf("subject %q is not a run's events subject", r.Subject)})
@@ -337,6 +384,7 @@ func (a *Auditor) OutRead() { a.sawOut = true }
 // Finish compares the out stream with the derived projection (when out
 // messages were given) and returns every violation, by stream sequence.
 func (a *Auditor) Finish() []Violation {
+	a.compareCheckpoints(^uint64(0))
 	if a.sawOut {
 		a.compareOut()
 	}

@@ -24,9 +24,10 @@ type AuditReport struct {
 // violations. Out messages derived from commits stored after the events
 // were read are left out. each, when not nil, sees every events message
 // as it is read (progress).
-func Audit(ctx context.Context, src Source, prefix string, sel Selection, keys *proof.Keyring, each func(*Message)) (AuditReport, error) {
+func Audit(ctx context.Context, src Source, prefix string, sel Selection, keys *proof.Keyring, cps []proof.Checkpoint, each func(*Message)) (AuditReport, error) {
 	a := audit.New(prefix)
 	a.Keys(keys)
+	a.Checkpoints(cps)
 	var lastEvent uint64
 	err := src.Read(ctx, EventsStream, sel, true, func(m *Message) error {
 		if each != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/toolbatch/toolbatch/audit"
@@ -28,8 +29,17 @@ func cmdAudit(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	var cps []proof.Checkpoint
+	if o.checkpts != "" {
+		if o.run != "" {
+			return usageErrorf("--checkpoint covers the whole stream: it does not go with --run")
+		}
+		if cps, err = readCheckpoints(o.checkpts); err != nil {
+			return err
+		}
+	}
 	prog := newProgress(stderr)
-	rep, err := replay.Audit(ctx, src, o.prefix, o.sel, keys, prog.add)
+	rep, err := replay.Audit(ctx, src, o.prefix, o.sel, keys, cps, prog.add)
 	if err != nil {
 		return err
 	}
@@ -40,7 +50,7 @@ func cmdAudit(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	if !rep.OutChecked {
 		s.OutNote = "invariant 8 not checked (no out stream: --out-file)"
 	}
-	s.Signed, s.Unsigned, s.SigNote = rep.Proofs.Signed, rep.Proofs.Unsigned, signatureNote(rep.Proofs)
+	s.Signed, s.Unsigned, s.Checkpoints, s.SigNote = rep.Proofs.Signed, rep.Proofs.Unsigned, rep.Proofs.Checkpoints, signatureNote(rep.Proofs)
 	if err := printAudit(stdout, vs, s, o.json); err != nil {
 		return err
 	}
@@ -48,6 +58,31 @@ func cmdAudit(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 		return errViolations
 	}
 	return nil
+}
+
+// readCheckpoints reads a file of checkpoints, one JSON object per line
+// (blank lines and lines starting with # skipped).
+func readCheckpoints(path string) ([]proof.Checkpoint, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--checkpoint: %w", err)
+	}
+	var cps []proof.Checkpoint
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		cp, err := proof.DecodeCheckpoint([]byte(line))
+		if err != nil {
+			return nil, fmt.Errorf("--checkpoint %s:%d: %w", path, i+1, err)
+		}
+		cps = append(cps, cp)
+	}
+	if len(cps) == 0 {
+		return nil, fmt.Errorf("--checkpoint %s: no checkpoint in it", path)
+	}
+	return cps, nil
 }
 
 // summary is the audit's last line.
@@ -63,6 +98,7 @@ type summary struct {
 	OutNote     string `json:"out_note,omitempty"` // why not
 	Signed      int    `json:"signed"`             // commits with a signature
 	Unsigned    int    `json:"unsigned"`           // commits without one
+	Checkpoints int    `json:"checkpoints"`        // checkpoints the log was compared with
 	SigNote     string `json:"signature_note,omitempty"`
 }
 
@@ -93,6 +129,9 @@ func (s summary) String() string {
 		s.Events, plural(s.Events), s.Commits, plural(s.Commits), s.OutMessages, plural(s.OutMessages))
 	if s.OutNote != "" {
 		line += "; " + s.OutNote
+	}
+	if s.Checkpoints > 0 {
+		line += fmt.Sprintf("; compared with %d checkpoint%s", s.Checkpoints, plural(s.Checkpoints))
 	}
 	if s.SigNote != "" {
 		line += "; " + s.SigNote

@@ -34,7 +34,7 @@ const usage = `usage:
       --out - writes to stdout. --out-file FILE (or --out-stream, which
       defaults it to FILE with .jsonl replaced by .out.jsonl) also writes
       the out stream, in the same format
-  replay audit [--nats-url URL | --file FILE [--out-file FILE]] [--run ID] [--keys FILE]
+  replay audit [--nats-url URL | --file FILE [--out-file FILE]] [--run ID] [--keys FILE] [--checkpoint FILE]
                [--json] [--prefix P]
       check every invariant of contract.md §6 and that the out stream holds
       exactly what the events derive; print each violation on its own line.
@@ -99,6 +99,7 @@ type options struct {
 	catalog   string
 	changed   bool
 	keys      string
+	checkpts  string
 
 	set map[string]bool // flags given on the command line
 	sel replay.Selection
@@ -161,6 +162,7 @@ func withOptions(cmd string, args []string, stdout io.Writer, fn func(*options) 
 	case "audit":
 		fs.StringVar(&o.outFile, "out-file", "", "export file of the out stream")
 		fs.StringVar(&o.keys, "keys", "", "the engines' pinned public signing keys (YAML): verify every commit's signature")
+		fs.StringVar(&o.checkpts, "checkpoint", "", "checkpoints kept outside the stream (JSON lines, replay checkpoint): compare the log with each")
 	case "what-if":
 		fs.StringVar(&o.catalog, "catalog", "", "catalog to gate with")
 		fs.BoolVar(&o.changed, "changed", false, "only the calls whose decision changes")

@@ -285,6 +285,30 @@ type streamCase struct {
 	make func(t *testing.T) (evs, out []audit.Record)
 	// keys is the keys file the audit pins (default keys.yaml).
 	keys string
+	// checkpointed: the audit compares the log with the good stream's
+	// checkpoints (good.checkpoints.json).
+	checkpointed bool
+}
+
+// checkpoints are the good stream's checkpoints, signed by the engine
+// key, at two sequences (one inside the stream, one at its end).
+func checkpoints(t *testing.T) []byte {
+	rc, _ := good(t)
+	signer := engineKey(t)
+	var h proof.Head
+	var b bytes.Buffer
+	for _, r := range rc.evs {
+		h.AddMessage(r.Seq, proof.Message{Subject: r.Subject, Header: r.Headers, Body: r.Data})
+		if r.Seq == 12 || r.Seq == rc.seq {
+			cp, err := signer.SignCheckpoint(proof.NewCheckpoint("TOOLBATCH_EVENTS", h, epoch.Add(time.Duration(r.Seq)*time.Second+time.Minute)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.Write(cp.Encode())
+			b.WriteByte('\n')
+		}
+	}
+	return b.Bytes()
 }
 
 func good(t *testing.T) (*recorder, seqs) {
@@ -294,7 +318,7 @@ func good(t *testing.T) (*recorder, seqs) {
 }
 
 var streamCases = []streamCase{
-	{name: "good", make: func(t *testing.T) ([]audit.Record, []audit.Record) {
+	{name: "good", checkpointed: true, make: func(t *testing.T) ([]audit.Record, []audit.Record) {
 		rc, _ := good(t)
 		return rc.evs, rc.out
 	}},
@@ -428,6 +452,35 @@ var streamCases = []streamCase{
 		make: func(t *testing.T) ([]audit.Record, []audit.Record) {
 			rc, _ := good(t)
 			return rc.evs, rc.out
+		}},
+	{name: "run-dropped", checkpointed: true, want: []string{"seq 12: invariant 9", "differs from what was checkpointed"},
+		make: func(t *testing.T) ([]audit.Record, []audit.Record) {
+			// every commit and out message of r2 removed: r1's chain holds,
+			// only the checkpoints see it
+			rc, _ := good(t)
+			var evs, out []audit.Record
+			for _, r := range rc.evs {
+				if r.Subject != "toolbatch.events.r2" {
+					evs = append(evs, r)
+				}
+			}
+			for _, r := range rc.out {
+				if !strings.HasPrefix(r.Subject, "toolbatch.out.r2.") {
+					out = append(out, r)
+				}
+			}
+			return evs, renumber(out)
+		}},
+	{name: "truncated", checkpointed: true, want: []string{"seq 23: invariant 9", "the log ends at seq 20, before the checkpoint"},
+		make: func(t *testing.T) ([]audit.Record, []audit.Record) {
+			rc, _ := good(t)
+			var out []audit.Record
+			for _, r := range rc.out {
+				if sourceSeq(r.Headers[protocol.HeaderSource][0]) <= 20 {
+					out = append(out, r)
+				}
+			}
+			return rc.evs[:20], out
 		}},
 	{name: "results-altered", want: []string{"invariant 8", "differs from what the events derive"},
 		make: func(t *testing.T) ([]audit.Record, []audit.Record) {
@@ -590,6 +643,7 @@ func TestStreams(t *testing.T) {
 	}
 	pub := engineKey(t).Key()
 	golden(t, filepath.Join(streamsDir, "keys.yaml"), proof.Format([]proof.Key{{Key: pub, Name: "engine-1"}}))
+	golden(t, filepath.Join(streamsDir, "good.checkpoints.json"), checkpoints(t))
 	golden(t, filepath.Join(streamsDir, "keys-revoked.yaml"), proof.Format([]proof.Key{{Key: pub, Name: "engine-1", Revoked: true, RevokedAfter: 20}}))
 	for _, c := range streamCases {
 		t.Run(c.name, func(t *testing.T) {
@@ -601,7 +655,11 @@ func TestStreams(t *testing.T) {
 			if keys == "" {
 				keys = "keys.yaml"
 			}
-			stdout, stderr, code := inProcess(t, "audit", "--file", path, "--keys", filepath.Join(streamsDir, keys))
+			args := []string{"audit", "--file", path, "--keys", filepath.Join(streamsDir, keys)}
+			if c.checkpointed {
+				args = append(args, "--checkpoint", filepath.Join(streamsDir, "good.checkpoints.json"))
+			}
+			stdout, stderr, code := inProcess(t, args...)
 			golden(t, filepath.Join(streamsDir, c.name+".audit.txt"), []byte(stdout))
 			wantCode := 1
 			if len(c.want) == 0 {
@@ -620,4 +678,11 @@ func TestStreams(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sourceSeq is the commit sequence of an out message's Toolbatch-Source.
+func sourceSeq(src string) uint64 {
+	s, _, _ := strings.Cut(src, "/")
+	n, _ := strconv.ParseUint(s, 10, 64)
+	return n
 }
