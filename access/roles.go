@@ -111,7 +111,8 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 		for _, b := range buckets {
 			pub(n.KVSubject(b, ">"))
 		}
-		sub(n.Pattern(protocol.ClaimFamily), n.Pattern(protocol.HeartbeatFamily), n.Pattern(protocol.ForwardFamily), n.Pattern(protocol.PingFamily))
+		sub(n.Pattern(protocol.ClaimFamily), n.Pattern(protocol.HeartbeatFamily), n.Pattern(protocol.ForwardFamily), n.Pattern(protocol.PingFamily),
+			n.Pattern(protocol.CheckpointRequestFamily))
 		p.AllowResponses = true // claims and heartbeats are answered on the worker's inbox
 		p.Publish.Deny = l.destructive()
 	case RoleWorker:
@@ -165,6 +166,9 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 			"$JS.API.CONSUMER.DURABLE.CREATE."+n.EventsStream()+"."+protocol.ConsumerProjector,
 			consumerAPI("DELETE", n.EventsStream(), protocol.ConsumerProjector))
 		pub(reader(n.OutStream())...)
+		// the checkpoints, and a checkpoint now
+		pub(reader(n.CheckpointsStream())...)
+		pub(n.Pattern(protocol.CheckpointRequestFamily))
 		cat := kvStream(n, protocol.BucketCatalogs)
 		pub(streamInfo(cat), "$JS.API.DIRECT.GET."+cat+".>", "$JS.API.STREAM.MSG.GET."+cat)
 	case RoleAdmin:
@@ -194,7 +198,7 @@ var buckets = []protocol.Bucket{protocol.BucketCatalogs, protocol.BucketRegistry
 func (l Layout) destructive() []string {
 	n := l.Names
 	var streams []string
-	for _, s := range []protocol.Stream{protocol.StreamEvents, protocol.StreamInbox, protocol.StreamDispatch, protocol.StreamOut, protocol.StreamTimers} {
+	for _, s := range []protocol.Stream{protocol.StreamEvents, protocol.StreamInbox, protocol.StreamDispatch, protocol.StreamOut, protocol.StreamTimers, protocol.StreamCheckpoints} {
 		streams = append(streams, n.StreamName(s))
 	}
 	for _, b := range buckets {

@@ -23,12 +23,14 @@ import (
 
 // Defaults.
 const (
-	DefaultOutMaxAge  = 168 * time.Hour
-	DefaultAckWait    = 30 * time.Second
-	DefaultShards     = 64
-	DefaultMaxPending = 10000
-	DefaultCacheRuns  = 1024
-	DefaultCacheBytes = 256 << 20
+	DefaultOutMaxAge = 168 * time.Hour
+	DefaultAckWait   = 30 * time.Second
+	DefaultShards    = 64
+	// DefaultCheckpointEvery is Config.CheckpointEvery's default.
+	DefaultCheckpointEvery = time.Minute
+	DefaultMaxPending      = 10000
+	DefaultCacheRuns       = 1024
+	DefaultCacheBytes      = 256 << 20
 )
 
 // Config configures an engine. The zero value of each field means its
@@ -95,6 +97,10 @@ type Config struct {
 	// appends unsigned commits, as engines did before issue 15: replay
 	// audit reports such a log as unsigned.
 	Signer *proof.Signer
+	// CheckpointEvery is how often the engine that leads the checkpoints
+	// publishes a signed checkpoint of the events stream when it grew
+	// (default 1m; negative: never, nor on request). Needs a Signer.
+	CheckpointEvery time.Duration
 	// Now is the engine's clock (default time.Now): the time of every
 	// event and of every ticket's deadline and due time. The engine's
 	// in-memory watches (leases, dispatch deadlines, idle runs) use the
@@ -108,6 +114,9 @@ func (c *Config) defaults() {
 	}
 	if c.Replicas <= 0 {
 		c.Replicas = 1
+	}
+	if c.CheckpointEvery == 0 {
+		c.CheckpointEvery = DefaultCheckpointEvery
 	}
 	if c.OutMaxAge <= 0 {
 		c.OutMaxAge = DefaultOutMaxAge
@@ -359,6 +368,14 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	projDone := make(chan error, 1)
 	go func() { projDone <- proj.run(runCtx) }()
+	cpDone := make(chan error, 1)
+	go func() {
+		err := e.runCheckpoints(runCtx)
+		if err != nil {
+			e.log.Error().Err(err).Msg("checkpoints stopped")
+		}
+		cpDone <- err
+	}()
 	// Liveness outlives the shards: its presence goes last, once the runs
 	// that could be released were.
 	liveCtx, stopLive := context.WithCancel(context.Background())
@@ -411,6 +428,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	stop()
 	e.wg.Wait()
 	<-projDone
+	<-cpDone
 	stopLive()
 	<-liveDone
 	e.log.Info().Msg("engine stopped")

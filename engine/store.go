@@ -71,6 +71,10 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 		Description: "toolbatch projections for subscribers",
 	}}
 	cfgs = append(cfgs, jetstream.StreamConfig{
+		Name: n.CheckpointsStream(), Subjects: n.StreamSubjects(protocol.StreamCheckpoints), Retention: jetstream.LimitsPolicy,
+		Storage: jetstream.FileStorage, DenyDelete: true, DenyPurge: true, Replicas: sc.Replicas, Duplicates: engineDuplicates,
+		Description: "toolbatch signed checkpoints of the event log: keep copies elsewhere (replay checkpoint)",
+	}, jetstream.StreamConfig{
 		// A work queue: a fired timer is removed once the engine
 		// acknowledges it; a pending schedule matches no consumer and stays
 		// until it fires.

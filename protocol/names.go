@@ -421,6 +421,10 @@ func SignerKey(publicKey string) string { return SignerKeyPrefix + publicKey }
 // SignerKeyPrefix begins every key of the keys bucket.
 const SignerKeyPrefix = "signer."
 
+// CheckpointerLeaderKey is the key in the owners bucket of the engine
+// that publishes the checkpoints.
+const CheckpointerLeaderKey = "checkpointer"
+
 // ProjectorLeaderKey is the key in the owners bucket of the engine that
 // runs the projector.
 const ProjectorLeaderKey = "projector"

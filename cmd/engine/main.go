@@ -39,7 +39,7 @@ type options struct {
 	clientRate                                  float64
 	limits                                      events.Limits
 	logFormat, logLevel                         string
-	outMaxAge, ackWait, lease                   time.Duration
+	outMaxAge, ackWait, lease, checkpointEvery  time.Duration
 	syncAlways, unsigned                        bool
 	signingKey                                  string
 }
@@ -84,6 +84,7 @@ func run(args []string, stderr io.Writer) error {
 	fs.StringVar(&o.tlsClientCA, "tls-client-ca", "", "embedded server: require client certificates signed by this CA (mutual TLS)")
 	o.conn.Flags(fs)
 	fs.StringVar(&o.signingKey, "signing-key", "", "seed file of the key this engine signs its commits and checkpoints with (default: the --creds user's key; without --creds, <store>/signing.nk, made at the first start)")
+	fs.DurationVar(&o.checkpointEvery, "checkpoint-every", engine.DefaultCheckpointEvery, "how often a signed checkpoint of the events stream is published when it grew (negative: never)")
 	fs.BoolVar(&o.unsigned, "unsigned", false, "append unsigned commits, as engines did before signing (replay audit reports the log as unsigned); for measurements")
 	fs.StringVar(&o.engineID, "engine-id", "", "this engine's id in the owners bucket, kept across restarts so that a restarted engine takes its runs back at once (default: kept in the embedded server's store; with --nats-url, a new one at each start)")
 	if done, err := cli.Parse(fs, args, stderr); done {
@@ -109,7 +110,7 @@ func run(args []string, stderr io.Writer) error {
 		}
 	}
 	cfg := engine.Config{Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Lease: o.lease, CacheRuns: o.cacheRuns, CacheBytes: o.cacheBytes, Limits: o.limits,
-		ClientMaxRuns: o.clientMaxRuns, ClientSubmitRate: o.clientRate, ClientSubmitBurst: o.clientBurst, Catalog: cat, Logger: log}
+		ClientMaxRuns: o.clientMaxRuns, ClientSubmitRate: o.clientRate, ClientSubmitBurst: o.clientBurst, Catalog: cat, Logger: log, CheckpointEvery: o.checkpointEvery}
 
 	if o.engineID == "" && o.natsURL == "" {
 		if cfg.ID, err = storedEngineID(o.store); err != nil {

@@ -40,6 +40,10 @@ const usage = `usage:
       exactly what the events derive; print each violation on its own line.
       With --file, the out stream is --out-file, else FILE's .out.jsonl
       sibling when it exists, else invariant 8 is not checked
+  replay checkpoint [--nats-url URL] [--now] [--prefix P]
+      print the engines' latest signed checkpoint of the events stream
+      (one JSON line: keep it outside the cluster, give it to audit
+      --checkpoint); --now asks the engines for one first
   replay what-if --catalog FILE [--nats-url URL | --file FILE] [filters]
                  [--changed] [--json] [--prefix P]
       re-evaluate the policy stage of every recorded gate decision with
@@ -99,6 +103,7 @@ type options struct {
 	catalog   string
 	changed   bool
 	keys      string
+	now       bool
 	checkpts  string
 
 	set map[string]bool // flags given on the command line
@@ -123,11 +128,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = withOptions(cmd, args, stdout, func(o *options) error { return cmdAudit(ctx, o, stdout, stderr) })
 	case "what-if":
 		err = withOptions(cmd, args, stdout, func(o *options) error { return cmdWhatIf(ctx, o, stdout, stderr) })
+	case "checkpoint":
+		err = withOptions(cmd, args, stdout, func(o *options) error { return cmdCheckpoint(ctx, o, stdout) })
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
-		err = usageErrorf("unknown command %q (want export, audit, what-if, or flags; replay --help)", cmd)
+		err = usageErrorf("unknown command %q (want export, audit, checkpoint, what-if, or flags; replay --help)", cmd)
 	}
 	code, msg := cli.Status(err, 2, usage, stdout)
 	if msg != "" {
@@ -163,6 +170,8 @@ func withOptions(cmd string, args []string, stdout io.Writer, fn func(*options) 
 		fs.StringVar(&o.outFile, "out-file", "", "export file of the out stream")
 		fs.StringVar(&o.keys, "keys", "", "the engines' pinned public signing keys (YAML): verify every commit's signature")
 		fs.StringVar(&o.checkpts, "checkpoint", "", "checkpoints kept outside the stream (JSON lines, replay checkpoint): compare the log with each")
+	case "checkpoint":
+		fs.BoolVar(&o.now, "now", false, "ask the engines for a checkpoint of the stream as it is now")
 	case "what-if":
 		fs.StringVar(&o.catalog, "catalog", "", "catalog to gate with")
 		fs.BoolVar(&o.changed, "changed", false, "only the calls whose decision changes")

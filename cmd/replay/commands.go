@@ -12,6 +12,8 @@ import (
 
 	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/proof"
+	"github.com/toolbatch/toolbatch/protocol"
 	"github.com/toolbatch/toolbatch/replay"
 )
 
@@ -125,4 +127,50 @@ func (p catalogPolicy) Evaluate(toolID string, args events.RawJSON, at time.Time
 func (p catalogPolicy) HasExternal() bool {
 	_, ok := p.cat.External()
 	return ok
+}
+
+// cmdCheckpoint prints the latest checkpoint of the events stream, after
+// asking the engines for one with --now.
+func cmdCheckpoint(ctx context.Context, o *options, stdout io.Writer) error {
+	if o.set["file"] {
+		return usageErrorf("checkpoint reads NATS: the engines publish checkpoints there (--nats-url)")
+	}
+	connOpts, err := o.conn.Options()
+	if err != nil {
+		return usageErrorf("%v", err)
+	}
+	nc, err := nats.Connect(o.natsURL, append(connOpts, nats.Name("toolbatch-replay"), nats.Timeout(connectTimeout))...)
+	if err != nil {
+		return usageErrorf("connect to %s: %v", o.natsURL, err)
+	}
+	defer nc.Close()
+	names := protocol.Names{Prefix: o.prefix}
+	var data []byte
+	if o.now {
+		reply, err := nc.RequestWithContext(ctx, names.CheckpointRequest(), nil)
+		if err != nil {
+			return fmt.Errorf("ask for a checkpoint on %s: %w (is an engine running, with signing on?)", names.CheckpointRequest(), err)
+		}
+		data = reply.Data
+	} else {
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		st, err := js.Stream(ctx, names.CheckpointsStream())
+		if err != nil {
+			return fmt.Errorf("checkpoints stream %s: %w", names.CheckpointsStream(), err)
+		}
+		m, err := st.GetLastMsgForSubject(ctx, names.Checkpoint())
+		if err != nil {
+			return fmt.Errorf("no checkpoint on %s: %w (replay checkpoint --now asks for one)", names.Checkpoint(), err)
+		}
+		data = m.Data
+	}
+	cp, err := proof.DecodeCheckpoint(data)
+	if err != nil {
+		return fmt.Errorf("the engine answered %q: %w", data, err)
+	}
+	_, err = fmt.Fprintf(stdout, "%s\n", cp.Encode())
+	return err
 }

@@ -130,6 +130,26 @@ func TestEndToEnd(t *testing.T) {
 			t.Errorf("%v: %s", args, out)
 		}
 	}
+	// A checkpoint asked for now covers the whole stream, is the latest one
+	// published, and the export agrees with it.
+	cpLine := runReplay(t, replayBin, 0, "checkpoint", "--nats-url", url, "--now")
+	cp, err := proof.DecodeCheckpoint([]byte(cpLine))
+	if err != nil {
+		t.Fatalf("checkpoint --now: %v: %s", err, cpLine)
+	}
+	if info, err := js.Stream(ctx, "TOOLBATCH_EVENTS"); err != nil || info.CachedInfo().State.LastSeq != cp.Seq || cp.Signer != pub {
+		t.Errorf("checkpoint %s: want the events stream's last sequence, signed by %s (%v)", cpLine, pub, err)
+	}
+	if latest := runReplay(t, replayBin, 0, "checkpoint", "--nats-url", url); latest != cpLine {
+		t.Errorf("the latest checkpoint %s is not the one made now %s", latest, cpLine)
+	}
+	cpFile := filepath.Join(dir, "checkpoint.json")
+	if err := os.WriteFile(cpFile, []byte(cpLine), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out := runReplay(t, replayBin, 0, "audit", "--file", export, "--keys", keys, "--checkpoint", cpFile); !strings.Contains(out, "every invariant holds") || !strings.Contains(out, "compared with 1 checkpoint") {
+		t.Errorf("audit with the checkpoint: %s", out)
+	}
 	// One byte of one commit's body changed in the export: its signature
 	// fails, and the audit names the commit.
 	exported, err := os.ReadFile(export)
@@ -150,9 +170,10 @@ func TestEndToEnd(t *testing.T) {
 	if err := os.WriteFile(export, []byte(strings.Join(lines, "")), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out := runReplay(t, replayBin, 1, "audit", "--file", export, "--keys", keys)
-	if want := fmt.Sprintf("seq %d run ", rec.Seq); !strings.Contains(out, want) || !strings.Contains(out, "invariant 9") || !strings.Contains(out, "signature does not verify") {
-		t.Errorf("a changed commit: want %q and invariant 9 in:\n%s", want, out)
+	out := runReplay(t, replayBin, 1, "audit", "--file", export, "--keys", keys, "--checkpoint", cpFile)
+	if want := fmt.Sprintf("seq %d run ", rec.Seq); !strings.Contains(out, want) || !strings.Contains(out, "invariant 9") || !strings.Contains(out, "signature does not verify") ||
+		!strings.Contains(out, "differs from what was checkpointed") {
+		t.Errorf("a changed commit: want %q, its signature and the checkpoint in:\n%s", want, out)
 	}
 }
 
