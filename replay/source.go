@@ -16,6 +16,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/audit"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -430,4 +431,28 @@ func (n *NATSSource) Read(ctx context.Context, which Stream, sel Selection, deco
 		return nil
 	}
 	return err
+}
+
+// LatestCheckpoint reads the last checkpoint the engines published
+// (found is false when there is none, or no checkpoints stream).
+func (s *NATSSource) LatestCheckpoint(ctx context.Context) (cp proof.Checkpoint, found bool, err error) {
+	names := protocol.Names{Prefix: s.prefix}
+	st, err := s.js.Stream(ctx, names.CheckpointsStream())
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return cp, false, nil
+	}
+	if err != nil {
+		return cp, false, fmt.Errorf("checkpoints stream: %w", err)
+	}
+	m, err := st.GetLastMsgForSubject(ctx, names.Checkpoint())
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return cp, false, nil
+	}
+	if err != nil {
+		return cp, false, fmt.Errorf("last checkpoint: %w", err)
+	}
+	if cp, err = proof.DecodeCheckpoint(m.Data); err != nil {
+		return cp, false, fmt.Errorf("last checkpoint (seq %d of %s): %w", m.Sequence, names.CheckpointsStream(), err)
+	}
+	return cp, true, nil
 }

@@ -37,6 +37,15 @@ func cmdAudit(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 		if cps, err = readCheckpoints(o.checkpts); err != nil {
 			return err
 		}
+	} else if ns, ok := src.(*replay.NATSSource); ok && o.run == "" {
+		// from NATS, the latest checkpoint the engines published
+		cp, found, err := ns.LatestCheckpoint(ctx)
+		if err != nil {
+			return err
+		}
+		if found {
+			cps = []proof.Checkpoint{cp}
+		}
 	}
 	prog := newProgress(stderr)
 	rep, err := replay.Audit(ctx, src, o.prefix, o.sel, keys, cps, prog.add)

@@ -150,6 +150,9 @@ func TestEndToEnd(t *testing.T) {
 	if out := runReplay(t, replayBin, 0, "audit", "--file", export, "--keys", keys, "--checkpoint", cpFile); !strings.Contains(out, "every invariant holds") || !strings.Contains(out, "compared with 1 checkpoint") {
 		t.Errorf("audit with the checkpoint: %s", out)
 	}
+	if out := runReplay(t, replayBin, 0, "audit", "--nats-url", url, "--keys", keys); !strings.Contains(out, "compared with 1 checkpoint") {
+		t.Errorf("audit from NATS does not compare with the latest checkpoint: %s", out)
+	}
 	// One byte of one commit's body changed in the export: its signature
 	// fails, and the audit names the commit.
 	exported, err := os.ReadFile(export)
