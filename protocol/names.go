@@ -38,7 +38,6 @@ const (
 	BucketState    Bucket = "STATE"    // committed state
 	BucketWorkers  Bucket = "WORKERS"  // live sandbox workers' advertisements
 	BucketOwners   Bucket = "OWNERS"   // which engine works on which run
-	BucketKeys     Bucket = "KEYS"     // the engines' public signing keys and their revocations
 )
 
 // Placeholders of a subject family's tokens.
@@ -245,7 +244,6 @@ func (n Names) RegistryBucket() string { return n.BucketName(BucketRegistry) }
 func (n Names) StateBucket() string    { return n.BucketName(BucketState) }
 func (n Names) WorkersBucket() string  { return n.BucketName(BucketWorkers) }
 func (n Names) OwnersBucket() string   { return n.BucketName(BucketOwners) }
-func (n Names) KeysBucket() string     { return n.BucketName(BucketKeys) }
 
 // Subjects of the families, by name.
 func (n Names) Events(runID string) string { return n.Subject(EventsFamily, runID) }
@@ -414,12 +412,6 @@ func PresenceKey(engineID string) string { return PresenceKeyPrefix + engineID }
 
 // PresenceKeyPrefix begins every engine's presence key.
 const PresenceKeyPrefix = "engine."
-
-// SignerKey is an engine's public signing key in the keys bucket.
-func SignerKey(publicKey string) string { return SignerKeyPrefix + publicKey }
-
-// SignerKeyPrefix begins every key of the keys bucket.
-const SignerKeyPrefix = "signer."
 
 // CheckpointerLeaderKey is the key in the owners bucket of the engine
 // that publishes the checkpoints.
