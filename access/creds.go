@@ -32,8 +32,13 @@ func NewUser(name string, role Role) (User, []byte, error) {
 }
 
 func formatSeed(name string, role Role, seed []byte) []byte {
+	return seedFile(fmt.Sprintf("toolbatch credentials of user %s (role %s): a secret, keep it 0600", name, role), seed)
+}
+
+// seedFile is a decorated user nkey seed under a comment line.
+func seedFile(comment string, seed []byte) []byte {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "# toolbatch credentials of user %s (role %s): a secret, keep it 0600\n", name, role)
+	fmt.Fprintf(&b, "# %s\n", comment)
 	b.WriteString("-----BEGIN USER NKEY SEED-----\n")
 	b.Write(seed)
 	b.WriteString("\n------END USER NKEY SEED------\n")
@@ -191,12 +196,8 @@ func SigningKey(path string, create bool) (nkeys.KeyPair, error) {
 			return nil, err
 		}
 		pub, _ := kp.PublicKey()
-		var b bytes.Buffer
-		fmt.Fprintf(&b, "# toolbatch engine signing key %s: a secret, keep it 0600; pin its public key (replay audit --keys)\n", pub)
-		b.WriteString("-----BEGIN USER NKEY SEED-----\n")
-		b.Write(seed)
-		b.WriteString("\n------END USER NKEY SEED------\n")
-		if err := WriteCreds(path, b.Bytes()); err != nil {
+		content := seedFile(fmt.Sprintf("toolbatch engine signing key %s: a secret, keep it 0600; pin its public key (replay audit --keys)", pub), seed)
+		if err := WriteCreds(path, content); err != nil {
 			return nil, fmt.Errorf("signing key: %w", err)
 		}
 		return kp, nil
