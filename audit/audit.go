@@ -192,9 +192,11 @@ func (a *Auditor) Event(r Record) {
 // and Toolbatch-Event header. A reader can so decode commits on every core
 // while the audit folds them in stream order.
 func (a *Auditor) EventDecoded(r Record, evs []events.Event, decodeErr error) {
+	commit, seal, proofErr := proof.Read(proof.Message{Subject: r.Subject, Header: r.Headers, Body: r.Data})
+	hash := commit.Hash()
 	if len(a.cps) > 0 {
 		a.compareCheckpoints(r.Seq)
-		a.head.AddMessage(r.Seq, proof.Message{Subject: r.Subject, Header: r.Headers, Body: r.Data})
+		a.head.Add(r.Seq, hash, first(r.Headers[protocol.HeaderSig]), first(r.Headers[protocol.HeaderSigProof]))
 	}
 	runID, ok := protocol.Names{Prefix: a.prefix}.RunOf(protocol.EventsFamily, r.Subject)
 	if !ok || !events.ValidRunID(runID) {
@@ -228,7 +230,7 @@ func (a *Auditor) EventDecoded(r Record, evs []events.Event, decodeErr error) {
 		a.add(v)
 	}
 	ra.lastSeq = r.Seq
-	a.checkProof(ra, r)
+	a.checkProof(ra, r.Seq, commit, seal, proofErr, hash)
 	if decodeErr != nil {
 		v.Invariant, v.Detail = InvLog, "undecodable commit: "+decodeErr.Error()
 		a.add(v)
@@ -262,11 +264,10 @@ func (a *Auditor) EventDecoded(r Record, evs []events.Event, decodeErr error) {
 // are pinned, or once a signed one has been stored before it; without
 // pinned keys, unsigned commits before the first signed one are counted
 // as written before signing.
-func (a *Auditor) checkProof(ra *runAudit, r Record) {
-	v := Violation{Run: ra.id, Seq: r.Seq, Invariant: InvSigned}
-	c, seal, err := proof.Read(proof.Message{Subject: r.Subject, Header: r.Headers, Body: r.Data})
+func (a *Auditor) checkProof(ra *runAudit, seq uint64, c proof.Commit, seal *proof.Seal, err error, hash proof.Hash) {
+	v := Violation{Run: ra.id, Seq: seq, Invariant: InvSigned}
 	prevHash := ra.last
-	ra.last = c.Hash()
+	ra.last = hash
 	if err != nil {
 		v.Detail = err.Error()
 		a.add(v)
@@ -289,7 +290,7 @@ func (a *Auditor) checkProof(ra *runAudit, r Record) {
 	if a.keys == nil {
 		return
 	}
-	if err := a.keys.Verify(c, seal, r.Seq); err != nil {
+	if err := a.keys.Verify(c.Signer, hash, seal, seq); err != nil {
 		v.Detail = "not signed by a pinned engine key: " + strings.TrimPrefix(err.Error(), "proof: ")
 		a.add(v)
 	}

@@ -24,7 +24,10 @@
 //     last sequence" (10071, or 10164 when replicated) means another
 //     engine extended the run; a failed flush of any kind drops what was
 //     staged, gives back the messages whose decisions it held, and the run
-//     is folded again from the log and decided again.
+//     is folded again from the log and decided again. With a signer, each
+//     commit names the hash of the run's previous commit and carries the
+//     signature of the batch it was signed in (proof.Signer), made before
+//     it is published.
 //  4. Drive: after each decision the engine asks aggregate.Next what the
 //     run needs: run the gate chain (narrowing, the catalog's rules, the
 //     external gate service, allow) and decide; park a client call; or
@@ -42,7 +45,8 @@
 //     output carries its source (stream sequence and index); a redelivered
 //     commit is checked against what the out stream already holds, so a
 //     result is published exactly once, also long after the duplicate
-//     window.
+//     window. One engine at a time (checkpoint.go) folds the head of the
+//     whole stream and publishes it, signed, on <prefix>.checkpoint.events.
 //
 // # Where each duty lives
 //

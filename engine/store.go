@@ -184,6 +184,7 @@ func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, tip,
 	}
 	var at tip
 	var size int64
+	var lastMsg jetstream.Msg
 	err = protocol.ReadOrdered(ctx, l.js, l.names.EventsStream(), protocol.ReadOptions{Subjects: []string{l.names.Events(runID)}, UpTo: last}, func(m jetstream.Msg, meta *jetstream.MsgMetadata) error {
 		s := meta.Sequence.Stream
 		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
@@ -193,16 +194,18 @@ func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, tip,
 		if err := run.ApplyAll(evs); err != nil {
 			return fmt.Errorf("commit at %d: %w", s, err)
 		}
-		c, _, err := proof.Read(proof.Message{Subject: m.Subject(), Header: m.Headers(), Body: m.Data()})
-		if err != nil {
-			return fmt.Errorf("commit at %d: %w", s, err)
-		}
-		at, size = tip{seq: s, hash: c.Hash()}, size+int64(len(m.Data()))
+		at.seq, lastMsg, size = s, m, size+int64(len(m.Data()))
 		return nil
 	})
 	if err != nil {
 		return nil, tip{}, 0, fmt.Errorf("load run %s: %w", runID, err)
 	}
+	// the next commit names the hash of the last one
+	c, _, err := proof.Read(proof.Message{Subject: lastMsg.Subject(), Header: lastMsg.Headers(), Body: lastMsg.Data()})
+	if err != nil {
+		return nil, tip{}, 0, fmt.Errorf("load run %s: commit at %d: %w", runID, at.seq, err)
+	}
+	at.hash = c.Hash()
 	return run, at, size, nil
 }
 

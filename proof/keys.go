@@ -78,41 +78,6 @@ func (k *Keyring) add(key Key) error {
 	return nil
 }
 
-// Set adds a key, or replaces what is known of it (a revocation).
-func (k *Keyring) Set(key Key) error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	delete(k.keys, key.Key)
-	clear(k.roots)
-	return k.add(key)
-}
-
-// Keys lists the keyring's keys.
-func (k *Keyring) Keys() []Key {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	out := make([]Key, 0, len(k.keys))
-	for _, e := range k.keys {
-		out = append(out, e.Key)
-	}
-	return out
-}
-
-// Len is the number of keys.
-func (k *Keyring) Len() int {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return len(k.keys)
-}
-
-// Has reports whether key is in the keyring.
-func (k *Keyring) Has(key string) bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	_, ok := k.keys[key]
-	return ok
-}
-
 // LoadKeys reads a keys file.
 func LoadKeys(path string) (*Keyring, error) {
 	data, err := os.ReadFile(path)
@@ -154,29 +119,30 @@ func (k *Keyring) entry(signer string, seq uint64) (keyEntry, error) {
 	return e, nil
 }
 
-// Verify checks the seal of a commit stored at seq: the signer is trusted
-// and not revoked at seq, and its signature covers the root the commit's
-// audit path leads to. A nil seal is ErrUnsigned.
-func (k *Keyring) Verify(c Commit, s *Seal, seq uint64) error {
-	if s == nil || c.Signer == "" {
+// Verify checks the seal of a commit stored at seq, given its signer and
+// hash (Commit.Hash): the signer is trusted and not revoked at seq, and
+// its signature covers the root the commit's audit path leads to. A nil
+// seal is ErrUnsigned.
+func (k *Keyring) Verify(signer string, commit Hash, s *Seal, seq uint64) error {
+	if s == nil || signer == "" {
 		return ErrUnsigned
 	}
-	root, err := s.Root(c.Hash())
+	root, err := s.Root(commit)
 	if err != nil {
 		return err
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	e, err := k.entry(c.Signer, seq)
+	e, err := k.entry(signer, seq)
 	if err != nil {
 		return err
 	}
-	rk := rootKey{signer: c.Signer, root: root, sig: string(s.Sig)}
+	rk := rootKey{signer: signer, root: root, sig: string(s.Sig)}
 	if k.roots[rk] {
 		return nil
 	}
 	if err := e.pub.Verify(rootMessage(root), s.Sig); err != nil {
-		return fmt.Errorf("%w: signer %s", ErrBadSignature, c.Signer)
+		return fmt.Errorf("%w: signer %s", ErrBadSignature, signer)
 	}
 	if len(k.roots) >= maxRoots {
 		clear(k.roots)

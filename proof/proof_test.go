@@ -97,7 +97,7 @@ func TestSealRoundTripAndTampering(t *testing.T) {
 		if parsed.Size > 1 {
 			batched = true
 		}
-		if err := ring.Verify(commits[i], &parsed, uint64(i+1)); err != nil {
+		if err := ring.Verify(commits[i].Signer, commits[i].Hash(), &parsed, uint64(i+1)); err != nil {
 			t.Fatalf("commit %d: %v", i, err)
 		}
 	}
@@ -116,12 +116,12 @@ func TestSealRoundTripAndTampering(t *testing.T) {
 	} {
 		// a fresh keyring: no verified root remembered
 		ring, _ := NewKeyring([]Key{{Key: s.Key()}})
-		err := ring.Verify(tc.c, &seal, 1)
+		err := ring.Verify(tc.c.Signer, tc.c.Hash(), &seal, 1)
 		if !errors.Is(err, tc.want) {
 			t.Errorf("%s altered: %v, want %v", name, err, tc.want)
 		}
 	}
-	if err := ring.Verify(c, nil, 1); !errors.Is(err, ErrUnsigned) {
+	if err := ring.Verify(c.Signer, c.Hash(), nil, 1); !errors.Is(err, ErrUnsigned) {
 		t.Errorf("no seal: %v", err)
 	}
 }
@@ -139,10 +139,10 @@ func TestRevocationAndRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ring.Verify(c, &seal, 10); err != nil {
+	if err := ring.Verify(c.Signer, c.Hash(), &seal, 10); err != nil {
 		t.Errorf("a commit up to the revocation: %v", err)
 	}
-	if err := ring.Verify(c, &seal, 11); !errors.Is(err, ErrRevoked) {
+	if err := ring.Verify(c.Signer, c.Hash(), &seal, 11); !errors.Is(err, ErrRevoked) {
 		t.Errorf("a commit after the revocation: %v, want ErrRevoked", err)
 	}
 	var h Head

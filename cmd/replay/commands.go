@@ -33,6 +33,15 @@ func openSource(o *options, outFile string) (replay.Source, func(), error) {
 		}
 		return replay.NewFileSource(o.file, out, o.prefix), func() {}, nil
 	}
+	nc, js, err := connect(o)
+	if err != nil {
+		return nil, nil, err
+	}
+	return replay.NewNATSSource(js, o.prefix), nc.Close, nil
+}
+
+// connect connects to the options' NATS server.
+func connect(o *options) (*nats.Conn, jetstream.JetStream, error) {
 	connOpts, err := o.conn.Options()
 	if err != nil {
 		return nil, nil, usageErrorf("%v", err)
@@ -46,7 +55,7 @@ func openSource(o *options, outFile string) (replay.Source, func(), error) {
 		nc.Close()
 		return nil, nil, usageErrorf("jetstream: %v", err)
 	}
-	return replay.NewNATSSource(js, o.prefix), nc.Close, nil
+	return nc, js, nil
 }
 
 func fileExists(path string) bool {
@@ -135,41 +144,29 @@ func cmdCheckpoint(ctx context.Context, o *options, stdout io.Writer) error {
 	if o.set["file"] {
 		return usageErrorf("checkpoint reads NATS: the engines publish checkpoints there (--nats-url)")
 	}
-	connOpts, err := o.conn.Options()
+	nc, js, err := connect(o)
 	if err != nil {
-		return usageErrorf("%v", err)
-	}
-	nc, err := nats.Connect(o.natsURL, append(connOpts, nats.Name("toolbatch-replay"), nats.Timeout(connectTimeout))...)
-	if err != nil {
-		return usageErrorf("connect to %s: %v", o.natsURL, err)
+		return err
 	}
 	defer nc.Close()
 	names := protocol.Names{Prefix: o.prefix}
-	var data []byte
+	var cp proof.Checkpoint
 	if o.now {
 		reply, err := nc.RequestWithContext(ctx, names.CheckpointRequest(), nil)
 		if err != nil {
 			return fmt.Errorf("ask for a checkpoint on %s: %w (is an engine running, with signing on?)", names.CheckpointRequest(), err)
 		}
-		data = reply.Data
+		if cp, err = proof.DecodeCheckpoint(reply.Data); err != nil {
+			return fmt.Errorf("the engine answered %q: %w", reply.Data, err)
+		}
 	} else {
-		js, err := jetstream.New(nc)
-		if err != nil {
+		var found bool
+		if cp, found, err = replay.NewNATSSource(js, o.prefix).LatestCheckpoint(ctx); err != nil {
 			return err
 		}
-		st, err := js.Stream(ctx, names.CheckpointsStream())
-		if err != nil {
-			return fmt.Errorf("checkpoints stream %s: %w", names.CheckpointsStream(), err)
+		if !found {
+			return fmt.Errorf("no checkpoint on %s yet (replay checkpoint --now asks for one)", names.Checkpoint())
 		}
-		m, err := st.GetLastMsgForSubject(ctx, names.Checkpoint())
-		if err != nil {
-			return fmt.Errorf("no checkpoint on %s: %w (replay checkpoint --now asks for one)", names.Checkpoint(), err)
-		}
-		data = m.Data
-	}
-	cp, err := proof.DecodeCheckpoint(data)
-	if err != nil {
-		return fmt.Errorf("the engine answered %q: %w", data, err)
 	}
 	_, err = fmt.Fprintf(stdout, "%s\n", cp.Encode())
 	return err
