@@ -171,6 +171,8 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 		pub(n.Pattern(protocol.CheckpointRequestFamily))
 		cat := kvStream(n, protocol.BucketCatalogs)
 		pub(streamInfo(cat), "$JS.API.DIRECT.GET."+cat+".>", "$JS.API.STREAM.MSG.GET."+cat)
+		// the engines' signing keys, all of them (to pin them)
+		pub(reader(kvStream(n, protocol.BucketKeys))...)
 	case RoleAdmin:
 		pub(">")
 		sub(">")
@@ -189,7 +191,7 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 }
 
 // buckets lists every bucket.
-var buckets = []protocol.Bucket{protocol.BucketCatalogs, protocol.BucketRegistry, protocol.BucketState, protocol.BucketWorkers, protocol.BucketOwners}
+var buckets = []protocol.Bucket{protocol.BucketCatalogs, protocol.BucketRegistry, protocol.BucketState, protocol.BucketWorkers, protocol.BucketOwners, protocol.BucketKeys}
 
 // destructive lists the JetStream API subjects that delete or purge a
 // toolbatch stream or bucket, or a message of one: no role may publish

@@ -283,8 +283,8 @@ func (a *Auditor) checkProof(ra *runAudit, seq uint64, c proof.Commit, seal *pro
 		return
 	}
 	a.proofs.Signed++
-	if c.PrevHash != prevHash {
-		v.Detail = fmt.Sprintf("the run's hash chain is broken: the commit names %s as its previous commit's hash, the run's previous commit read hashes to %s", short(c.PrevHash), short(prevHash))
+	if err := c.Follows(prevHash); err != nil {
+		v.Detail = strings.TrimPrefix(err.Error(), "proof: ")
 		a.add(v)
 	}
 	if a.keys == nil {
@@ -295,8 +295,6 @@ func (a *Auditor) checkProof(ra *runAudit, seq uint64, c proof.Commit, seal *pro
 		a.add(v)
 	}
 }
-
-func short(h proof.Hash) string { return h.String()[:16] }
 
 // check looks at an event before it is folded, for what the fold accepts
 // but the contract forbids.

@@ -31,6 +31,10 @@ func (e *Engine) openBuckets(ctx context.Context) error {
 	e.catalogKV = open(e.names.CatalogBucket())
 	e.state.kv = open(e.names.StateBucket())
 	e.live = &liveCapabilities{workers: open(e.names.WorkersBucket()), registry: open(e.names.RegistryBucket())}
+	if e.cfg.Signer != nil {
+		e.trust = &trust{e: e, kv: open(e.names.KeysBucket())}
+		e.events.trust = e.trust
+	}
 	if err != nil {
 		return err
 	}

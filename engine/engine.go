@@ -212,6 +212,7 @@ type Engine struct {
 	liveness            *liveness        // of the engines (liveness.go)
 	inbox               jetstream.Stream // the inbox stream, opened by Setup
 	fwd                 forwards         // messages forwarded to other engines
+	trust               *trust           // what this engine verifies; nil: it does not sign
 
 	catMu    sync.Mutex
 	catalogs map[string]*catalog.Catalog // by snapshot id
@@ -319,6 +320,10 @@ func (e *Engine) Run(ctx context.Context) error {
 		return err
 	}
 	if s := e.cfg.Signer; s != nil {
+		if err := e.untilDone(ctx, "register the signing key", func(ctx context.Context) error { return e.trust.register(ctx) }); err != nil {
+			return err
+		}
+		defer e.trust.stop()
 		sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 		defer stop() // after the shards: a commit in flight at shutdown is still signed
 		go s.Run(sctx)

@@ -14,6 +14,7 @@ import (
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/projector"
+	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -39,9 +40,10 @@ type projectorRunner struct {
 
 type projected struct {
 	model projector.Model
-	seq   uint64 // last commit folded
-	bytes int64  // bytes of the commits folded: what the cache counts it as
-	used  int64  // the stream sequence of the commit that last used it
+	seq   uint64     // last commit folded
+	hash  proof.Hash // its hash, when the engine verifies (trust.check)
+	bytes int64      // bytes of the commits folded: what the cache counts it as
+	used  int64      // the stream sequence of the commit that last used it
 	// last is the source of the last message known on each out subject of
 	// the run: read once from the out stream, then kept as it publishes.
 	last map[string]source
@@ -83,7 +85,8 @@ const projectorAckWait = 3 * time.Second
 // commit that fails for a passing reason (NATS) is retried in place until
 // it succeeds, and nothing after it is projected before it. A commit that
 // can never be projected (a poison commit: undecodable, without a valid
-// Toolbatch-Prev, or events the projection refuses) is logged and skipped
+// Toolbatch-Prev, events the projection refuses, or, when the engine
+// signs, a commit that does not verify: trust.go) is logged and skipped
 // with every later commit of its run: that run gets no more out messages,
 // every other run goes on. replay audit reports the same commit.
 func (p *projectorRunner) run(ctx context.Context) error {
@@ -210,6 +213,10 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 		}
 		p.models[runID] = pm
 	}
+	hash, err := p.e.trust.check(ctx, m, seq, pm.hash)
+	if err != nil {
+		return untrusted(runID, err)
+	}
 	evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
 	if err != nil {
 		return poisoned(runID, "commit %d: %w", seq, err)
@@ -242,7 +249,7 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 	if err := p.e.publishCancels(ctx, runID, aggregate.ChildrenToCancel(model.Run, evs)); err != nil {
 		return fmt.Errorf("commit %d: %w", seq, err)
 	}
-	pm.model, pm.seq, pm.used, pm.bytes = model, seq, int64(seq), pm.bytes+int64(len(m.Data()))
+	pm.model, pm.seq, pm.hash, pm.used, pm.bytes = model, seq, hash, int64(seq), pm.bytes+int64(len(m.Data()))
 	return m.Ack()
 }
 
@@ -257,6 +264,15 @@ func (e *poisonError) Unwrap() error { return e.err }
 
 func poisoned(runID string, format string, args ...any) error {
 	return &poisonError{runID: runID, err: fmt.Errorf(format, args...)}
+}
+
+// untrusted makes a commit that does not verify a poison commit; another
+// error of trust.check (the keys bucket unreachable) passes.
+func untrusted(runID string, err error) error {
+	if errors.Is(err, errUntrusted) {
+		return &poisonError{runID: runID, err: err}
+	}
+	return err
 }
 
 // quarantine skips a poison commit: its run is projected no further (a
@@ -282,6 +298,10 @@ func (p *projectorRunner) loadUpTo(ctx context.Context, runID string, seq uint64
 	}
 	err := protocol.ReadOrdered(ctx, p.e.js, p.e.names.EventsStream(), protocol.ReadOptions{Subjects: []string{p.e.names.Events(runID)}, UpTo: seq}, func(m jetstream.Msg, meta *jetstream.MsgMetadata) error {
 		s := meta.Sequence.Stream
+		hash, err := p.e.trust.check(ctx, m, s, pm.hash)
+		if err != nil {
+			return untrusted(runID, err)
+		}
 		evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
 		if err != nil {
 			return poisoned(runID, "commit %d: %w", s, err)
@@ -291,7 +311,7 @@ func (p *projectorRunner) loadUpTo(ctx context.Context, runID string, seq uint64
 				return poisoned(runID, "commit %d: %w", s, err)
 			}
 		}
-		pm.seq, pm.bytes = s, pm.bytes+int64(len(m.Data()))
+		pm.seq, pm.hash, pm.bytes = s, hash, pm.bytes+int64(len(m.Data()))
 		return nil
 	})
 	if err != nil {

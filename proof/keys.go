@@ -67,13 +67,22 @@ func NewKeyring(keys []Key) (*Keyring, error) {
 }
 
 func (k *Keyring) add(key Key) error {
+	if _, dup := k.keys[key.Key]; dup {
+		return fmt.Errorf("key %s listed twice", key.Key)
+	}
+	return k.Put(key)
+}
+
+// Put trusts key, or replaces what the keyring held for it (a
+// revocation: a root verified before is accepted only where the key may
+// still sign).
+func (k *Keyring) Put(key Key) error {
 	pub, err := nkeys.FromPublicKey(key.Key)
 	if err != nil {
 		return fmt.Errorf("key %q: not a public nkey: %v", key.Key, err)
 	}
-	if _, dup := k.keys[key.Key]; dup {
-		return fmt.Errorf("key %s listed twice", key.Key)
-	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	k.keys[key.Key] = keyEntry{Key: key, pub: pub}
 	return nil
 }

@@ -25,6 +25,8 @@ var (
 	ErrBadSignature = errors.New("proof: signature does not verify")
 	// ErrMalformed: a header of the proof does not parse.
 	ErrMalformed = errors.New("proof: malformed")
+	// ErrChain: the commit does not name its run's previous commit.
+	ErrChain = errors.New("proof: the run's hash chain is broken")
 )
 
 // Hash is a SHA-256 digest.
@@ -60,6 +62,16 @@ type Commit struct {
 }
 
 const commitTag = "toolbatch commit v1"
+
+// Follows checks that the commit names prev, the hash of its run's
+// previous commit as read, as its previous hash (ErrChain).
+func (c Commit) Follows(prev Hash) error {
+	if c.PrevHash != prev {
+		return fmt.Errorf("%w: the commit names %s as its previous commit's hash, the run's previous commit read hashes to %s",
+			ErrChain, c.PrevHash.String()[:16], prev.String()[:16])
+	}
+	return nil
+}
 
 // Hash is the commit's hash: what the run's next commit names as its
 // previous hash, and the leaf its signature covers.

@@ -169,6 +169,25 @@ func TestRevocationAndRotation(t *testing.T) {
 	if _, err := NewKeyring([]Key{{Key: "nope"}}); err == nil {
 		t.Error("a key that is no nkey was accepted")
 	}
+	// A key revoked while its root is cached as verified.
+	if err := ring.Verify(back.Signer, c.Hash(), mustSeal(t, next, c), 20); err != nil {
+		t.Fatal(err)
+	}
+	if err := ring.Put(Key{Key: next.Key(), Revoked: true, RevokedAfter: 15}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ring.Verify(back.Signer, c.Hash(), mustSeal(t, next, c), 20); !errors.Is(err, ErrRevoked) {
+		t.Errorf("a cached root of a key revoked since: %v, want ErrRevoked", err)
+	}
+}
+
+func mustSeal(t *testing.T, s *Signer, c Commit) *Seal {
+	t.Helper()
+	seal, err := s.Seal(context.Background(), c.Hash())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &seal
 }
 
 // TestHeadCoversEverything: the head changes with any message's sequence,

@@ -75,8 +75,17 @@ func Passing(err error) bool {
 	if errors.As(err, &apiErr) {
 		return slices.Contains(passingCodes, apiErr.ErrorCode)
 	}
-	return !errors.Is(err, nats.ErrMaxPayload)
+	var d definite
+	return !errors.Is(err, nats.ErrMaxPayload) && !errors.As(err, &d)
 }
+
+// Definite marks an error that no retry changes, although no JetStream
+// answer says so (a revoked signing key, say): Passing reports false.
+func Definite(err error) error { return definite{err} }
+
+type definite struct{ error }
+
+func (d definite) Unwrap() error { return d.error }
 
 // Pulls of the long-lived consumers (the engine's intake and timers, a
 // worker's jobs) expire after ServicePullExpiry and carry a heartbeat every

@@ -38,6 +38,7 @@ const (
 	BucketState    Bucket = "STATE"    // committed state
 	BucketWorkers  Bucket = "WORKERS"  // live sandbox workers' advertisements
 	BucketOwners   Bucket = "OWNERS"   // which engine works on which run
+	BucketKeys     Bucket = "KEYS"     // engines' public signing keys
 )
 
 // Placeholders of a subject family's tokens.
@@ -244,6 +245,7 @@ func (n Names) RegistryBucket() string { return n.BucketName(BucketRegistry) }
 func (n Names) StateBucket() string    { return n.BucketName(BucketState) }
 func (n Names) WorkersBucket() string  { return n.BucketName(BucketWorkers) }
 func (n Names) OwnersBucket() string   { return n.BucketName(BucketOwners) }
+func (n Names) KeysBucket() string     { return n.BucketName(BucketKeys) }
 
 // Subjects of the families, by name.
 func (n Names) Events(runID string) string { return n.Subject(EventsFamily, runID) }
@@ -412,6 +414,21 @@ func PresenceKey(engineID string) string { return PresenceKeyPrefix + engineID }
 
 // PresenceKeyPrefix begins every engine's presence key.
 const PresenceKeyPrefix = "engine."
+
+// SigningKey is an engine's public signing key in the keys bucket: its
+// value is the key as a keys file lists it (JSON: key, name, revoked,
+// revoked_after). The engines' projectors trust the commits these keys
+// sign, as long as they are not revoked at the commit's sequence.
+func SigningKey(nkey string) string { return SigningKeyPrefix + nkey }
+
+// SigningKeyPrefix begins every signing key's key in the keys bucket.
+const SigningKeyPrefix = "signer."
+
+// UnsignedUntilKey is the key in the keys bucket of the events stream's
+// last sequence when the first signing engine started (decimal): commits
+// at or below it may be unsigned (written before signing began); every
+// later commit must verify.
+const UnsignedUntilKey = "unsigned_until"
 
 // CheckpointerLeaderKey is the key in the owners bucket of the engine
 // that publishes the checkpoints.

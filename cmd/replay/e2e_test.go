@@ -27,11 +27,11 @@ import (
 // from NATS and from an export of it: the history names every call, the
 // two histories are the same, and the audit passes on both.
 func TestEndToEnd(t *testing.T) {
-	bins, err := testproc.Build(t.TempDir(), "../engine", ".")
+	bins, err := testproc.Build(t.TempDir(), "../engine", ".", "../toolbatch")
 	if err != nil {
 		t.Fatal(err)
 	}
-	engineBin, replayBin := bins[0], bins[1]
+	engineBin, replayBin, cliBin := bins[0], bins[1], bins[2]
 	port := testproc.FreePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	store := t.TempDir()
@@ -113,15 +113,20 @@ func TestEndToEnd(t *testing.T) {
 	if fromFile := runReplay(t, replayBin, 0, "--file", export); fromFile != fromNATS {
 		t.Errorf("the history of the export differs from the one read from NATS:\n%s\n---\n%s", fromFile, fromNATS)
 	}
-	// The engine signed every commit with the key it made in its store:
-	// pinned, every signature verifies.
+	// The engine signed every commit with the key it made in its store,
+	// and registered it: toolbatch auth keys prints it; pinned, every
+	// signature verifies.
 	kp, err := access.SigningKey(filepath.Join(store, "signing.nk"), false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pub, _ := kp.PublicKey()
+	keysFile := runReplay(t, cliBin, 0, "auth", "keys", "--nats-url", url)
+	if !strings.Contains(keysFile, "- key: "+pub+"\n") || strings.Count(keysFile, "- key: ") != 1 {
+		t.Fatalf("toolbatch auth keys: want the engine's key %s:\n%s", pub, keysFile)
+	}
 	keys := filepath.Join(dir, "keys.yaml")
-	if err := os.WriteFile(keys, proof.Format([]proof.Key{{Key: pub, Name: "engine"}}), 0o644); err != nil {
+	if err := os.WriteFile(keys, []byte(keysFile), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	for _, args := range [][]string{{"audit", "--nats-url", url}, {"audit", "--file", export}} {
@@ -177,6 +182,48 @@ func TestEndToEnd(t *testing.T) {
 	if want := fmt.Sprintf("seq %d run ", rec.Seq); !strings.Contains(out, want) || !strings.Contains(out, "invariant 9") || !strings.Contains(out, "signature does not verify") ||
 		!strings.Contains(out, "differs from what was checkpointed") {
 		t.Errorf("a changed commit: want %q, its signature and the checkpoint in:\n%s", want, out)
+	}
+
+	// A writer that is not an engine (this test's connection: the engine
+	// runs without --auth, so anyone may write its streams) appends a copy
+	// of e2e-b's last commit, without a signature, after it. The audit of
+	// the live stream names it; the engine's projector publishes nothing of
+	// it (engine.TestOnlyWhatVerifiesIsProjected).
+	events, err := js.Stream(ctx, "TOOLBATCH_EVENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := events.GetLastMsgForSubject(ctx, "toolbatch.events.e2e-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := nats.NewMsg(last.Subject)
+	forged.Data = last.Data
+	forged.Header.Set("Toolbatch-Prev", fmt.Sprint(last.Sequence))
+	for _, typ := range last.Header.Values("Toolbatch-Event") {
+		forged.Header.Add("Toolbatch-Event", typ)
+	}
+	ack, err := js.PublishMsg(ctx, forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = runReplay(t, replayBin, 1, "audit", "--nats-url", url, "--keys", keys)
+	if want := fmt.Sprintf("seq %d run e2e-b", ack.Sequence); !strings.Contains(out, want) || !strings.Contains(out, "an unsigned commit in a signed log: not written by an engine") {
+		t.Errorf("a commit appended by a non-engine writer: want %q in:\n%s", want, out)
+	}
+
+	// The engine's key revoked now: what it signed so far still verifies,
+	// and the keys file says from where it does not.
+	if got := runReplay(t, cliBin, 1, "auth", "revoke-key", "--nats-url", url, "UNKNOWN"); got != "" {
+		t.Errorf("revoke-key of an unknown key printed %q", got)
+	}
+	if got := runReplay(t, cliBin, 0, "auth", "revoke-key", "--nats-url", url, pub); !strings.Contains(got, fmt.Sprintf("revoked after sequence %d", ack.Sequence)) {
+		t.Errorf("revoke-key: %s", got)
+	}
+	runReplay(t, cliBin, 1, "auth", "revoke-key", "--nats-url", url, pub) // already revoked
+	keysFile = runReplay(t, cliBin, 0, "auth", "keys", "--nats-url", url)
+	if !strings.Contains(keysFile, fmt.Sprintf("revoked_after: %d\n", ack.Sequence)) || !strings.Contains(keysFile, "revoked: true\n") {
+		t.Errorf("toolbatch auth keys after the revocation:\n%s", keysFile)
 	}
 }
 

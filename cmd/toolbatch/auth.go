@@ -32,6 +32,14 @@ const authUsage = `usage:
   toolbatch auth permissions --file AUTH [--catalog FILE] [--prefix P] [--format server|jwt] [--name NAME]
       print the users' permissions as a nats-server authorization block,
       or as JWT user claims, for a NATS cluster the engine does not run
+  toolbatch auth keys [connection flags]
+      print the engines' public signing keys as a keys file (to pin, and
+      to give to replay audit --keys), from the keys bucket
+  toolbatch auth revoke-key KEY [--after SEQ] [connection flags]
+      revoke an engine's signing key after an events-stream sequence
+      (default: its last one now): what the key signed after it fails
+      verification, and an engine holding it commits nothing more
+      (admin role)
 
 roles: engine, worker, client, approver, gate, brain, delegate, auditor, admin
 `
@@ -39,9 +47,15 @@ roles: engine, worker, client, approver, gate, brain, delegate, auditor, admin
 // cmdAuth runs toolbatch auth SUBCOMMAND.
 func cmdAuth(args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return usageErrorf("auth: want create, list, revoke or permissions (toolbatch auth -h)")
+		return usageErrorf("auth: want create, list, revoke, permissions, keys or revoke-key (toolbatch auth -h)")
 	}
 	sub, rest := args[0], args[1:]
+	switch sub {
+	case "keys":
+		return cmdKeys(rest, stdout)
+	case "revoke-key":
+		return cmdRevokeKey(rest, stdout)
+	}
 	fs := flag.NewFlagSet("auth "+sub, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	file := fs.String("file", "", "auth file (engine --auth)")
@@ -71,7 +85,7 @@ func cmdAuth(args []string, stdout io.Writer) error {
 		fs.StringVar(&format, "format", "server", "server or jwt")
 		fs.StringVar(&u.Name, "name", "", "one user only")
 	default:
-		return usageErrorf("auth: unknown subcommand %q (want create, list, revoke or permissions)", sub)
+		return usageErrorf("auth: unknown subcommand %q (want create, list, revoke, permissions, keys or revoke-key)", sub)
 	}
 	if done, err := cli.Parse(fs, rest, io.Discard); done {
 		if err == nil {

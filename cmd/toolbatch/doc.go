@@ -10,13 +10,14 @@
 //	toolbatch cancel RUN_ID [--reason TEXT]
 //	toolbatch interrupt RUN_ID [--reason TEXT]
 //	toolbatch perform RUN_ID CORRELATION_ID
+//	toolbatch auth create|list|revoke|permissions|keys|revoke-key ...
 //
 // Every command takes --nats-url (default nats://127.0.0.1:4222), --prefix
 // (default toolbatch) and --timeout (default 30s). Errors are one line on
 // stderr; the exit status is 2 for a usage error and 1 for anything else
 // that failed (a refusal, a rejection, a timeout, NATS unreachable).
 //
-// Imports: access, catalog, client, events, internal/cli, protocol,
+// Imports: access, catalog, client, events, internal/cli, proof, protocol,
 // github.com/nats-io/jwt/v2,
 // github.com/nats-io/nats.go, github.com/nats-io/nkeys.
 package main

@@ -28,7 +28,7 @@ const usage = `usage:
       end the run
   toolbatch perform RUN_ID CORRELATION_ID [flags]
       perform the run's scheduled action now
-  toolbatch auth create|list|revoke|permissions ...
+  toolbatch auth create|list|revoke|permissions|keys|revoke-key ...
       users, roles and credentials (toolbatch auth -h)
 
 flags of every command:
