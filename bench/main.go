@@ -242,7 +242,7 @@ func run(args []string) error {
 		}
 	}
 
-	for _, mode := range strings.Split(o.modes, ",") {
+	for i, mode := range strings.Split(o.modes, ",") {
 		mode = strings.TrimSpace(mode)
 		if mode != "default" && mode != "sync_always" && mode != "unsigned" {
 			return fmt.Errorf("--modes: unknown mode %q", mode)
@@ -250,7 +250,8 @@ func run(args []string) error {
 		if skip["w1"] && skip["w2"] && skip["ceiling"] {
 			break
 		}
-		mr, err := runMode(ctx, o, skip, mode, bins, self, filepath.Join(tmp, mode))
+		// a mode may be listed twice (interleaved pairs): each run its own store
+		mr, err := runMode(ctx, o, skip, mode, bins, self, filepath.Join(tmp, fmt.Sprintf("%d-%s", i, mode)))
 		if err != nil {
 			return fmt.Errorf("mode %s: %w", mode, err)
 		}
@@ -267,6 +268,12 @@ func run(args []string) error {
 		if err != nil {
 			return fmt.Errorf("W3: %w", err)
 		}
+		progress(fmt.Sprintf("W3: auditing %d events, signed and unsigned", min(o.w3events, w3SignedEvents)))
+		sg, err := runW3Signing(ctx, bins.replay, filepath.Join(tmp, "w3-signing"), min(o.w3events, w3SignedEvents), o.steps, o.reps)
+		if err != nil {
+			return fmt.Errorf("W3 signed: %w", err)
+		}
+		w3.Signing = &sg
 		res.W3 = &w3
 	}
 	if !skip["w4"] {
@@ -708,6 +715,10 @@ func printTable(w io.Writer, r *Results) {
 			fmtNum(x.FileFoldRate, ""), fmtNum(x.FileWallRate, ""), fmtNum(x.FileWallSecs, ""))
 		fmt.Fprintf(w, "    from NATS (%d events): %s events/s folding, %s events/s for the whole process (%s s)\n",
 			x.NATSEvents, fmtNum(x.NATSFoldRate, ""), fmtNum(x.NATSWallRate, ""), fmtNum(x.NATSWallSecs, ""))
+		if sg := x.Signing; sg != nil {
+			fmt.Fprintf(w, "    audit of %d events (%d commits, each signed alone): unsigned %s events/s, signed with --keys %s events/s = %s\n",
+				sg.Events, sg.Commits, fmtNum(sg.UnsignedAuditEPS, ""), fmtNum(sg.SignedAuditEPS, ""), fmtNum(sg.Ratio, "x"))
+		}
 		if x.Note != "" {
 			fmt.Fprintf(w, "    note: %s\n", x.Note)
 		}

@@ -157,24 +157,26 @@ func generate(target, stepsPerRun int, emit func(genCommit) error) (nEvents, nCo
 
 // W3Result is the replay benchmark.
 type W3Result struct {
-	Events         int     `json:"events"`
-	Commits        int     `json:"commits"`
-	Runs           int     `json:"runs"`
-	FileMiB        Num     `json:"file_mib"`
-	GenerateSecs   Num     `json:"generate_seconds"`
-	FileFoldRate   Num     `json:"file_fold_events_per_s"`
-	FileWallRate   Num     `json:"file_wall_events_per_s"`
-	FileWallSecs   Num     `json:"file_wall_seconds"`
-	NATSEvents     int     `json:"nats_events"`
-	NATSCommits    int     `json:"nats_commits"`
-	NATSLoadSecs   Num     `json:"nats_load_seconds"`
-	NATSFoldRate   Num     `json:"nats_fold_events_per_s"`
-	NATSWallRate   Num     `json:"nats_wall_events_per_s"`
-	NATSWallSecs   Num     `json:"nats_wall_seconds"`
-	Reps           []W3Rep `json:"reps"`
-	Note           string  `json:"note,omitempty"`
-	ReplayCommand  string  `json:"replay_command"`
-	ReplaySubjects string  `json:"subjects"`
+	Events       int     `json:"events"`
+	Commits      int     `json:"commits"`
+	Runs         int     `json:"runs"`
+	FileMiB      Num     `json:"file_mib"`
+	GenerateSecs Num     `json:"generate_seconds"`
+	FileFoldRate Num     `json:"file_fold_events_per_s"`
+	FileWallRate Num     `json:"file_wall_events_per_s"`
+	FileWallSecs Num     `json:"file_wall_seconds"`
+	NATSEvents   int     `json:"nats_events"`
+	NATSCommits  int     `json:"nats_commits"`
+	NATSLoadSecs Num     `json:"nats_load_seconds"`
+	NATSFoldRate Num     `json:"nats_fold_events_per_s"`
+	NATSWallRate Num     `json:"nats_wall_events_per_s"`
+	NATSWallSecs Num     `json:"nats_wall_seconds"`
+	Reps         []W3Rep `json:"reps"`
+	// Signing is the audit of a shorter stream, signed and unsigned.
+	Signing        *W3Signing `json:"signing,omitempty"`
+	Note           string     `json:"note,omitempty"`
+	ReplayCommand  string     `json:"replay_command"`
+	ReplaySubjects string     `json:"subjects"`
 }
 
 // W3Rep is one replay run.

@@ -153,11 +153,22 @@ func (k *Keyring) Verify(signer string, commit Hash, s *Seal, seq uint64) error 
 	if err := e.pub.Verify(rootMessage(root), s.Sig); err != nil {
 		return fmt.Errorf("%w: signer %s", ErrBadSignature, signer)
 	}
+	k.remember(rk)
+	return nil
+}
+
+// verified takes a root as verified (Signer.VouchTo).
+func (k *Keyring) verified(rk rootKey) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.remember(rk)
+}
+
+func (k *Keyring) remember(rk rootKey) {
 	if len(k.roots) >= maxRoots {
 		clear(k.roots)
 	}
 	k.roots[rk] = true
-	return nil
 }
 
 // VerifyCheckpoint checks a checkpoint's signature against the keyring.

@@ -218,3 +218,30 @@ func TestHeadCoversEverything(t *testing.T) {
 		}
 	}
 }
+
+// TestVouchedRoots: a keyring a signer vouches to takes the roots it
+// signs as verified, and nothing else.
+func TestVouchedRoots(t *testing.T) {
+	s, _ := newSigner(t)
+	ring, err := NewKeyring([]Key{{Key: s.Key()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.VouchTo(ring)
+	c := commit(1)
+	c.Signer = s.Key()
+	seal := mustSeal(t, s, c)
+	ring.mu.Lock()
+	n := len(ring.roots)
+	ring.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d roots vouched for, want 1", n)
+	}
+	if err := ring.Verify(c.Signer, c.Hash(), seal, 1); err != nil {
+		t.Errorf("a vouched commit: %v", err)
+	}
+	c.Body = append(c.Body, 'x')
+	if err := ring.Verify(c.Signer, c.Hash(), seal, 1); !errors.Is(err, ErrBadSignature) {
+		t.Errorf("an altered commit of a vouched batch: %v, want ErrBadSignature", err)
+	}
+}

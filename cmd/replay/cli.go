@@ -39,7 +39,9 @@ const usage = `usage:
       check every invariant of contract.md §6 and that the out stream holds
       exactly what the events derive; print each violation on its own line.
       With --file, the out stream is --out-file, else FILE's .out.jsonl
-      sibling when it exists, else invariant 8 is not checked
+      sibling when it exists, else invariant 8 is not checked. --keys FILE
+      pins the engines' signing keys (toolbatch auth keys prints them);
+      --checkpoint FILE compares the log with kept checkpoints
   replay checkpoint [--nats-url URL] [--now] [--prefix P]
       print the engines' latest signed checkpoint of the events stream
       (one JSON line: keep it outside the cluster, give it to audit
