@@ -139,6 +139,8 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 			pub(n.Subject(protocol.ResumeAsFamily, "*", u.Principal))
 		}
 		pub(reader(n.OutStream())...)
+		// every run's open ticket (what the out stream says too)
+		pub(reader(kvStream(n, protocol.BucketTickets))...)
 	case RoleGate:
 		sub(n.Pattern(protocol.GateFamily))
 		p.AllowResponses = true
@@ -171,8 +173,10 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 		pub(n.Pattern(protocol.CheckpointRequestFamily))
 		cat := kvStream(n, protocol.BucketCatalogs)
 		pub(streamInfo(cat), "$JS.API.DIRECT.GET."+cat+".>", "$JS.API.STREAM.MSG.GET."+cat)
-		// the engines' signing keys, all of them (to pin them)
+		// the engines' signing keys, all of them (to pin them), and the
+		// open tickets
 		pub(reader(kvStream(n, protocol.BucketKeys))...)
+		pub(reader(kvStream(n, protocol.BucketTickets))...)
 	case RoleAdmin:
 		pub(">")
 		sub(">")
@@ -191,7 +195,7 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 }
 
 // buckets lists every bucket.
-var buckets = []protocol.Bucket{protocol.BucketCatalogs, protocol.BucketRegistry, protocol.BucketState, protocol.BucketWorkers, protocol.BucketOwners, protocol.BucketKeys}
+var buckets = []protocol.Bucket{protocol.BucketCatalogs, protocol.BucketRegistry, protocol.BucketState, protocol.BucketWorkers, protocol.BucketOwners, protocol.BucketKeys, protocol.BucketTickets}
 
 // destructive lists the JetStream API subjects that delete or purge a
 // toolbatch stream or bucket, or a message of one: no role may publish

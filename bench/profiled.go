@@ -17,10 +17,12 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 	"github.com/rs/zerolog"
 
 	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/engine"
+	"github.com/toolbatch/toolbatch/proof"
 )
 
 // embeddedServer starts a NATS server with JetStream exactly as
@@ -60,6 +62,8 @@ func profiledEngine(args []string) error {
 	listen := fs.String("listen", "127.0.0.1:4222", "")
 	catPath := fs.String("catalog", "", "")
 	fs.String("log-format", "json", "")
+	fs.String("client-max-runs", "", "")
+	fs.String("client-submit-rate", "", "")
 	syncAlways := fs.Bool("sync-always", false, "")
 	dir := fs.String("pprof-dir", ".", "")
 	if err := fs.Parse(args); err != nil {
@@ -83,7 +87,15 @@ func profiledEngine(args []string) error {
 		return err
 	}
 	defer nc.Close()
-	eng, err := engine.New(nc, engine.Config{Catalog: cat, Logger: log, ClientMaxRuns: -1, ClientSubmitRate: -1}) // as unlimitedClients
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return err
+	}
+	signer, err := proof.NewSigner(kp) // as cmd/engine signs by default
+	if err != nil {
+		return err
+	}
+	eng, err := engine.New(nc, engine.Config{Catalog: cat, Logger: log, ClientMaxRuns: -1, ClientSubmitRate: -1, Signer: signer}) // as unlimitedClients
 	if err != nil {
 		return err
 	}

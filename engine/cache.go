@@ -94,6 +94,8 @@ func (s *shard) load(ctx context.Context, rs *runState) error {
 					rs.leases[c.CallID] = lease{attempt: c.Attempt, token: c.Claim.Token, deadline: time.Now().Add(s.e.cfg.Lease)}
 				}
 				rs.inflight[key] = true
+			case !c.Crossed:
+				s.e.metrics.Redispatched() // its job is published again by drive
 			}
 		}
 		after, evs, err := aggregate.Decide(run, aggregate.Recover{Capabilities: caps, Exclude: exclude, At: s.e.cfg.Now()})

@@ -169,6 +169,7 @@ func (e *Engine) throttle(m jetstream.Msg, runID, attributed string) bool {
 		return false
 	}
 	ref := err.(*events.Refusal)
+	e.metrics.Rejected(string(ref.Code))
 	out := protocol.RejectedOut{Code: ref.Code, Reason: ref.Reason}
 	var head struct {
 		Step *int64 `msgpack:"step" json:"step"`

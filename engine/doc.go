@@ -66,7 +66,7 @@
 // a decision needs (time, new ids, the catalog, live capabilities, gate
 // answers, executor outcomes) and hands them over as commands.
 //
-// Imports: access, aggregate, catalog, events, projector, proof, protocol,
-// github.com/nats-io/nats.go, github.com/nats-io/nuid,
-// github.com/rs/zerolog.
+// Imports: access, aggregate, catalog, events, metrics, projector, proof,
+// protocol, github.com/nats-io/nats.go, github.com/nats-io/nuid,
+// github.com/prometheus/client_golang, github.com/rs/zerolog.
 package engine

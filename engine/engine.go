@@ -12,11 +12,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
 	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/metrics"
 	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/protocol"
 )
@@ -101,6 +103,9 @@ type Config struct {
 	// publishes a signed checkpoint of the events stream when it grew
 	// (default 1m; negative: never, nor on request). Needs a Signer.
 	CheckpointEvery time.Duration
+	// Metrics, when set, is where the engine registers its metrics
+	// (package metrics; nil: none).
+	Metrics prometheus.Registerer
 	// Now is the engine's clock (default time.Now): the time of every
 	// event and of every ticket's deadline and due time. The engine's
 	// in-memory watches (leases, dispatch deadlines, idle runs) use the
@@ -213,6 +218,10 @@ type Engine struct {
 	inbox               jetstream.Stream // the inbox stream, opened by Setup
 	fwd                 forwards         // messages forwarded to other engines
 	trust               *trust           // what this engine verifies; nil: it does not sign
+	metrics             *metrics.Engine  // nil: none
+	ownedRuns           atomic.Int64     // runs whose owner key this engine holds
+	tickets             *ticketCounts    // open tickets by reason, with metrics
+	intake              atomic.Pointer[jetstream.Consumer]
 
 	catMu    sync.Mutex
 	catalogs map[string]*catalog.Catalog // by snapshot id
@@ -247,6 +256,15 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 	}
 	if e.id == "" {
 		e.id = nuid.Next()
+	}
+	if cfg.Metrics != nil {
+		e.tickets = &ticketCounts{}
+		e.metrics = metrics.NewEngine(cfg.Metrics, metrics.EngineGauges{
+			RunsOwned:    func() float64 { return float64(e.ownedRuns.Load()) },
+			InboxPending: e.inboxPending,
+			TicketsOpen:  e.tickets.counts,
+		})
+		e.events.metrics = e.metrics
 	}
 	e.liveness = newLiveness(e)
 	e.brain = &brainExecutor{nc: nc, js: js, names: n}
@@ -340,6 +358,18 @@ func (e *Engine) Run(ctx context.Context) error {
 		return err
 	}
 	defer e.live.stop()
+	if e.tickets != nil {
+		if err := e.untilDone(ctx, "watch the tickets bucket", func(ctx context.Context) error {
+			kv, err := e.js.KeyValue(ctx, e.names.TicketsBucket())
+			if err != nil {
+				return err
+			}
+			return e.tickets.start(ctx, kv)
+		}); err != nil {
+			return err
+		}
+		defer e.tickets.stop()
+	}
 	var intake, timers jetstream.Consumer
 	var proj *projectorRunner
 	err = e.untilDone(ctx, "create the engine's consumers", func(ctx context.Context) error {
@@ -351,6 +381,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("intake consumer: %w", err)
 		}
+		e.intake.Store(&intake)
 		timers, err = e.js.CreateOrUpdateConsumer(ctx, e.names.TimersStream(), jetstream.ConsumerConfig{
 			Durable: protocol.ConsumerEngine, AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
 			MaxAckPending: e.cfg.MaxPending, MaxDeliver: -1, FilterSubjects: []string{e.names.TimerFire("*")},

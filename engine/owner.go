@@ -44,7 +44,8 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 		rev, err := kv.Update(ctx, key, []byte(s.e.id), rs.releasedRev)
 		rs.releasedRev = 0
 		if err == nil {
-			rs.owned, rs.ownRev = true, rev
+			s.e.setOwned(rs, true)
+			rs.ownRev = rev
 			return nil
 		}
 	}
@@ -58,7 +59,8 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 	if from != "" {
 		s.e.log.Info().Str(fieldRunID, rs.id).Str("engine", from).Msg("took the run over from a dead engine")
 	}
-	rs.owned, rs.ownRev = true, rev
+	s.e.setOwned(rs, true)
+	rs.ownRev = rev
 	if rs.loaded {
 		seq, err := s.e.events.lastSeq(ctx, rs.id)
 		if err != nil {
@@ -118,7 +120,8 @@ func (s *shard) forget(rs *runState) {
 		_ = m.Nak()
 	}
 	s.e.clients.release(rs.id)
-	rs.owned, rs.loaded = false, false
+	s.e.setOwned(rs, false)
+	rs.loaded = false
 	rs.releasedRev, rs.idleSince = 0, time.Time{}
 	rs.held, rs.durableHeld, rs.pending = nil, 0, nil
 	clear(rs.inflight)
@@ -196,7 +199,8 @@ func (s *shard) release(ctx context.Context, rs *runState) {
 		rs.idleSince = time.Now()
 		return
 	}
-	rs.owned, rs.idleSince = false, time.Time{}
+	s.e.setOwned(rs, false)
+	rs.idleSince = time.Time{}
 	s.e.clients.release(rs.id) // not this engine's work any more
 	if err == nil {
 		rs.releasedRev = ack.Sequence
@@ -224,3 +228,17 @@ const (
 	kvOperation       = "KV-Operation"
 	kvOperationDelete = "DEL"
 )
+
+// setOwned records whether this engine holds the run's owner key, and
+// counts the runs it holds (toolbatch_runs_owned).
+func (e *Engine) setOwned(rs *runState, owned bool) {
+	if rs.owned == owned {
+		return
+	}
+	rs.owned = owned
+	if owned {
+		e.ownedRuns.Add(1)
+	} else {
+		e.ownedRuns.Add(-1)
+	}
+}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -30,8 +31,9 @@ type projectorRunner struct {
 	e      *Engine
 	state  *stateStore
 	cons   jetstream.Consumer
-	out    jetstream.Stream
-	models map[string]*projected
+	out     jetstream.Stream
+	tickets jetstream.KeyValue
+	models  map[string]*projected
 	// quarantined are the runs with a poison commit: projected no
 	// further, by this engine (another that leads later finds the same
 	// commit and quarantines it too).
@@ -70,7 +72,11 @@ func newProjectorRunner(ctx context.Context, e *Engine) (*projectorRunner, error
 	if err != nil {
 		return nil, err
 	}
-	return &projectorRunner{e: e, state: e.state, cons: cons, out: out, models: map[string]*projected{}, quarantined: map[string]bool{}}, nil
+	tickets, err := e.js.KeyValue(ctx, e.names.TicketsBucket())
+	if err != nil {
+		return nil, err
+	}
+	return &projectorRunner{e: e, state: e.state, cons: cons, out: out, tickets: tickets, models: map[string]*projected{}, quarantined: map[string]bool{}}, nil
 }
 
 // projectorAckWait is the projector consumer's ack wait: the leader
@@ -231,6 +237,9 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 		}
 		outs = append(outs, o...)
 	}
+	if err := p.syncTicket(ctx, runID, pm.model.Run.Ticket(), model.Run.Ticket()); err != nil {
+		return fmt.Errorf("commit %d: ticket: %w", seq, err)
+	}
 	// State first, so that a client that has read a batch's results sees
 	// its state committed.
 	for _, e := range evs {
@@ -387,4 +396,24 @@ func (p *projectorRunner) lastOn(ctx context.Context, subject string) (source, e
 		return source{}, fmt.Errorf("out subject %s: last message has no valid %s header", subject, protocol.HeaderSource)
 	}
 	return source{seq: s, idx: i}, nil
+}
+
+// syncTicket keeps the run's key of the tickets bucket its open ticket:
+// put when one opens, deleted when it closes. Both are idempotent, so a
+// commit projected again changes nothing.
+func (p *projectorRunner) syncTicket(ctx context.Context, runID string, before, after *events.Ticket) error {
+	switch {
+	case after == nil && before == nil:
+		return nil
+	case after == nil:
+		return p.tickets.Delete(ctx, protocol.TicketKey(runID))
+	case before != nil && before.CorrelationID == after.CorrelationID:
+		return nil
+	}
+	b, err := json.Marshal(protocol.Awaiting(*after))
+	if err != nil {
+		return err
+	}
+	_, err = p.tickets.Put(ctx, protocol.TicketKey(runID), b)
+	return err
 }

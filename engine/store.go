@@ -17,6 +17,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/metrics"
 	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/protocol"
 )
@@ -101,6 +102,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 		{Bucket: n.StateBucket(), Description: "toolbatch committed state: staged commands of finalized batches"},
 		{Bucket: n.WorkersBucket(), TTL: WorkerTTL, Description: "toolbatch live sandbox workers: sandbox.<pool>.<tool_id>.<worker_id> = capability"},
 		{Bucket: n.RegistryBucket(), Description: "toolbatch live executor registry: recovery capabilities"},
+		{Bucket: n.TicketsBucket(), Description: "toolbatch every run's open ticket (run.<run_id> = JSON AwaitingOut), kept by the projector"},
 		{Bucket: n.KeysBucket(), History: 16, Description: "toolbatch engines' public signing keys (signer.<nkey>) and where signing began (unsigned_until)"},
 	} {
 		kv.Storage, kv.Replicas = jetstream.FileStorage, sc.Replicas
@@ -164,6 +166,8 @@ type eventLog struct {
 	stream jetstream.Stream // the events stream, opened by Setup
 	signer *proof.Signer    // nil: unsigned commits
 	trust  *trust           // verifies what load folds (nil: nothing)
+	// metrics counts what is appended (nil: nothing).
+	metrics *metrics.Engine
 }
 
 // tip is where a run's log ends: its last commit's stream sequence (0 for
@@ -258,10 +262,13 @@ func (l *eventLog) append(ctx context.Context, runID string, after tip, evs []ev
 	}, nil)
 	if err != nil {
 		if isWrongLastSequence(err) {
+			l.metrics.Conflict()
 			return tip{}, 0, fmt.Errorf("%w: %v", ErrConflict, err)
 		}
 		return tip{}, 0, fmt.Errorf("append to run %s: %w", runID, err)
 	}
+	l.metrics.Commit()
+	l.metrics.Committed(runID, evs)
 	return tip{seq: ack.Sequence, hash: c.Hash()}, len(body), nil
 }
 

@@ -36,7 +36,10 @@ type KeyFile struct {
 type Keyring struct {
 	mu    sync.Mutex
 	keys  map[string]keyEntry
-	roots map[rootKey]bool
+	// roots are the roots verified lately, in two generations: when
+	// roots is full it becomes old, and what neither holds is verified
+	// again.
+	roots, old map[rootKey]bool
 }
 
 type keyEntry struct {
@@ -147,7 +150,7 @@ func (k *Keyring) Verify(signer string, commit Hash, s *Seal, seq uint64) error 
 		return err
 	}
 	rk := rootKey{signer: signer, root: root, sig: string(s.Sig)}
-	if k.roots[rk] {
+	if k.roots[rk] || k.old[rk] {
 		return nil
 	}
 	if err := e.pub.Verify(rootMessage(root), s.Sig); err != nil {
@@ -166,7 +169,7 @@ func (k *Keyring) verified(rk rootKey) {
 
 func (k *Keyring) remember(rk rootKey) {
 	if len(k.roots) >= maxRoots {
-		clear(k.roots)
+		k.old, k.roots = k.roots, make(map[rootKey]bool, maxRoots)
 	}
 	k.roots[rk] = true
 }

@@ -39,6 +39,7 @@ const (
 	BucketWorkers  Bucket = "WORKERS"  // live sandbox workers' advertisements
 	BucketOwners   Bucket = "OWNERS"   // which engine works on which run
 	BucketKeys     Bucket = "KEYS"     // engines' public signing keys
+	BucketTickets  Bucket = "TICKETS"  // every run's open ticket
 )
 
 // Placeholders of a subject family's tokens.
@@ -246,6 +247,7 @@ func (n Names) StateBucket() string    { return n.BucketName(BucketState) }
 func (n Names) WorkersBucket() string  { return n.BucketName(BucketWorkers) }
 func (n Names) OwnersBucket() string   { return n.BucketName(BucketOwners) }
 func (n Names) KeysBucket() string     { return n.BucketName(BucketKeys) }
+func (n Names) TicketsBucket() string  { return n.BucketName(BucketTickets) }
 
 // Subjects of the families, by name.
 func (n Names) Events(runID string) string { return n.Subject(EventsFamily, runID) }
@@ -385,6 +387,13 @@ const (
 
 // OwnerKey is a run's key in the owners bucket.
 func OwnerKey(runID string) string { return "run." + runID }
+
+// TicketKey is a run's key in the tickets bucket: its open ticket, as
+// JSON AwaitingOut, while it is open (a run has one at most).
+func TicketKey(runID string) string { return TicketKeyPrefix + runID }
+
+// TicketKeyPrefix begins every key of the tickets bucket.
+const TicketKeyPrefix = "run."
 
 // Key prefixes of the executor advertisements: the workers bucket holds
 // sandbox.<pool>.<tool_id>.<worker_id> = capability, the registry bucket

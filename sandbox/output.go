@@ -21,18 +21,18 @@ func interpret(t ToolConfig, call Call, o outcome) Result {
 	case o.startErr != nil:
 		return failure(events.ErrorExecution, "cannot start the tool: %v", o.startErr)
 	case o.stdoutOver:
-		return failure(events.ErrorExecution, "output exceeded %d KiB (limits.output_kb); the tool was killed", t.Limits.OutputKB)
+		return failure(events.ErrorExecution, "output exceeded %d KiB (limits.output_kb); the tool was killed", t.Limits.OutputKB).as(ExitLimit)
 	case o.timedOut:
-		return failure(events.ErrorExecution, "timed out after %s", t.Timeout)
+		return failure(events.ErrorExecution, "timed out after %s", t.Timeout).as(ExitTimeout)
 	case o.cancelled != nil:
-		return failure(events.ErrorExecution, "interrupted: %v", o.cancelled)
+		return failure(events.ErrorExecution, "interrupted: %v", o.cancelled).as(ExitKilled)
 	}
 	code := exitCode(o.state)
 	if o.exit != nil {
 		code = waitCode(*o.exit)
 	}
 	if code != 0 {
-		return failure(events.ErrorExecution, "%s", exitMessage(t, code, o.stderr, o.stderrCut))
+		return failure(events.ErrorExecution, "%s", exitMessage(t, code, o.stderr, o.stderrCut)).as(exitClass(code))
 	}
 	if t.Output == OutputJSON {
 		out, err := decodeToolOutput(o.stdout)
@@ -136,4 +136,17 @@ func cleanJSONError(err error) error {
 		return errors.New(r.Reason)
 	}
 	return errors.New(strings.TrimPrefix(err.Error(), "json: "))
+}
+
+// exitClass says what a non-zero exit status means: a signal the rlimits
+// send (CPU time, file size) is a limit, another signal a kill.
+func exitClass(code int) string {
+	if code <= 128 || code > 128+64 {
+		return ExitError
+	}
+	switch syscall.Signal(code - 128) {
+	case syscall.SIGXCPU, syscall.SIGXFSZ:
+		return ExitLimit
+	}
+	return ExitKilled
 }

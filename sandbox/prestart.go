@@ -139,7 +139,11 @@ func (p *pool) fill() {
 // list.
 func (p *pool) prestart() {
 	defer p.wg.Done()
+	began := time.Now()
 	w, err := p.r.prestart(p.t)
+	if err == nil && p.r.onPrestarted != nil {
+		p.r.onPrestarted(time.Since(began))
+	}
 	if err != nil {
 		p.r.stats.prestartFailures.Add(1)
 		if p.r.onPrestartFailure != nil {

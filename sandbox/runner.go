@@ -84,7 +84,33 @@ type Call struct {
 type Result struct {
 	Output *events.Output
 	Err    *events.ToolError
+	// Exit says how the tool ended: ExitOK, or for an error one of
+	// ExitTimeout, ExitLimit, ExitKilled and ExitError (see Class).
+	Exit string
 }
+
+// How a tool ended (the result label of toolbatch_worker_tool_exits_total).
+const (
+	ExitOK      = "ok"
+	ExitError   = "error"   // non-zero exit, bad output, could not start, a builtin's failure
+	ExitTimeout = "timeout" // killed at its timeout
+	ExitLimit   = "limit"   // killed for its output, CPU time or file size
+	ExitKilled  = "killed"  // a signal, or stopped by the worker (claim lost, abort)
+)
+
+// Class is how the tool ended, ExitOK or ExitError when Exit is not set.
+func (r Result) Class() string {
+	switch {
+	case r.Exit != "":
+		return r.Exit
+	case r.Err != nil:
+		return ExitError
+	}
+	return ExitOK
+}
+
+// as sets how a failed tool ended.
+func (r Result) as(exit string) Result { r.Exit = exit; return r }
 
 // Option changes how a Runner runs tools.
 type Option func(*Runner)
@@ -151,6 +177,22 @@ func WithPrestartFailureHandler(f func(toolID string, err error)) Option {
 	return func(r *Runner) { r.onPrestartFailure = f }
 }
 
+// WithPrestartObserver hears how long each pre-started sandbox took to
+// become ready.
+func WithPrestartObserver(f func(took time.Duration)) Option {
+	return func(r *Runner) { r.onPrestarted = f }
+}
+
+// Ready returns each pre-starting tool's sandboxes ready now.
+func (r *Runner) Ready() map[string]int {
+	out := make(map[string]int, len(r.pools))
+	for id, p := range r.pools {
+		n, _, _, _ := p.state()
+		out[id] = n
+	}
+	return out
+}
+
 // Runner runs calls of the tools of one worker config. It is safe for
 // concurrent use; each call has its own sandbox. A Runner whose config
 // pre-starts sandboxes keeps them running until Close.
@@ -185,6 +227,7 @@ type Runner struct {
 	stageExe          *os.File
 	stageVariant      string // the stage's argv[1] when not stageArg (tests)
 	onPrestartFailure func(toolID string, err error)
+	onPrestarted      func(took time.Duration)
 	closeOnce         sync.Once
 	stats             struct {
 		prestarted, fresh, diedBeforeUse, prestartFailures, stageLimits, stageChild atomic.Int64
@@ -626,9 +669,9 @@ func (r *Runner) runBuiltin(ctx context.Context, t ToolConfig, call Call) Result
 		case <-timer.C:
 			return success(events.TextOutput(call.CallID, "slept "+d.String()))
 		case <-deadline.C:
-			return failure(events.ErrorExecution, "timed out after %s", t.Timeout)
+			return failure(events.ErrorExecution, "timed out after %s", t.Timeout).as(ExitTimeout)
 		case <-ctx.Done():
-			return failure(events.ErrorExecution, "interrupted: %v", context.Cause(ctx))
+			return failure(events.ErrorExecution, "interrupted: %v", context.Cause(ctx)).as(ExitKilled)
 		}
 	default:
 		return failure(events.ErrorExecution, "builtin %q does not exist", t.Builtin)

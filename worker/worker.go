@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/metrics"
 	"github.com/toolbatch/toolbatch/protocol"
 	"github.com/toolbatch/toolbatch/sandbox"
 )
@@ -51,6 +52,8 @@ type Config struct {
 	Grace time.Duration
 	// Logger receives the logs.
 	Logger zerolog.Logger
+	// Metrics counts claims, calls and heartbeats (nil: nothing).
+	Metrics *metrics.Worker
 }
 
 // Worker serves sandbox jobs.
@@ -70,6 +73,8 @@ type Worker struct {
 	// delivered again meanwhile (its acknowledgement lost in a leader
 	// election, say) joins the one in hand and is never run twice.
 	jobs map[string]*job
+	// consumers are the dispatch consumers bound (nil until Run binds them).
+	consumers []jetstream.Consumer
 	// ran are the attempts this process ran and reported, by when: one
 	// delivered again later is acknowledged, never run again (the claim it
 	// would be granted again is this process's own).
@@ -255,14 +260,18 @@ func (w *Worker) Run(drain, abort context.Context) error {
 					return
 				}
 				running.Add(1)
+				w.cfg.Metrics.Busy(1)
 				go func() {
 					defer running.Done()
-					defer func() { <-slots }()
+					defer func() { <-slots; w.cfg.Metrics.Busy(-1) }()
 					w.handle(runCtx, m)
 				}()
 			}
 		}()
 	}
+	w.mu.Lock()
+	w.consumers = consumers
+	w.mu.Unlock()
 	w.log.Info().Str("worker_id", w.cfg.WorkerID).Strs("pools", w.cfg.Pools).Int("concurrency", w.cfg.Concurrency).Msg("ready")
 
 	tick := time.NewTicker(advertiseEvery)
@@ -343,8 +352,18 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 	}
 	ran := false
 	defer func() { w.done(key, ran) }()
+	where, _ := w.names().Match(protocol.DispatchFamily, m.Subject()) // pool, tool
+	if len(where) != 2 {
+		log.Warn().Str("subject", m.Subject()).Msg("a job on a subject of no pool and tool: terminated")
+		j.each(func(m jetstream.Msg) error { return m.TermWithReason("not a dispatch subject: " + m.Subject()) })
+		return
+	}
+	pool, tool := where[0], where[1]
 	reply, err := w.request(w.names().Claim(), protocol.ClaimRequest{OperationID: d.OperationID, Attempt: d.Attempt,
 		WorkerID: w.cfg.WorkerID, Incarnation: w.incarnation})
+	if err == nil {
+		w.cfg.Metrics.Claim(pool, tool, reply.Granted)
+	}
 	if err != nil {
 		log.Warn().Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Msg("claim unanswered: job given back")
 		j.each(func(m jetstream.Msg) error { return m.NakWithDelay(time.Second) })
@@ -365,8 +384,7 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 	// the claim reply, which only an engine can send to this worker's
 	// inbox. It must be the attempt claimed, of a tool of this subject.
 	granted := reply.Job
-	where, _ := w.names().Match(protocol.DispatchFamily, m.Subject()) // pool, tool
-	if granted == nil || granted.OperationID != d.OperationID || granted.Attempt != d.Attempt || len(where) != 2 || where[1] != granted.ToolID {
+	if granted == nil || granted.OperationID != d.OperationID || granted.Attempt != d.Attempt || tool != granted.ToolID {
 		log.Warn().Str("subject", m.Subject()).Msg("claim granted without this job: not run; the lease runs out and the engine decides")
 		j.each(jetstream.Msg.Ack)
 		return
@@ -389,6 +407,14 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 			case <-tick.C:
 				j.each(jetstream.Msg.InProgress)
 				r, err := w.request(w.names().Heartbeat(), protocol.Heartbeat{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, WorkerID: w.cfg.WorkerID})
+				switch {
+				case err != nil:
+					w.cfg.Metrics.Heartbeat(metrics.HeartbeatFailed)
+				case !r.Granted && r.Reason != protocol.ReasonBusy:
+					w.cfg.Metrics.Heartbeat(metrics.HeartbeatLost)
+				default:
+					w.cfg.Metrics.Heartbeat(metrics.HeartbeatOK)
+				}
 				if err == nil && !r.Granted && r.Reason != protocol.ReasonBusy {
 					log.Warn().Str("reason", r.Reason).Msg("claim lost: stopping the tool")
 					stopTool()
@@ -397,7 +423,9 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 			}
 		}
 	}()
+	began := time.Now()
 	res := w.runner.Run(toolCtx, sandbox.Call{ToolID: granted.ToolID, CallID: granted.CallID, OperationID: granted.OperationID, Attempt: granted.Attempt, Arguments: granted.Arguments})
+	w.cfg.Metrics.Ran(pool, tool, res.Class(), time.Since(began))
 	stopTool()
 	<-beatDone
 	result := protocol.Result{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, Output: res.Output, Error: res.Err}
@@ -444,4 +472,28 @@ func (w *Worker) request(subject string, v any) (protocol.ClaimReply, error) {
 		return r, err
 	}
 	return r, nil
+}
+
+// Readiness reports what keeps the worker from serving: not yet started,
+// not connected to NATS, a dispatch consumer of its pools gone. (Its
+// sandbox trial passed before it was made: sandbox.NewRunner.) Nil means
+// ready.
+func (w *Worker) Readiness(ctx context.Context) error {
+	w.mu.Lock()
+	consumers := w.consumers
+	w.mu.Unlock()
+	if consumers == nil {
+		return errors.New("starting: its pools' dispatch consumers are not bound yet")
+	}
+	if st := w.nc.Status(); st != nats.CONNECTED {
+		return fmt.Errorf("NATS connection %s", st)
+	}
+	var errs []error
+	for _, c := range consumers {
+		name := c.CachedInfo().Name
+		if _, err := w.js.Consumer(ctx, w.names().DispatchStream(), name); err != nil {
+			errs = append(errs, fmt.Errorf("dispatch consumer %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/toolbatch/toolbatch/access"
@@ -24,6 +25,7 @@ import (
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/cli"
+	"github.com/toolbatch/toolbatch/metrics"
 	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/protocol"
 )
@@ -32,6 +34,7 @@ type options struct {
 	store, listen, natsURL, prefix, catalogPath string
 	auth, tlsCert, tlsKey, tlsClientCA          string
 	engineID                                    string
+	metricsListen string
 	conn                                        access.Conn
 	replicas, cacheRuns                         int
 	cacheBytes                                  int64
@@ -87,6 +90,7 @@ func run(args []string, stderr io.Writer) error {
 	fs.DurationVar(&o.checkpointEvery, "checkpoint-every", engine.DefaultCheckpointEvery, "how often a signed checkpoint of the events stream is published when it grew (negative: never)")
 	fs.BoolVar(&o.unsigned, "unsigned", false, "append unsigned commits, as engines did before signing (replay audit reports the log as unsigned); for measurements")
 	fs.StringVar(&o.engineID, "engine-id", "", "this engine's id in the owners bucket, kept across restarts so that a restarted engine takes its runs back at once (default: kept in the embedded server's store; with --nats-url, a new one at each start)")
+	metrics.FlagVar(fs, &o.metricsListen)
 	if done, err := cli.Parse(fs, args, stderr); done {
 		return err
 	}
@@ -109,7 +113,11 @@ func run(args []string, stderr io.Writer) error {
 			return err
 		}
 	}
-	cfg := engine.Config{Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Lease: o.lease, CacheRuns: o.cacheRuns, CacheBytes: o.cacheBytes, Limits: o.limits,
+	var reg *prometheus.Registry
+	if o.metricsListen != "" {
+		reg = metrics.NewRegistry()
+	}
+	cfg := engine.Config{Metrics: registerer(reg), Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Lease: o.lease, CacheRuns: o.cacheRuns, CacheBytes: o.cacheBytes, Limits: o.limits,
 		ClientMaxRuns: o.clientMaxRuns, ClientSubmitRate: o.clientRate, ClientSubmitBurst: o.clientBurst, Catalog: cat, Logger: log, CheckpointEvery: o.checkpointEvery}
 
 	if o.engineID == "" && o.natsURL == "" {
@@ -175,6 +183,14 @@ func run(args []string, stderr io.Writer) error {
 	eng, err := engine.New(nc, cfg)
 	if err != nil {
 		return err
+	}
+	if reg != nil {
+		ms, err := metrics.Listen(o.metricsListen, reg, eng.Readiness)
+		if err != nil {
+			return err
+		}
+		defer ms.Close()
+		log.Info().Str("addr", ms.Addr()).Msg("serving " + metrics.PathMetrics + ", " + metrics.PathHealthz + " and " + metrics.PathReadyz)
 	}
 	if cfg.Signer != nil {
 		log.Info().Str("key", cfg.Signer.Key()).Msg("signing commits (pin this key: replay audit --keys)")
@@ -284,4 +300,12 @@ func logger(format, level string, w io.Writer) (zerolog.Logger, error) {
 	default:
 		return zerolog.Nop(), fmt.Errorf("--log-format %q: want console or json", format)
 	}
+}
+
+// registerer is reg as a prometheus.Registerer, nil (no metrics) for nil.
+func registerer(reg *prometheus.Registry) prometheus.Registerer {
+	if reg == nil {
+		return nil
+	}
+	return reg
 }

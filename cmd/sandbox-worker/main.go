@@ -14,10 +14,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/toolbatch/toolbatch/access"
 	"github.com/toolbatch/toolbatch/internal/cli"
+	"github.com/toolbatch/toolbatch/metrics"
 	"github.com/toolbatch/toolbatch/protocol"
 	"github.com/toolbatch/toolbatch/sandbox"
 	"github.com/toolbatch/toolbatch/worker"
@@ -46,6 +48,8 @@ func run(args []string, stderr io.Writer) error {
 	logFormat := fs.String("log-format", "console", "console or json")
 	prestart := fs.Int("prestart", -1, "pre-started sandboxes kept for each subprocess tool (isolation bubblewrap only): -1 takes the config's prestart (default 2), 0 turns them off, N overrides the config for every tool")
 	workRoot := fs.String("work-root", "", "where the calls' working directories are made (default: a directory of this worker under the system temp dir); working directories left there by a killed worker are removed at start")
+	var metricsListen string
+	metrics.FlagVar(fs, &metricsListen)
 	if done, err := cli.Parse(fs, args, stderr); done {
 		return err
 	}
@@ -97,10 +101,17 @@ func run(args []string, stderr io.Writer) error {
 			return fmt.Errorf("--work-root: remove %s: %w", dir, err)
 		}
 	}
-	runner, err := sandbox.NewRunner(sc, sandbox.WithWorkRoot(*workRoot),
+	var reg *prometheus.Registry
+	var wm *metrics.Worker
+	var runner *sandbox.Runner
+	if metricsListen != "" {
+		reg = metrics.NewRegistry()
+		wm = metrics.NewWorker(reg, func() map[string]int { return runner.Ready() })
+	}
+	runner, err = sandbox.NewRunner(sc, sandbox.WithWorkRoot(*workRoot),
 		sandbox.WithPrestartFailureHandler(func(toolID string, err error) {
 			log.Warn().Str("tool_id", toolID).Err(err).Msg("pre-starting a sandbox failed; calls start their own until it works again")
-		}))
+		}), sandbox.WithPrestartObserver(wm.SandboxStarted))
 	if err != nil {
 		return err
 	}
@@ -128,9 +139,17 @@ func run(args []string, stderr io.Writer) error {
 	}
 	defer nc.Close()
 	w, err := worker.New(nc, sc, runner, worker.Config{Prefix: *prefix, WorkerID: *workerID, Pools: poolList,
-		Concurrency: *concurrency, Grace: *grace, Logger: log})
+		Concurrency: *concurrency, Grace: *grace, Logger: log, Metrics: wm})
 	if err != nil {
 		return err
+	}
+	if reg != nil {
+		ms, err := metrics.Listen(metricsListen, reg, w.Readiness)
+		if err != nil {
+			return err
+		}
+		defer ms.Close()
+		log.Info().Str("addr", ms.Addr()).Msg("serving " + metrics.PathMetrics + ", " + metrics.PathHealthz + " and " + metrics.PathReadyz)
 	}
 	drain, stopDrain := context.WithCancel(context.Background())
 	abort, stopAbort := context.WithCancel(context.Background())

@@ -24,7 +24,7 @@ import (
 // from this module, against the engine's embedded JetStream, and talk to
 // them only over NATS.
 
-var engineBin, workerBin, toolbatchBin string
+var engineBin, workerBin, toolbatchBin, natsBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "toolbatch-worker-bin")
@@ -32,12 +32,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	bins, err := testproc.Build(dir, "../engine", ".", "../toolbatch")
+	bins, err := testproc.Build(dir, "../engine", ".", "../toolbatch", "github.com/nats-io/nats-server/v2")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	engineBin, workerBin, toolbatchBin = bins[0], bins[1], bins[2]
+	engineBin, workerBin, toolbatchBin, natsBin = bins[0], bins[1], bins[2], bins[3]
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

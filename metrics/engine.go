@@ -1,0 +1,337 @@
+package metrics
+
+import (
+	"runtime"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// Labels' values.
+const (
+	// OutcomeOK and the others are toolbatch_calls_total's outcomes.
+	OutcomeOK            = "ok"
+	OutcomeError         = "error"
+	OutcomeBlocked       = "blocked"
+	OutcomeDenied        = "denied"
+	OutcomeSetResult     = "set_result"
+	OutcomeTimedOut      = "timed_out"
+	OutcomeUnknown       = "unknown"
+	OutcomeIndeterminate = "indeterminate"
+	OutcomeInterrupted   = "interrupted"
+
+	// Stages of toolbatch_call_duration_seconds.
+	StageGate      = "gate"
+	StageQueue     = "queue"
+	StageExecution = "execution"
+	StageEndToEnd  = "end_to_end"
+
+	// Recovery actions of toolbatch_recoveries_total.
+	RecoveryReplayed      = "replayed"
+	RecoveryRedispatched  = "redispatched"
+	RecoveryIndeterminate = "indeterminate"
+
+	// UnknownTool is the tool label of a call of a tool the catalog does
+	// not have: a model may invent any name, and a label must stay bounded.
+	UnknownTool = "_unknown"
+)
+
+// gateSource names a gate decision's stage as toolbatch_gate_decisions_total
+// reports it.
+var gateSource = map[string]string{"narrowing": "narrowing", "policy": "rule", "external": "service", "default": "default"}
+
+// Engine is the engine's metrics. Its counters and histograms are fed by
+// Committed with the events of every commit the engine appends, so that
+// across engines each fact is counted once, by the engine that committed
+// it. A nil *Engine counts nothing.
+type Engine struct {
+	batchesSubmitted prometheus.Counter
+	batchesRejected  *prometheus.CounterVec
+	batchesFinalized prometheus.Counter
+	batchDuration    prometheus.Histogram
+	calls            *prometheus.CounterVec
+	callDuration     *prometheus.HistogramVec
+	gateDecisions    *prometheus.CounterVec
+	runsEnded        *prometheus.CounterVec
+	recoveries       *prometheus.CounterVec
+	resultsRefused   *prometheus.CounterVec
+	commits          prometheus.Counter
+	conflicts        prometheus.Counter
+
+	mu      sync.Mutex
+	batches map[string]*batchSeen // in-flight batches by batch id
+}
+
+// batchSeen is what the durations need of a batch in flight: when it and
+// each call's stages began, as the events say.
+type batchSeen struct {
+	submitted time.Time
+	calls     map[string]*callSeen
+}
+
+type callSeen struct {
+	tool, target string
+	gate         events.GateOutcome
+	resolution   string
+	executing    time.Time // the latest attempt's
+	claimed      time.Time
+}
+
+// maxBatches bounds the batches whose times are kept: beyond it they are
+// forgotten (their calls are still counted, without durations).
+const maxBatches = 1 << 16
+
+// The histograms' buckets, in seconds: from a fast brain call's
+// milliseconds to a parked batch's hours.
+var durationBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400}
+
+// NewEngine registers the engine's metrics (and the Go and process
+// collectors) with reg. Gauges whose value the engine reads when scraped
+// are given as functions; a nil function leaves its gauge out.
+func NewEngine(reg prometheus.Registerer, g EngineGauges) *Engine {
+	f := factory{reg}
+	m := &Engine{
+		batchesSubmitted: f.counter("toolbatch_batches_submitted_total", "Batches accepted: committed as BatchSubmitted."),
+		batchesRejected:  f.counterVec("toolbatch_batches_rejected_total", "Submissions rejected, by rejection code.", "code"),
+		batchesFinalized: f.counter("toolbatch_batches_finalized_total", "Batches finalized: every call terminal, results published."),
+		batchDuration: f.histogram("toolbatch_batch_duration_seconds",
+			"From a batch's acceptance to its finalization (parked time included)."),
+		calls: f.counterVec("toolbatch_calls_total",
+			"Calls that reached a terminal phase, by tool, target and outcome.", "tool", "target", "outcome"),
+		callDuration: f.histogramVec("toolbatch_call_duration_seconds",
+			"Calls' stages: gate (accepted to decided), queue (executing committed to claim granted, sandbox tools), execution (entered to completed, the last attempt), end_to_end (accepted to terminal).",
+			"tool", "target", "stage"),
+		gateDecisions: f.counterVec("toolbatch_gate_decisions_total",
+			"Gate decisions, by tool, outcome and the stage that made them.", "tool", "outcome", "source"),
+		runsEnded:      f.counterVec("toolbatch_runs_ended_total", "Runs ended, by cause.", "cause"),
+		recoveries:     f.counterVec("toolbatch_recoveries_total", "Recovery actions on calls found executing after a crash or takeover.", "action"),
+		resultsRefused: f.counterVec("toolbatch_results_refused_total", "Executor results refused (stale attempt, bad token, ...), by reason.", "reason"),
+		commits:        f.counter("toolbatch_commits_total", "Commits appended to the events stream."),
+		conflicts:      f.counter("toolbatch_commit_conflicts_total", "Appends refused because the run was extended elsewhere (reloaded and decided again)."),
+		batches:        map[string]*batchSeen{},
+	}
+	info := f.gaugeVec("toolbatch_build_info", "The engine's version and Go version (always 1).", "version", "go_version")
+	info.WithLabelValues(version(), goVersion()).Set(1)
+	f.gaugeFunc("toolbatch_runs_owned", "Runs this engine owns now.", g.RunsOwned)
+	f.gaugeFunc("toolbatch_inbox_pending", "Inbox messages not yet taken or not yet acknowledged by the engines.", g.InboxPending)
+	if g.TicketsOpen != nil {
+		reg.MustRegister(&countsCollector{desc: prometheus.NewDesc("toolbatch_tickets_open",
+			"Open tickets of every run, by wait reason (the same on every engine: aggregate with max, not sum).", []string{"reason"}, nil), read: g.TicketsOpen})
+	}
+	return m
+}
+
+// EngineGauges are the gauges read when scraped.
+type EngineGauges struct {
+	RunsOwned    func() float64
+	InboxPending func() float64
+	TicketsOpen  func() map[string]int
+}
+
+// Commit counts an append; Conflict an append refused by a concurrent one.
+func (m *Engine) Commit() {
+	if m != nil {
+		m.commits.Inc()
+	}
+}
+
+func (m *Engine) Conflict() {
+	if m != nil {
+		m.conflicts.Inc()
+	}
+}
+
+// Redispatched counts a sandbox job published again for an attempt found
+// executing without a claim.
+func (m *Engine) Redispatched() {
+	if m != nil {
+		m.recoveries.WithLabelValues(RecoveryRedispatched).Inc()
+	}
+}
+
+// Rejected counts a submission rejected before anything was committed
+// (the rejection is published, not committed).
+func (m *Engine) Rejected(code string) {
+	if m != nil {
+		m.batchesRejected.WithLabelValues(code).Inc()
+	}
+}
+
+// Committed counts what a commit's events say, in order.
+func (m *Engine) Committed(runID string, evs []events.Event) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range evs {
+		m.observe(runID, e)
+	}
+}
+
+func (m *Engine) observe(runID string, e events.Event) {
+	switch ev := e.(type) {
+	case *events.BatchSubmitted:
+		m.batchesSubmitted.Inc()
+		if len(m.batches) >= maxBatches {
+			clear(m.batches)
+		}
+		b := &batchSeen{submitted: ev.At, calls: make(map[string]*callSeen, len(ev.Calls))}
+		for _, c := range ev.Calls {
+			tool, target := c.ToolID, string(c.Tool.Target)
+			if c.Tool.Kind == events.KindUnknown {
+				tool, target = UnknownTool, "none"
+			}
+			b.calls[c.CallID] = &callSeen{tool: tool, target: target}
+		}
+		m.batches[ev.BatchID] = b
+	case *events.BatchRejected:
+		m.batchesRejected.WithLabelValues(string(ev.Code)).Inc()
+	case *events.CallGated:
+		b, c := m.call(ev.BatchID, ev.CallID)
+		if c == nil {
+			return
+		}
+		c.gate = ev.Outcome
+		m.gateDecisions.WithLabelValues(c.tool, ev.Label, gateSource[ev.Stage]).Inc()
+		m.callDuration.WithLabelValues(c.tool, c.target, StageGate).Observe(seconds(b.submitted, ev.At))
+	case *events.CallExecuting:
+		if ev.Cause == events.CauseRecovered {
+			m.recoveries.WithLabelValues(RecoveryReplayed).Inc()
+		}
+		if _, c := m.call(ev.BatchID, ev.CallID); c != nil {
+			c.executing, c.claimed = ev.At, time.Time{}
+		}
+	case *events.CallClaimed:
+		if _, c := m.call(ev.BatchID, ev.CallID); c != nil {
+			c.claimed = ev.At
+			if !c.executing.IsZero() {
+				m.callDuration.WithLabelValues(c.tool, c.target, StageQueue).Observe(seconds(c.executing, ev.At))
+			}
+		}
+	case *events.TicketResolved:
+		if _, c := m.call(ev.BatchID, ev.CallID); c != nil {
+			c.resolution = string(ev.Resolution)
+		}
+	case *events.CallCompleted:
+		b, c := m.call(ev.BatchID, ev.CallID)
+		if c == nil {
+			return
+		}
+		m.calls.WithLabelValues(c.tool, c.target, completedOutcome(c, ev)).Inc()
+		m.terminal(b, c, ev.At)
+	case *events.CallIndeterminate:
+		m.recoveries.WithLabelValues(RecoveryIndeterminate).Inc()
+		b, c := m.call(ev.BatchID, ev.CallID)
+		if c == nil {
+			return
+		}
+		m.calls.WithLabelValues(c.tool, c.target, OutcomeIndeterminate).Inc()
+		m.terminal(b, c, ev.At)
+	case *events.BatchFinalized:
+		m.batchesFinalized.Inc()
+		if b := m.batches[ev.BatchID]; b != nil {
+			m.batchDuration.Observe(seconds(b.submitted, ev.At))
+			delete(m.batches, ev.BatchID)
+		}
+	case *events.RunEnded:
+		m.runsEnded.WithLabelValues(string(ev.Cause)).Inc()
+	case *events.ResultRefused:
+		m.resultsRefused.WithLabelValues(refusalReason(ev.Reason)).Inc()
+	}
+}
+
+// call returns a batch in flight and one of its calls (nil, nil when the
+// batch was accepted before this engine started or took the run over).
+func (m *Engine) call(batchID, callID string) (*batchSeen, *callSeen) {
+	b := m.batches[batchID]
+	if b == nil {
+		return nil, nil
+	}
+	return b, b.calls[callID]
+}
+
+func (m *Engine) terminal(b *batchSeen, c *callSeen, at time.Time) {
+	if !c.executing.IsZero() {
+		from := c.executing
+		if !c.claimed.IsZero() {
+			from = c.claimed
+		}
+		m.callDuration.WithLabelValues(c.tool, c.target, StageExecution).Observe(seconds(from, at))
+	}
+	m.callDuration.WithLabelValues(c.tool, c.target, StageEndToEnd).Observe(seconds(b.submitted, at))
+}
+
+// completedOutcome classifies a completion by what led to it.
+func completedOutcome(c *callSeen, ev *events.CallCompleted) string {
+	switch {
+	case ev.ErrorKind == events.ErrorUnknown:
+		return OutcomeUnknown
+	case c.executing.IsZero() && c.gate == events.GateBlock:
+		return OutcomeBlocked
+	case c.executing.IsZero() && c.gate == events.GateSetResult:
+		return OutcomeSetResult
+	case c.resolution == string(events.ResolutionDenied):
+		return OutcomeDenied
+	case c.resolution == string(events.ResolutionExpired):
+		return OutcomeTimedOut
+	case ev.Output.IsError && events.DescribeOutput(ev.Output) == events.DescribeOutput(events.ErrorOutput("", events.InterruptedText)):
+		return OutcomeInterrupted
+	case ev.Output.IsError:
+		return OutcomeError
+	}
+	return OutcomeOK
+}
+
+// refusalReason bounds a refusal's reason to its first words: the
+// engine's reasons name the attempt or token after a colon.
+func refusalReason(reason string) string {
+	for i, r := range reason {
+		if r == ':' || r == '(' {
+			return trimSpace(reason[:i])
+		}
+	}
+	return reason
+}
+
+func trimSpace(s string) string {
+	for len(s) > 0 && s[len(s)-1] == ' ' {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+func seconds(from, to time.Time) float64 {
+	if from.IsZero() || to.Before(from) {
+		return 0
+	}
+	return to.Sub(from).Seconds()
+}
+
+func goVersion() string { return runtime.Version() }
+
+// version is the program's module version ("(devel)" when built from a
+// checkout).
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}
+
+// countsCollector reports a gauge of one label read when scraped.
+type countsCollector struct {
+	desc *prometheus.Desc
+	read func() map[string]int
+}
+
+func (c *countsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *countsCollector) Collect(ch chan<- prometheus.Metric) {
+	for reason, n := range c.read() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), reason)
+	}
+}
