@@ -28,9 +28,9 @@ import (
 // whole stream delivered again to a new consumer, however long after the
 // duplicate window, publishes nothing twice.
 type projectorRunner struct {
-	e      *Engine
-	state  *stateStore
-	cons   jetstream.Consumer
+	e       *Engine
+	state   *stateStore
+	cons    jetstream.Consumer
 	out     jetstream.Stream
 	tickets jetstream.KeyValue
 	models  map[string]*projected

@@ -34,8 +34,8 @@ type KeyFile struct {
 // roots it has verified, so that the commits of one batch cost one
 // signature check. It is safe for concurrent use.
 type Keyring struct {
-	mu    sync.Mutex
-	keys  map[string]keyEntry
+	mu   sync.Mutex
+	keys map[string]keyEntry
 	// roots are the roots verified lately, in two generations: when
 	// roots is full it becomes old, and what neither holds is verified
 	// again.

@@ -34,7 +34,7 @@ type options struct {
 	store, listen, natsURL, prefix, catalogPath string
 	auth, tlsCert, tlsKey, tlsClientCA          string
 	engineID                                    string
-	metricsListen string
+	metricsListen                               string
 	conn                                        access.Conn
 	replicas, cacheRuns                         int
 	cacheBytes                                  int64
