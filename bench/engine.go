@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -71,6 +73,8 @@ type cluster struct {
 	clients []*client.Client
 	jss     []jetstream.JetStream // one per connection
 	js      jetstream.JetStream
+	// stopScrapes ends the scrapes of the metrics mode.
+	stopScrapes context.CancelFunc
 }
 
 // clusterOptions say how to start a cluster.
@@ -81,6 +85,7 @@ type clusterOptions struct {
 	workerBin   string
 	syncAlways  bool
 	unsigned    bool // the engine appends unsigned commits (--unsigned)
+	metrics     bool // the engine and workers serve metrics, scraped every second
 	workers     int
 	concurrency int
 	clientConns int
@@ -94,6 +99,10 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 	if o.unsigned {
 		c.mode = "unsigned"
 	}
+	if o.metrics {
+		c.mode = "metrics"
+	}
+	var scrape []string // the metrics addresses
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -120,6 +129,23 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 	if o.unsigned {
 		args = append(args, "--unsigned")
 	}
+	metricsArgs := func() ([]string, error) {
+		if !o.metrics {
+			return nil, nil
+		}
+		p, err := testproc.Port()
+		if err != nil {
+			return nil, err
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", p)
+		scrape = append(scrape, addr)
+		return []string{"--metrics-listen", addr}, nil
+	}
+	ma, err := metricsArgs()
+	if err != nil {
+		return nil, err
+	}
+	args = append(args, ma...)
 	if c.engine, err = startProc("engine", `"engine ready"`, o.engineBin, args...); err != nil {
 		return nil, err
 	}
@@ -134,9 +160,14 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 	}
 	for i := 0; i < o.workers; i++ {
 		name := fmt.Sprintf("worker%d", i+1)
-		w, err := startProc(name, `"message":"ready"`, o.workerBin, "--nats-url", c.url, "--config", wcfg,
+		ma, err := metricsArgs()
+		if err != nil {
+			c.stop()
+			return nil, err
+		}
+		w, err := startProc(name, `"message":"ready"`, o.workerBin, append([]string{"--nats-url", c.url, "--config", wcfg,
 			"--worker-id", name, "--log-format", "json", "--concurrency", fmt.Sprint(o.concurrency),
-			"--work-root", filepath.Join(dir, name))
+			"--work-root", filepath.Join(dir, name)}, ma...)...)
 		if err != nil {
 			c.stop()
 			return nil, err
@@ -164,6 +195,11 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 		c.jss = append(c.jss, js)
 	}
 	c.js = c.jss[0]
+	if len(scrape) > 0 {
+		var sctx context.Context
+		sctx, c.stopScrapes = context.WithCancel(context.Background())
+		go scrapeEverySecond(sctx, scrape)
+	}
 	// The engine reads the tool's capability from the workers bucket at
 	// every entry: wait until the workers advertised noop.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -186,6 +222,9 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 }
 
 func (c *cluster) stop() {
+	if c.stopScrapes != nil {
+		c.stopScrapes()
+	}
 	for _, nc := range c.conns {
 		nc.Close()
 	}
@@ -886,4 +925,24 @@ func runCensus(ctx context.Context, c *cluster, tool string, n, stepsPerRun int)
 	}
 	cs.Total = Num(float64(total) / float64(done))
 	return cs, nil
+}
+
+// scrapeEverySecond reads every /metrics page once a second, as a
+// demanding Prometheus would (its default is every 15 s), until ctx ends.
+func scrapeEverySecond(ctx context.Context, addrs []string) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for _, a := range addrs {
+			if resp, err := http.Get("http://" + a + "/metrics"); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}
+	}
 }
