@@ -79,33 +79,41 @@ func (l *liveCapabilities) start(ctx context.Context) error {
 		kv     jetstream.KeyValue
 		filter string
 	}{{l.workers, protocol.WorkerKeyPrefix + ">"}, {l.registry, protocol.RegistryKeyPrefix + ">"}} {
-		kw, err := w.kv.Watch(context.Background(), w.filter)
+		kw, err := mirror(ctx, w.kv, w.filter, l.apply)
 		if err != nil {
 			l.stop()
-			return fmt.Errorf("watch %s: %w", w.kv.Bucket(), err)
+			return err
 		}
 		l.watchers = append(l.watchers, kw)
-		initial := make(chan struct{})
-		go l.follow(kw, initial)
-		select {
-		case <-initial:
-		case <-ctx.Done():
-			l.stop()
-			return fmt.Errorf("watch %s: %w", w.kv.Bucket(), ctx.Err())
-		}
 	}
 	return nil
 }
 
-// follow applies a watch's updates until it stops; initial is closed once
-// the bucket's current contents are in.
-func (l *liveCapabilities) follow(kw jetstream.KeyWatcher, initial chan struct{}) {
-	for entry := range kw.Updates() {
-		if entry == nil {
-			close(initial)
-			continue
+// mirror watches the keys of kv that match filter and hands every entry
+// to apply (puts and deletes, from the bucket's current contents on,
+// until the watch is stopped); it returns once the current contents are
+// applied.
+func mirror(ctx context.Context, kv jetstream.KeyValue, filter string, apply func(jetstream.KeyValueEntry)) (jetstream.KeyWatcher, error) {
+	kw, err := kv.Watch(context.Background(), filter)
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", kv.Bucket(), err)
+	}
+	initial := make(chan struct{})
+	go func() {
+		for entry := range kw.Updates() {
+			if entry == nil {
+				close(initial)
+				continue
+			}
+			apply(entry)
 		}
-		l.apply(entry)
+	}()
+	select {
+	case <-initial:
+		return kw, nil
+	case <-ctx.Done():
+		_ = kw.Stop()
+		return nil, fmt.Errorf("watch %s: %w", kv.Bucket(), ctx.Err())
 	}
 }
 

@@ -27,32 +27,23 @@ type ticketCounts struct {
 }
 
 func (t *ticketCounts) start(ctx context.Context, kv jetstream.KeyValue) error {
-	t.mu.Lock()
 	t.reasons = map[string]string{}
-	t.mu.Unlock()
-	w, err := kv.WatchAll(context.Background())
-	if err != nil {
-		return fmt.Errorf("watch the tickets bucket: %w", err)
+	var err error
+	t.watch, err = mirror(ctx, kv, protocol.TicketKeyPrefix+">", t.apply)
+	return err
+}
+
+func (t *ticketCounts) apply(up jetstream.KeyValueEntry) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if up.Operation() != jetstream.KeyValuePut {
+		delete(t.reasons, up.Key())
+		return
 	}
-	t.watch = w
-	go func() {
-		for up := range w.Updates() {
-			if up == nil {
-				continue
-			}
-			t.mu.Lock()
-			if up.Operation() == jetstream.KeyValuePut {
-				var a protocol.AwaitingOut
-				if json.Unmarshal(up.Value(), &a) == nil {
-					t.reasons[up.Key()] = string(a.Reason)
-				}
-			} else {
-				delete(t.reasons, up.Key())
-			}
-			t.mu.Unlock()
-		}
-	}()
-	return nil
+	var a protocol.AwaitingOut
+	if json.Unmarshal(up.Value(), &a) == nil {
+		t.reasons[up.Key()] = string(a.Reason)
+	}
 }
 
 func (t *ticketCounts) stop() {

@@ -71,33 +71,8 @@ func (t *trust) register(ctx context.Context) error {
 	}
 	t.keys, _ = proof.NewKeyring(nil)
 	e.cfg.Signer.VouchTo(t.keys) // its own commits verify without an ed25519 check
-	if t.watch, err = t.kv.WatchAll(context.Background()); err != nil {
-		return fmt.Errorf("watch the keys bucket: %w", err)
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			t.stop()
-			return ctx.Err()
-		case up, ok := <-t.watch.Updates():
-			if !ok {
-				return errors.New("watch the keys bucket: stopped")
-			}
-			if up == nil {
-				go t.follow()
-				return nil
-			}
-			t.apply(up)
-		}
-	}
-}
-
-func (t *trust) follow() {
-	for up := range t.watch.Updates() {
-		if up != nil {
-			t.apply(up)
-		}
-	}
+	t.watch, err = mirror(ctx, t.kv, ">", t.apply)
+	return err
 }
 
 // apply takes one entry of the bucket. A key deleted from the bucket is
@@ -107,6 +82,7 @@ func (t *trust) apply(up jetstream.KeyValueEntry) {
 	if up.Operation() != jetstream.KeyValuePut {
 		return
 	}
+
 	switch {
 	case up.Key() == protocol.UnsignedUntilKey:
 		seq, err := strconv.ParseUint(string(up.Value()), 10, 64)

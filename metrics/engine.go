@@ -3,6 +3,7 @@ package metrics
 import (
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -279,7 +280,7 @@ func completedOutcome(c *callSeen, ev *events.CallCompleted) string {
 		return OutcomeDenied
 	case c.resolution == string(events.ResolutionExpired):
 		return OutcomeTimedOut
-	case ev.Output.IsError && events.DescribeOutput(ev.Output) == events.DescribeOutput(events.ErrorOutput("", events.InterruptedText)):
+	case ev.Output.IsError && len(ev.Output.Content) == 1 && ev.Output.Content[0].Text == events.InterruptedText:
 		return OutcomeInterrupted
 	case ev.Output.IsError:
 		return OutcomeError
@@ -290,19 +291,10 @@ func completedOutcome(c *callSeen, ev *events.CallCompleted) string {
 // refusalReason bounds a refusal's reason to its first words: the
 // engine's reasons name the attempt or token after a colon.
 func refusalReason(reason string) string {
-	for i, r := range reason {
-		if r == ':' || r == '(' {
-			return trimSpace(reason[:i])
-		}
+	if i := strings.IndexAny(reason, ":("); i >= 0 {
+		reason = reason[:i]
 	}
-	return reason
-}
-
-func trimSpace(s string) string {
-	for len(s) > 0 && s[len(s)-1] == ' ' {
-		s = s[:len(s)-1]
-	}
-	return s
+	return strings.TrimSpace(reason)
 }
 
 func seconds(from, to time.Time) float64 {

@@ -35,12 +35,7 @@ func (s *Signer) VouchTo(k *Keyring) { s.vouch.Store(k) }
 
 type sealReq struct {
 	commit Hash
-	reply  chan sealed
-}
-
-type sealed struct {
-	seal Seal
-	err  error
+	reply  chan Seal
 }
 
 // ErrClosed is returned by Seal once the signer has stopped.
@@ -106,14 +101,14 @@ func (s *Signer) sign(batch []sealReq) {
 		k.verified(rootKey{signer: s.key, root: root, sig: string(sig)})
 	}
 	for i, r := range batch {
-		r.reply <- sealed{seal: Seal{Sig: sig, Index: i, Size: len(batch), Path: paths[i]}}
+		r.reply <- Seal{Sig: sig, Index: i, Size: len(batch), Path: paths[i]}
 	}
 }
 
 // Seal returns the seal of a commit: a signature of the root of the batch
 // it was signed in, and its audit path in that batch.
 func (s *Signer) Seal(ctx context.Context, commit Hash) (Seal, error) {
-	r := sealReq{commit: commit, reply: make(chan sealed, 1)}
+	r := sealReq{commit: commit, reply: make(chan Seal, 1)}
 	select {
 	case s.reqs <- r:
 	case <-s.done:
@@ -123,12 +118,12 @@ func (s *Signer) Seal(ctx context.Context, commit Hash) (Seal, error) {
 	}
 	select {
 	case res := <-r.reply:
-		return res.seal, res.err
+		return res, nil
 	case <-s.done:
 		// signed before it stopped, or never
 		select {
 		case res := <-r.reply:
-			return res.seal, res.err
+			return res, nil
 		default:
 			return Seal{}, ErrClosed
 		}

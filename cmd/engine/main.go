@@ -113,13 +113,14 @@ func run(args []string, stderr io.Writer) error {
 			return err
 		}
 	}
+	cfg := engine.Config{Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Lease: o.lease, CacheRuns: o.cacheRuns, CacheBytes: o.cacheBytes, Limits: o.limits,
+		ClientMaxRuns: o.clientMaxRuns, ClientSubmitRate: o.clientRate, ClientSubmitBurst: o.clientBurst, Catalog: cat, Logger: log, CheckpointEvery: o.checkpointEvery}
+
 	var reg *prometheus.Registry
 	if o.metricsListen != "" {
 		reg = metrics.NewRegistry()
+		cfg.Metrics = reg
 	}
-	cfg := engine.Config{Metrics: registerer(reg), Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Lease: o.lease, CacheRuns: o.cacheRuns, CacheBytes: o.cacheBytes, Limits: o.limits,
-		ClientMaxRuns: o.clientMaxRuns, ClientSubmitRate: o.clientRate, ClientSubmitBurst: o.clientBurst, Catalog: cat, Logger: log, CheckpointEvery: o.checkpointEvery}
-
 	if o.engineID == "" && o.natsURL == "" {
 		if cfg.ID, err = storedEngineID(o.store); err != nil {
 			return err
@@ -300,12 +301,4 @@ func logger(format, level string, w io.Writer) (zerolog.Logger, error) {
 	default:
 		return zerolog.Nop(), fmt.Errorf("--log-format %q: want console or json", format)
 	}
-}
-
-// registerer is reg as a prometheus.Registerer, nil (no metrics) for nil.
-func registerer(reg *prometheus.Registry) prometheus.Registerer {
-	if reg == nil {
-		return nil
-	}
-	return reg
 }
