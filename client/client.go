@@ -190,7 +190,21 @@ func (c *Client) submit(ctx context.Context, s *protocol.Submit, retry string) e
 	if c.submitter != "" {
 		subject = c.names.SubmitAs(s.RunID, c.submitter)
 	}
-	return c.publish(ctx, subject, msgID, body)
+	m := nats.NewMsg(subject)
+	m.Data = body
+	if tp, _ := ctx.Value(traceParentKey{}).(string); tp != "" {
+		m.Header.Set(protocol.HeaderTraceParent, tp)
+	}
+	return c.publishMsg(ctx, m, msgID)
+}
+
+type traceParentKey struct{}
+
+// WithTraceParent returns a context whose Submit carries traceparent (a
+// W3C trace context header, 00-<trace id>-<span id>-<flags>): the
+// engine's span of the batch becomes a child of that span.
+func WithTraceParent(ctx context.Context, traceparent string) context.Context {
+	return context.WithValue(ctx, traceParentKey{}, traceparent)
 }
 
 // Approve answers a permission (or scheduled action) ticket with allow,
@@ -310,8 +324,12 @@ func (c *Client) control(ctx context.Context, runID string, ctl protocol.Control
 func (c *Client) publish(ctx context.Context, subject, msgID string, body []byte) error {
 	m := nats.NewMsg(subject)
 	m.Data = body
+	return c.publishMsg(ctx, m, msgID)
+}
+
+func (c *Client) publishMsg(ctx context.Context, m *nats.Msg, msgID string) error {
 	if _, err := c.js.PublishMsg(ctx, m, jetstream.WithMsgID(msgID)); err != nil {
-		return fmt.Errorf("%w %s: %w", ErrPublish, subject, err)
+		return fmt.Errorf("%w %s: %w", ErrPublish, m.Subject, err)
 	}
 	return nil
 }

@@ -65,7 +65,7 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 		var err error
 		for {
 			evs = slices.Concat(rs.pending[:n]...)
-			at, size, err = s.e.events.append(ctx, rs.id, rs.tip, evs)
+			at, size, err = s.e.events.append(ctx, rs.id, rs.tip, evs, submitTrace(rs, evs))
 			if n == 1 || !errors.Is(err, nats.ErrMaxPayload) {
 				break
 			}
@@ -91,6 +91,17 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 	rs.pending = nil
 	rs.durableHeld = len(rs.held)
 	return nil
+}
+
+// submitTrace is the traceparent a commit carries: the submitter's, when
+// it submits a batch.
+func submitTrace(rs *runState, evs []events.Event) string {
+	for _, e := range evs {
+		if _, ok := e.(*events.BatchSubmitted); ok {
+			return rs.traceparent
+		}
+	}
+	return ""
 }
 
 // abandon forgets what is staged: the cached run is folded again from the

@@ -67,6 +67,6 @@
 // answers, executor outcomes) and hands them over as commands.
 //
 // Imports: access, aggregate, catalog, events, metrics, projector, proof,
-// protocol, github.com/nats-io/nats.go, github.com/nats-io/nuid,
+// protocol, tracing, github.com/nats-io/nats.go, github.com/nats-io/nuid,
 // github.com/prometheus/client_golang, github.com/rs/zerolog.
 package engine

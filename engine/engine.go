@@ -21,6 +21,7 @@ import (
 	"github.com/toolbatch/toolbatch/metrics"
 	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/protocol"
+	"github.com/toolbatch/toolbatch/tracing"
 )
 
 // Defaults.
@@ -106,6 +107,9 @@ type Config struct {
 	// Metrics, when set, is where the engine registers its metrics
 	// (package metrics; nil: none).
 	Metrics prometheus.Registerer
+	// Tracing, when set, is where the engine exports the spans of its
+	// batches and calls (package tracing; nil: none).
+	Tracing *tracing.Provider
 	// Now is the engine's clock (default time.Now): the time of every
 	// event and of every ticket's deadline and due time. The engine's
 	// in-memory watches (leases, dispatch deadlines, idle runs) use the
@@ -248,7 +252,7 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 	n := protocol.Names{Prefix: cfg.Prefix}
 	e := &Engine{
 		cfg: cfg, nc: nc, js: js, names: n, log: cfg.Logger,
-		events:   &eventLog{js: js, names: n, signer: cfg.Signer},
+		events:   &eventLog{js: js, names: n, signer: cfg.Signer, tracer: tracing.NewEngine(cfg.Tracing)},
 		catalogs: map[string]*catalog.Catalog{cfg.Catalog.SnapshotID(): cfg.Catalog},
 		ready:    make(chan struct{}),
 		id:       cfg.ID,

@@ -73,6 +73,9 @@ func (e *Engine) dispatch(ctx context.Context, inv invocation) error {
 	}
 	msg := nats.NewMsg(e.names.Dispatch(poolOf(inv.tool), inv.toolID))
 	msg.Data = body
+	if tp := e.events.tracer.Attempt(inv.runID, inv.callID, inv.attempt); tp != "" {
+		msg.Header.Set(protocol.HeaderTraceParent, tp)
+	}
 	if _, err := e.js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("%s/%d", inv.operationID, inv.attempt))); err != nil {
 		return fmt.Errorf("dispatch %s attempt %d: %w", inv.operationID, inv.attempt, err)
 	}

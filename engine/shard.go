@@ -96,7 +96,10 @@ type runState struct {
 	tip    tip    // where the run's log ends: what its next commit follows
 	bytes  int64  // bytes of the commits folded into run: what the cache counts it as
 	client string // the client of the last submission taken (per-client limits)
-	loaded bool
+	// traceparent is the trace context of the last submission taken (its
+	// header; "" for none), what its BatchSubmitted commit carries.
+	traceparent string
+	loaded      bool
 	// held are inbox messages acknowledged once the run is quiescent, so
 	// that a crash before then redelivers them and the run is recovered.
 	held     []jetstream.Msg

@@ -20,6 +20,7 @@ import (
 	"github.com/toolbatch/toolbatch/metrics"
 	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/protocol"
+	"github.com/toolbatch/toolbatch/tracing"
 )
 
 // Store errors.
@@ -168,6 +169,9 @@ type eventLog struct {
 	trust  *trust           // verifies what load folds (nil: nothing)
 	// metrics counts what is appended (nil: nothing).
 	metrics *metrics.Engine
+	// tracer makes spans of what is appended and learns what is loaded
+	// (nil: nothing).
+	tracer *tracing.Engine
 }
 
 // tip is where a run's log ends: its last commit's stream sequence (0 for
@@ -204,6 +208,7 @@ func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, tip,
 		if err := run.ApplyAll(evs); err != nil {
 			return fmt.Errorf("commit at %d: %w", s, err)
 		}
+		l.tracer.Loaded(runID, m.Headers().Get(protocol.HeaderTraceParent), evs)
 		at, size = tip{seq: s, hash: hash}, size+int64(len(m.Data()))
 		return nil
 	})
@@ -229,8 +234,10 @@ func (l *eventLog) lastSeq(ctx context.Context, runID string) (uint64, error) {
 
 // append publishes events as one commit after the run's tip, signed
 // when the log has a signer, and returns the new tip and the commit's
-// size.
-func (l *eventLog) append(ctx context.Context, runID string, after tip, evs []events.Event) (tip, int, error) {
+// size. traceparent, when set, is the submitter's trace context of the
+// batch the commit submits: it travels in a header, outside the commit's
+// hash.
+func (l *eventLog) append(ctx context.Context, runID string, after tip, evs []events.Event, traceparent string) (tip, int, error) {
 	body, types, err := events.EncodeCommit(evs)
 	if err != nil {
 		return tip{}, 0, err
@@ -242,6 +249,9 @@ func (l *eventLog) append(ctx context.Context, runID string, after tip, evs []ev
 		msg.Header.Add(protocol.HeaderEvent, t)
 	}
 	msg.Header.Set(protocol.HeaderPrev, strconv.FormatUint(lastSeq, 10))
+	if traceparent != "" {
+		msg.Header.Set(protocol.HeaderTraceParent, traceparent)
+	}
 	c := proof.Commit{Subject: msg.Subject, Prev: lastSeq, Types: types, Body: body}
 	if l.signer != nil {
 		c.PrevHash, c.Signer = after.hash, l.signer.Key()
@@ -269,6 +279,7 @@ func (l *eventLog) append(ctx context.Context, runID string, after tip, evs []ev
 	}
 	l.metrics.Commit()
 	l.metrics.Committed(runID, evs)
+	l.tracer.Committed(runID, traceparent, evs)
 	return tip{seq: ack.Sequence, hash: c.Hash()}, len(body), nil
 }
 

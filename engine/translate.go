@@ -26,6 +26,7 @@ func isJSON(m jetstream.Msg) bool {
 func (s *shard) onSubmit(ctx context.Context, rs *runState, in *inboxMsg) error {
 	now := s.e.cfg.Now()
 	rs.client = clientOf(rs.id, in.principal)
+	rs.traceparent = in.msg.Headers().Get(protocol.HeaderTraceParent)
 	sub, err := protocol.DecodeSubmit(in.msg.Data(), isJSON(in.msg), s.e.cfg.Limits)
 	if err == nil && sub.RunID != rs.id {
 		err = events.Refuse(events.CodeInvalidID, "body run_id %q differs from the subject's %q", sub.RunID, rs.id)

@@ -14,17 +14,6 @@ import (
 
 // Labels' values.
 const (
-	// OutcomeOK and the others are toolbatch_calls_total's outcomes.
-	OutcomeOK            = "ok"
-	OutcomeError         = "error"
-	OutcomeBlocked       = "blocked"
-	OutcomeDenied        = "denied"
-	OutcomeSetResult     = "set_result"
-	OutcomeTimedOut      = "timed_out"
-	OutcomeUnknown       = "unknown"
-	OutcomeIndeterminate = "indeterminate"
-	OutcomeInterrupted   = "interrupted"
-
 	// Stages of toolbatch_call_duration_seconds.
 	StageGate      = "gate"
 	StageQueue     = "queue"
@@ -40,10 +29,6 @@ const (
 	// not have: a model may invent any name, and a label must stay bounded.
 	UnknownTool = "_unknown"
 )
-
-// gateSource names a gate decision's stage as toolbatch_gate_decisions_total
-// reports it.
-var gateSource = map[string]string{"narrowing": "narrowing", "policy": "rule", "external": "service", "default": "default"}
 
 // Engine is the engine's metrics. Its counters and histograms are fed by
 // Committed with the events of every commit the engine appends, so that
@@ -76,8 +61,7 @@ type batchSeen struct {
 
 type callSeen struct {
 	tool, target string
-	gate         events.GateOutcome
-	resolution   string
+	history      events.CallHistory
 	executing    time.Time // the latest attempt's
 	claimed      time.Time
 }
@@ -185,7 +169,7 @@ func (m *Engine) observe(runID string, e events.Event) {
 		for _, c := range ev.Calls {
 			tool, target := c.ToolID, string(c.Tool.Target)
 			if c.Tool.Kind == events.KindUnknown {
-				tool, target = UnknownTool, "none"
+				tool, target = UnknownTool, string(events.TargetNone)
 			}
 			b.calls[c.CallID] = &callSeen{tool: tool, target: target}
 		}
@@ -197,15 +181,15 @@ func (m *Engine) observe(runID string, e events.Event) {
 		if c == nil {
 			return
 		}
-		c.gate = ev.Outcome
-		m.gateDecisions.WithLabelValues(c.tool, ev.Label, gateSource[ev.Stage]).Inc()
+		c.history.Gate = ev.Outcome
+		m.gateDecisions.WithLabelValues(c.tool, ev.Label, events.GateSource(ev.Stage)).Inc()
 		m.callDuration.WithLabelValues(c.tool, c.target, StageGate).Observe(seconds(b.submitted, ev.At))
 	case *events.CallExecuting:
 		if ev.Cause == events.CauseRecovered {
 			m.recoveries.WithLabelValues(RecoveryReplayed).Inc()
 		}
 		if _, c := m.call(ev.BatchID, ev.CallID); c != nil {
-			c.executing, c.claimed = ev.At, time.Time{}
+			c.executing, c.claimed, c.history.Executed = ev.At, time.Time{}, true
 		}
 	case *events.CallClaimed:
 		if _, c := m.call(ev.BatchID, ev.CallID); c != nil {
@@ -216,14 +200,14 @@ func (m *Engine) observe(runID string, e events.Event) {
 		}
 	case *events.TicketResolved:
 		if _, c := m.call(ev.BatchID, ev.CallID); c != nil {
-			c.resolution = string(ev.Resolution)
+			c.history.Resolution = ev.Resolution
 		}
 	case *events.CallCompleted:
 		b, c := m.call(ev.BatchID, ev.CallID)
 		if c == nil {
 			return
 		}
-		m.calls.WithLabelValues(c.tool, c.target, completedOutcome(c, ev)).Inc()
+		m.calls.WithLabelValues(c.tool, c.target, string(c.history.Completed(ev))).Inc()
 		m.terminal(b, c, ev.At)
 	case *events.CallIndeterminate:
 		m.recoveries.WithLabelValues(RecoveryIndeterminate).Inc()
@@ -231,7 +215,7 @@ func (m *Engine) observe(runID string, e events.Event) {
 		if c == nil {
 			return
 		}
-		m.calls.WithLabelValues(c.tool, c.target, OutcomeIndeterminate).Inc()
+		m.calls.WithLabelValues(c.tool, c.target, string(events.OutcomeIndeterminate)).Inc()
 		m.terminal(b, c, ev.At)
 	case *events.BatchFinalized:
 		m.batchesFinalized.Inc()
@@ -265,27 +249,6 @@ func (m *Engine) terminal(b *batchSeen, c *callSeen, at time.Time) {
 		m.callDuration.WithLabelValues(c.tool, c.target, StageExecution).Observe(seconds(from, at))
 	}
 	m.callDuration.WithLabelValues(c.tool, c.target, StageEndToEnd).Observe(seconds(b.submitted, at))
-}
-
-// completedOutcome classifies a completion by what led to it.
-func completedOutcome(c *callSeen, ev *events.CallCompleted) string {
-	switch {
-	case ev.ErrorKind == events.ErrorUnknown:
-		return OutcomeUnknown
-	case c.executing.IsZero() && c.gate == events.GateBlock:
-		return OutcomeBlocked
-	case c.executing.IsZero() && c.gate == events.GateSetResult:
-		return OutcomeSetResult
-	case c.resolution == string(events.ResolutionDenied):
-		return OutcomeDenied
-	case c.resolution == string(events.ResolutionExpired):
-		return OutcomeTimedOut
-	case ev.Output.IsError && len(ev.Output.Content) == 1 && ev.Output.Content[0].Text == events.InterruptedText:
-		return OutcomeInterrupted
-	case ev.Output.IsError:
-		return OutcomeError
-	}
-	return OutcomeOK
 }
 
 // refusalReason bounds a refusal's reason to its first words: the

@@ -50,8 +50,8 @@ func TestOutcomesAndDurations(t *testing.T) {
 		&events.BatchFinalized{BatchID: "r/1", At: at(1000)},
 		&events.RunEnded{Cause: events.EndInterrupted, At: at(1000)},
 	})
-	for outcome, want := range map[string]float64{OutcomeDenied: 1, OutcomeTimedOut: 1, OutcomeInterrupted: 1, OutcomeIndeterminate: 1, OutcomeOK: 1, OutcomeError: 0} {
-		if got := testutil.ToFloat64(m.calls.WithLabelValues("t", "brain", outcome)); got != want {
+	for outcome, want := range map[events.CallOutcome]float64{events.OutcomeDenied: 1, events.OutcomeTimedOut: 1, events.OutcomeInterrupted: 1, events.OutcomeIndeterminate: 1, events.OutcomeOK: 1, events.OutcomeError: 0} {
+		if got := testutil.ToFloat64(m.calls.WithLabelValues("t", "brain", string(outcome))); got != want {
 			t.Errorf("calls{outcome=%s} = %v, want %v", outcome, got, want)
 		}
 	}

@@ -374,6 +374,11 @@ const (
 	HeaderSigner   = "Toolbatch-Signer"
 	HeaderSig      = "Toolbatch-Sig"
 	HeaderSigProof = "Toolbatch-Sig-Proof"
+	// HeaderTraceParent is the W3C trace context: on a submit, the batch's
+	// parent span; on the commit of its BatchSubmitted, the same, kept for
+	// whichever engine ends the batch; on a sandbox dispatch, the
+	// attempt's span.
+	HeaderTraceParent = "traceparent"
 	// HeaderSource names the commit an out message was derived from:
 	// "<events stream sequence>/<index of the output in that commit>".
 	HeaderSource = "Toolbatch-Source"

@@ -139,8 +139,8 @@ type ToolConfig struct {
 	Limits Limits `yaml:"limits"`
 	// Mounts are extra host paths the tool sees at the same path.
 	Mounts []Mount `yaml:"mounts"`
-	// Env is added to the tool's environment. PATH, HOME, LANG and
-	// TOOLBATCH_* are reserved.
+	// Env is added to the tool's environment. PATH, HOME, LANG,
+	// TRACEPARENT and TOOLBATCH_* are reserved.
 	Env map[string]string `yaml:"env"`
 	// Prestart overrides the config's Prestart for this tool; nil means
 	// the config's.
@@ -208,7 +208,7 @@ var (
 )
 
 // reservedEnv are the variables the sandbox sets itself.
-var reservedEnv = []string{"PATH", "HOME", "LANG"}
+var reservedEnv = []string{"PATH", "HOME", "LANG", EnvTraceParent}
 
 // ParseConfig decodes and validates a worker config. Decoding is strict: an
 // unknown key is an error. Every problem is reported, each a *ConfigError
@@ -513,7 +513,7 @@ func (c Config) problems() []*ConfigError {
 			case !envPattern.MatchString(k):
 				addf(f, "env: %q is not a variable name ([A-Za-z_][A-Za-z0-9_]*)", k)
 			case slices.Contains(reservedEnv, k) || strings.HasPrefix(k, "TOOLBATCH_"):
-				addf(f, "env: %s is set by the sandbox (PATH, HOME, LANG and TOOLBATCH_* are reserved)", k)
+				addf(f, "env: %s is set by the sandbox (PATH, HOME, LANG, TRACEPARENT and TOOLBATCH_* are reserved)", k)
 			}
 			if strings.ContainsRune(t.Env[k], 0) {
 				addf(f, "env: the value of %s holds a NUL byte", k)

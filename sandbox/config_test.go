@@ -209,8 +209,8 @@ tools:
 		`line 19: tools[3] (id "x"): mounts[4].path "/srv/a" is already mounted by mounts[3]`,
 		`line 20: tools[3] (id "x"): env: "1BAD" is not a variable name ([A-Za-z_][A-Za-z0-9_]*)`,
 		`line 20: tools[3] (id "x"): env: the value of GOOD holds a NUL byte`,
-		`line 20: tools[3] (id "x"): env: PATH is set by the sandbox (PATH, HOME, LANG and TOOLBATCH_* are reserved)`,
-		`line 20: tools[3] (id "x"): env: TOOLBATCH_CALL_ID is set by the sandbox (PATH, HOME, LANG and TOOLBATCH_* are reserved)`,
+		`line 20: tools[3] (id "x"): env: PATH is set by the sandbox (PATH, HOME, LANG, TRACEPARENT and TOOLBATCH_* are reserved)`,
+		`line 20: tools[3] (id "x"): env: TOOLBATCH_CALL_ID is set by the sandbox (PATH, HOME, LANG, TRACEPARENT and TOOLBATCH_* are reserved)`,
 		`line 22: tools[4] (id "y"): command[0], the program, is empty`,
 	}
 	got := problems(err)

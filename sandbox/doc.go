@@ -18,7 +18,8 @@
 // /proc and /dev, a private /tmp (tmpfs of limits.memory_mb), its mounts
 // at the same paths, and a fresh empty working directory, bound at the same
 // path, that is its cwd and HOME and is removed afterwards. Its environment
-// is exactly PATH, HOME, LANG, the TOOLBATCH_* variables and its env map.
+// is exactly PATH, HOME, LANG, the TOOLBATCH_* variables, TRACEPARENT
+// when the call is traced, and its env map.
 //
 // rlimits are set by prlimit inside the sandbox, after the user namespace
 // exists: RLIMIT_NPROC is then counted per user namespace and user, so

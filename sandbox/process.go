@@ -100,6 +100,9 @@ func toolEnv(t ToolConfig, call Call, workdir string) []string {
 		"TOOLBATCH_ATTEMPT=" + strconv.Itoa(call.Attempt),
 		"TOOLBATCH_CALL_ID=" + call.CallID,
 	}
+	if call.TraceParent != "" {
+		env = append(env, EnvTraceParent+"="+call.TraceParent)
+	}
 	for _, k := range sortedKeys(t.Env) {
 		env = append(env, k+"="+t.Env[k])
 	}

@@ -75,7 +75,15 @@ type Call struct {
 	OperationID string // <run_id>/<step>/<call_id>: the idempotency key
 	Attempt     int
 	Arguments   []byte // JSON; empty is sent as {}
+	// TraceParent is the W3C trace context the tool is given in
+	// EnvTraceParent ("": none).
+	TraceParent string
 }
+
+// EnvTraceParent is the variable of a tool's environment that carries its
+// call's trace context (the worker's span of the attempt), for a tool that
+// traces what it does.
+const EnvTraceParent = "TRACEPARENT"
 
 // Result is a call's outcome: exactly one of Output (what the tool
 // produced, possibly an error output of its own) and Err (the call failed:

@@ -17,6 +17,7 @@ import (
 	"github.com/toolbatch/toolbatch/metrics"
 	"github.com/toolbatch/toolbatch/protocol"
 	"github.com/toolbatch/toolbatch/sandbox"
+	"github.com/toolbatch/toolbatch/tracing"
 )
 
 // Runner runs one call; *sandbox.Runner is the implementation.
@@ -54,6 +55,9 @@ type Config struct {
 	Logger zerolog.Logger
 	// Metrics counts claims, calls and heartbeats (nil: nothing).
 	Metrics *metrics.Worker
+	// Tracing exports a span of each attempt run (nil: none; the tool is
+	// still given the dispatch's trace context).
+	Tracing *tracing.Provider
 }
 
 // Worker serves sandbox jobs.
@@ -423,8 +427,10 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 			}
 		}
 	}()
+	span := w.cfg.Tracing.Sandbox(m.Headers().Get(protocol.HeaderTraceParent), pool, tool, granted.CallID, w.cfg.WorkerID, granted.Attempt)
 	began := time.Now()
-	res := w.runner.Run(toolCtx, sandbox.Call{ToolID: granted.ToolID, CallID: granted.CallID, OperationID: granted.OperationID, Attempt: granted.Attempt, Arguments: granted.Arguments})
+	res := w.runner.Run(toolCtx, sandbox.Call{ToolID: granted.ToolID, CallID: granted.CallID, OperationID: granted.OperationID, Attempt: granted.Attempt,
+		Arguments: granted.Arguments, TraceParent: span.ToolParent()})
 	w.cfg.Metrics.Ran(pool, tool, res.Class(), time.Since(began))
 	stopTool()
 	<-beatDone
@@ -439,6 +445,13 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 	}
 	msg := nats.NewMsg(w.names().Result(granted.RunID))
 	msg.Data = body
+	defer func() {
+		errType := ""
+		if res.Err != nil {
+			errType = string(res.Err.Kind)
+		}
+		span.End(res.Class(), errType)
+	}()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, err := w.js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("result/%s/%d/%s", d.OperationID, d.Attempt, reply.ClaimToken)))

@@ -28,6 +28,7 @@ import (
 	"github.com/toolbatch/toolbatch/metrics"
 	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/protocol"
+	"github.com/toolbatch/toolbatch/tracing"
 )
 
 type options struct {
@@ -120,6 +121,14 @@ func run(args []string, stderr io.Writer) error {
 	if o.metricsListen != "" {
 		reg = metrics.NewRegistry()
 		cfg.Metrics = reg
+	}
+	tp, stopTracing, err := tracing.Setup("toolbatch-engine")
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	if cfg.Tracing = tp; tp != nil {
+		log.Info().Msg("exporting traces over OTLP (the OTEL_* environment)")
 	}
 	if o.engineID == "" && o.natsURL == "" {
 		if cfg.ID, err = storedEngineID(o.store); err != nil {

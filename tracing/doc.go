@@ -1,0 +1,19 @@
+// Package tracing exports OpenTelemetry traces of batches and their calls
+// (the span names and attribute keys are part of the public interface;
+// docs/operations.md lists each). It is configured by the standard OTEL_*
+// environment variables and is off unless they name an OTLP endpoint or
+// exporter (FromEnv).
+//
+// The engine's spans are made from the events of each commit it appends
+// (Engine.Committed), with the events' own times, when what they describe
+// has ended: a batch's span at its finalization, an attempt's at its end.
+// Their span ids are derived from the trace, the batch and the call, not
+// drawn at random, so that whichever engine ends a span, a recovered or
+// taken-over run's spans still hang from the same batch span, and the
+// traceparent of an attempt's dispatch is known before its span exists.
+// The traceparent a client sent with its submission is carried in the
+// BatchSubmitted commit's headers (outside what the commit hash covers) and
+// read again when a run is loaded (Engine.Loaded).
+//
+// Imports: events, protocol, go.opentelemetry.io/otel.
+package tracing

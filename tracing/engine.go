@@ -1,0 +1,390 @@
+package tracing
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// Span names. An attempt's span is named SpanAttempt, a space and the
+// tool's id (the GenAI convention's "execute_tool {gen_ai.tool.name}"); a
+// ticket's SpanTicket, a space and the wait's reason.
+const (
+	SpanBatch   = "toolbatch.batch"
+	SpanAttempt = "execute_tool"
+	SpanTicket  = "toolbatch.ticket"
+	SpanSandbox = "toolbatch.sandbox"
+	// EventGate is the span event of a call's gate decision, on the call's
+	// first span.
+	EventGate = "toolbatch.gate"
+)
+
+// Attribute keys: the GenAI semantic conventions' and toolbatch's own.
+const (
+	AttrOperationName = attribute.Key("gen_ai.operation.name") // execute_tool
+	AttrToolName      = attribute.Key("gen_ai.tool.name")
+	AttrToolCallID    = attribute.Key("gen_ai.tool.call.id")
+	AttrToolType      = attribute.Key("gen_ai.tool.type") // function
+	AttrErrorType     = attribute.Key("error.type")
+
+	AttrRunID          = attribute.Key("toolbatch.run_id")
+	AttrBatchID        = attribute.Key("toolbatch.batch_id")
+	AttrStep           = attribute.Key("toolbatch.step")
+	AttrCalls          = attribute.Key("toolbatch.calls")
+	AttrAttempt        = attribute.Key("toolbatch.attempt") // 0: the call never entered executing
+	AttrAttemptCause   = attribute.Key("toolbatch.attempt.cause")
+	AttrTarget         = attribute.Key("toolbatch.tool.target")
+	AttrGateOutcome    = attribute.Key("toolbatch.gate.outcome")
+	AttrGateSource     = attribute.Key("toolbatch.gate.source")
+	AttrGateRule       = attribute.Key("toolbatch.gate.rule")
+	AttrOutcome        = attribute.Key("toolbatch.outcome")
+	AttrRecoveryAction = attribute.Key("toolbatch.recovery.action")
+	AttrReason         = attribute.Key("toolbatch.reason")
+	AttrCorrelationID  = attribute.Key("toolbatch.ticket.correlation_id")
+	AttrResolution     = attribute.Key("toolbatch.ticket.resolution")
+	AttrPrincipal      = attribute.Key("toolbatch.ticket.principal")
+	AttrPool           = attribute.Key("toolbatch.pool")
+	AttrWorkerID       = attribute.Key("toolbatch.worker_id")
+	AttrExit           = attribute.Key("toolbatch.exit")
+)
+
+// Recovery actions (toolbatch.recovery.action), as the metrics name them.
+const (
+	RecoveryReplayed      = "replayed"
+	RecoveryRedispatched  = "redispatched"
+	RecoveryIndeterminate = "indeterminate"
+)
+
+// ToolType is every call's gen_ai.tool.type: the engine or its workers
+// run the function the model named.
+const ToolType = "function"
+
+// Engine makes the engine's spans from its commits. A nil *Engine makes
+// none.
+type Engine struct {
+	p *Provider
+
+	mu   sync.Mutex
+	runs map[string]*batchTrace // the latest batch of each run, until finalized
+}
+
+type batchTrace struct {
+	id     string
+	runID  string
+	step   int64
+	parent trace.SpanContext // the submitter's (invalid: the batch is a root)
+	self   trace.SpanContext
+	start  time.Time
+	calls  map[string]*callTrace
+	order  []string
+}
+
+type callTrace struct {
+	id, tool, target string
+	history          events.CallHistory
+	gate             *events.CallGated
+	gateShown        bool
+	attempt          int // the open attempt (0: none)
+	start            time.Time
+	cause            string
+	recovery         string
+	ticket           *events.CallAwaiting
+}
+
+// maxRuns bounds the batches kept (parked batches may wait for days):
+// beyond it they are forgotten, and their spans not made.
+const maxRuns = 1 << 16
+
+// NewEngine returns the engine's span maker (nil when p is nil).
+func NewEngine(p *Provider) *Engine {
+	if p == nil {
+		return nil
+	}
+	return &Engine{p: p, runs: map[string]*batchTrace{}}
+}
+
+// Committed makes the spans that a commit's events end. traceparent is
+// the commit's header (a BatchSubmitted commit's: the submitter's).
+func (e *Engine) Committed(runID, traceparent string, evs []events.Event) {
+	e.observe(runID, traceparent, evs, true)
+}
+
+// Loaded learns what a commit read back from the log says (a run loaded,
+// recovered or taken over), without making spans: they were made by the
+// engine that appended it.
+func (e *Engine) Loaded(runID, traceparent string, evs []events.Event) {
+	e.observe(runID, traceparent, evs, false)
+}
+
+// Attempt returns the traceparent of a call's attempt span ("" when the
+// batch is unknown): what a sandbox dispatch carries to the worker.
+func (e *Engine) Attempt(runID, callID string, attempt int) string {
+	if e == nil {
+		return ""
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	b := e.runs[runID]
+	if b == nil {
+		return ""
+	}
+	return Format(b.child("attempt", callID, strconv.Itoa(attempt)))
+}
+
+// Redispatched marks a call's open attempt as dispatched again by a
+// recovery.
+func (e *Engine) Redispatched(runID, callID string) {
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if b := e.runs[runID]; b != nil {
+		if c := b.calls[callID]; c != nil {
+			c.recovery = RecoveryRedispatched
+		}
+	}
+}
+
+func (e *Engine) observe(runID, traceparent string, evs []events.Event, emit bool) {
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, ev := range evs {
+		if s, ok := ev.(*events.BatchSubmitted); ok {
+			if len(e.runs) >= maxRuns {
+				clear(e.runs)
+			}
+			e.runs[runID] = newBatch(runID, traceparent, s)
+			continue
+		}
+		b := e.runs[runID]
+		if b == nil {
+			continue
+		}
+		if done := b.observe(e, ev, emit); done {
+			delete(e.runs, runID)
+		}
+	}
+}
+
+func newBatch(runID, traceparent string, s *events.BatchSubmitted) *batchTrace {
+	b := &batchTrace{id: s.BatchID, runID: runID, step: s.Step, parent: Parse(traceparent), start: s.At,
+		calls: make(map[string]*callTrace, len(s.Calls))}
+	cfg := trace.SpanContextConfig{TraceFlags: trace.FlagsSampled}
+	if b.parent.IsValid() {
+		cfg.TraceID, cfg.TraceFlags, cfg.TraceState = b.parent.TraceID(), b.parent.TraceFlags(), b.parent.TraceState()
+		cfg.SpanID = spanID("batch", b.parent.TraceID().String(), b.parent.SpanID().String(), s.BatchID)
+	} else {
+		cfg.TraceID = traceID("toolbatch", runID, s.BatchID)
+		cfg.SpanID = spanID("batch", cfg.TraceID.String(), s.BatchID)
+	}
+	b.self = trace.NewSpanContext(cfg)
+	for _, c := range s.Calls {
+		target := string(c.Tool.Target)
+		if c.Tool.Kind == events.KindUnknown {
+			target = string(events.TargetNone)
+		}
+		b.calls[c.CallID] = &callTrace{id: c.CallID, tool: c.ToolID, target: target}
+		b.order = append(b.order, c.CallID)
+	}
+	return b
+}
+
+// child is the context of one of the batch's child spans.
+func (b *batchTrace) child(parts ...string) trace.SpanContext {
+	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: b.self.TraceID(), TraceFlags: b.self.TraceFlags(),
+		TraceState: b.self.TraceState(), SpanID: spanID(append([]string{"child", b.self.SpanID().String()}, parts...)...)})
+}
+
+// observe folds one event of the batch's run; it reports whether the
+// batch is done with.
+func (b *batchTrace) observe(e *Engine, ev events.Event, emit bool) bool {
+	switch ev := ev.(type) {
+	case *events.CallGated:
+		if c := b.call(ev.BatchID, ev.CallID); c != nil {
+			c.gate, c.gateShown, c.history.Gate = ev, false, ev.Outcome
+		}
+	case *events.CallExecuting:
+		c := b.call(ev.BatchID, ev.CallID)
+		if c == nil {
+			return false
+		}
+		if c.attempt > 0 && emit {
+			// the open attempt ended without an outcome: retried or recovered
+			why := string(events.ErrorUnavailableBeforeDispatch)
+			if ev.Cause == events.CauseRecovered {
+				why = string(events.OutcomeInterrupted) // by a crash or a takeover
+			}
+			e.attempt(b, c, ev.At, "", why, AttrReason.String(trimmed(ev.Detail)))
+		}
+		c.attempt, c.start, c.cause, c.history.Executed, c.recovery = ev.Attempt, ev.At, ev.Cause, true, ""
+		if ev.Cause == events.CauseRecovered {
+			c.recovery = RecoveryReplayed
+		}
+	case *events.CallAwaiting:
+		if c := b.call(ev.BatchID, ev.CallID); c != nil {
+			c.ticket = ev
+		}
+	case *events.TicketResolved:
+		c := b.call(ev.BatchID, ev.CallID)
+		if c == nil {
+			return false
+		}
+		c.history.Resolution = ev.Resolution
+		if c.ticket != nil && emit {
+			e.ticket(b, c, ev.At, AttrResolution.String(string(ev.Resolution)), AttrPrincipal.String(ev.Principal))
+		}
+		c.ticket = nil
+	case *events.CallCompleted:
+		c := b.call(ev.BatchID, ev.CallID)
+		if c == nil {
+			return false
+		}
+		if emit {
+			outcome := c.history.Completed(ev)
+			errType := ""
+			if outcome.Failed() {
+				errType = string(outcome)
+				if ev.ErrorKind != "" {
+					errType = string(ev.ErrorKind)
+				}
+			}
+			e.attempt(b, c, ev.At, outcome, errType)
+		}
+		c.attempt = 0
+	case *events.CallIndeterminate:
+		c := b.call(ev.BatchID, ev.CallID)
+		if c == nil {
+			return false
+		}
+		if emit {
+			c.recovery = RecoveryIndeterminate
+			e.attempt(b, c, ev.At, events.OutcomeIndeterminate, string(events.OutcomeIndeterminate), AttrReason.String(trimmed(ev.Reason)))
+		}
+		c.attempt = 0
+	case *events.BatchFinalized:
+		if ev.BatchID != b.id {
+			return false
+		}
+		if emit {
+			e.batch(b, ev.At, "", AttrReason.String(ev.Conflict))
+		}
+		return true
+	case *events.RunEnded:
+		if emit {
+			// what was still open ends with the run
+			for _, id := range b.order {
+				c := b.calls[id]
+				if c.ticket != nil {
+					e.ticket(b, c, ev.At, AttrResolution.String(string(ev.Cause)))
+				}
+				if c.attempt > 0 {
+					e.attempt(b, c, ev.At, events.OutcomeInterrupted, string(ev.Cause))
+				}
+			}
+			e.batch(b, ev.At, string(ev.Cause), AttrReason.String(trimmed(ev.Reason)))
+		}
+		return true
+	}
+	return false
+}
+
+func (b *batchTrace) call(batchID, callID string) *callTrace {
+	if batchID != b.id {
+		return nil
+	}
+	return b.calls[callID]
+}
+
+// span records a finished span with a derived id.
+func (e *Engine) span(parent, self trace.SpanContext, name string, kind trace.SpanKind, start, end time.Time, errType string,
+	attrs []attribute.KeyValue, add func(trace.Span)) {
+	ctx := context.Background()
+	if parent.IsValid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
+	}
+	ctx = withIDs(ctx, self.TraceID(), self.SpanID())
+	_, s := e.p.tracer.Start(ctx, name, trace.WithTimestamp(start), trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
+	if add != nil {
+		add(s)
+	}
+	if errType != "" {
+		s.SetAttributes(AttrErrorType.String(errType))
+		s.SetStatus(codes.Error, errType)
+	}
+	s.End(trace.WithTimestamp(end))
+}
+
+func (e *Engine) batch(b *batchTrace, end time.Time, errType string, extra ...attribute.KeyValue) {
+	attrs := []attribute.KeyValue{AttrRunID.String(b.runID), AttrBatchID.String(b.id), AttrStep.Int64(b.step), AttrCalls.Int(len(b.order))}
+	for _, a := range extra {
+		if a.Value.AsString() != "" {
+			attrs = append(attrs, a)
+		}
+	}
+	e.span(b.parent, b.self, SpanBatch, trace.SpanKindConsumer, b.start, end, errType, attrs, nil)
+}
+
+// attempt records a call's span: its open attempt's, or, for a call that
+// never entered executing (blocked, set, denied, answered by the client),
+// the call's from the batch's acceptance (attempt 0).
+func (e *Engine) attempt(b *batchTrace, c *callTrace, end time.Time, outcome events.CallOutcome, errType string, extra ...attribute.KeyValue) {
+	start := c.start
+	if c.attempt == 0 {
+		start = b.start
+	}
+	attrs := []attribute.KeyValue{
+		AttrOperationName.String(SpanAttempt), AttrToolName.String(c.tool), AttrToolCallID.String(c.id), AttrToolType.String(ToolType),
+		AttrRunID.String(b.runID), AttrBatchID.String(b.id), AttrAttempt.Int(c.attempt), AttrTarget.String(c.target),
+	}
+	if c.gate != nil {
+		attrs = append(attrs, AttrGateOutcome.String(string(c.gate.Outcome)))
+	}
+	if c.cause != "" && c.attempt > 0 {
+		attrs = append(attrs, AttrAttemptCause.String(c.cause))
+	}
+	if outcome != "" {
+		attrs = append(attrs, AttrOutcome.String(string(outcome)))
+	}
+	if c.recovery != "" {
+		attrs = append(attrs, AttrRecoveryAction.String(c.recovery))
+	}
+	for _, a := range extra {
+		if a.Value.AsString() != "" {
+			attrs = append(attrs, a)
+		}
+	}
+	g := c.gate
+	show := g != nil && !c.gateShown
+	c.gateShown = c.gateShown || show
+	e.span(b.self, b.child("attempt", c.id, strconv.Itoa(c.attempt)), SpanAttempt+" "+c.tool, trace.SpanKindInternal, start, end, errType, attrs,
+		func(s trace.Span) {
+			if show {
+				s.AddEvent(EventGate, trace.WithTimestamp(g.At), trace.WithAttributes(AttrGateOutcome.String(string(g.Outcome)),
+					AttrGateSource.String(events.GateSource(g.Stage)), AttrGateRule.String(g.Rule), AttrReason.String(trimmed(g.Reason))))
+			}
+		})
+}
+
+// ticket records the wait of a call's ticket, from awaiting to resolved.
+func (e *Engine) ticket(b *batchTrace, c *callTrace, end time.Time, extra ...attribute.KeyValue) {
+	t := c.ticket
+	attrs := []attribute.KeyValue{AttrRunID.String(b.runID), AttrBatchID.String(b.id), AttrToolName.String(c.tool), AttrToolCallID.String(c.id),
+		AttrCorrelationID.String(t.Ticket.CorrelationID)}
+	for _, a := range extra {
+		if a.Value.AsString() != "" {
+			attrs = append(attrs, a)
+		}
+	}
+	e.span(b.self, b.child("ticket", t.Ticket.CorrelationID), SpanTicket+" "+string(t.Ticket.Reason), trace.SpanKindInternal, t.At, end, "", attrs, nil)
+}

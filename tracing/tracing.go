@@ -1,0 +1,207 @@
+package tracing
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/toolbatch/toolbatch/protocol"
+)
+
+// The environment FromEnv reads (the OpenTelemetry SDK's own names; the
+// exporter and the SDK read the rest: OTEL_EXPORTER_OTLP_HEADERS,
+// OTEL_TRACES_SAMPLER, OTEL_BSP_*, OTEL_SERVICE_NAME,
+// OTEL_RESOURCE_ATTRIBUTES, ...).
+const (
+	EnvExporter       = "OTEL_TRACES_EXPORTER"
+	EnvEndpoint       = "OTEL_EXPORTER_OTLP_ENDPOINT"
+	EnvTracesEndpoint = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+	EnvProtocol       = "OTEL_EXPORTER_OTLP_PROTOCOL"
+	EnvTracesProtocol = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+	EnvServiceName    = "OTEL_SERVICE_NAME"
+)
+
+// Provider exports spans. A nil *Provider exports nothing.
+type Provider struct {
+	tp     *sdktrace.TracerProvider
+	tracer trace.Tracer
+}
+
+// FromEnv returns the provider the environment asks for: nil (tracing off)
+// unless OTEL_TRACES_EXPORTER is otlp, or it is unset and an OTLP endpoint
+// is set. The exporter is OTLP over HTTP with protobuf; service names the
+// service when OTEL_SERVICE_NAME does not.
+func FromEnv(ctx context.Context, service string) (*Provider, error) {
+	switch exp := os.Getenv(EnvExporter); exp {
+	case "none":
+		return nil, nil
+	case "":
+		if os.Getenv(EnvEndpoint) == "" && os.Getenv(EnvTracesEndpoint) == "" {
+			return nil, nil
+		}
+	case "otlp":
+	default:
+		return nil, fmt.Errorf("%s=%s: toolbatch exports traces with otlp only (or none)", EnvExporter, exp)
+	}
+	for _, k := range []string{EnvTracesProtocol, EnvProtocol} {
+		if p := os.Getenv(k); p != "" {
+			if p != "http/protobuf" {
+				return nil, fmt.Errorf("%s=%s: toolbatch exports OTLP over http/protobuf only", k, p)
+			}
+			break
+		}
+	}
+	exporter, err := otlptracehttp.New(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("OTLP trace exporter: %w", err)
+	}
+	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(semconv.ServiceName(service)))
+	if err != nil {
+		return nil, err
+	}
+	if os.Getenv(EnvServiceName) != "" {
+		res = resource.Default() // its service name is the variable's
+	}
+	return newProvider(sdktrace.NewBatchSpanProcessor(exporter), res), nil
+}
+
+func newProvider(sp sdktrace.SpanProcessor, res *resource.Resource) *Provider {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sp), sdktrace.WithResource(res), sdktrace.WithIDGenerator(ids{}))
+	return &Provider{tp: tp, tracer: tp.Tracer("github.com/toolbatch/toolbatch")}
+}
+
+// Shutdown exports what is buffered and stops.
+func (p *Provider) Shutdown(ctx context.Context) error {
+	if p == nil {
+		return nil
+	}
+	return p.tp.Shutdown(ctx)
+}
+
+// Parse reads a traceparent header (an invalid context when it is empty
+// or malformed: a trace is then started).
+func Parse(traceparent string) trace.SpanContext {
+	if traceparent == "" {
+		return trace.SpanContext{}
+	}
+	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{protocol.HeaderTraceParent: traceparent})
+	return trace.SpanContextFromContext(ctx)
+}
+
+// Format writes a span context as a traceparent header ("" when invalid).
+func Format(sc trace.SpanContext) string {
+	if !sc.IsValid() {
+		return ""
+	}
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), sc), carrier)
+	return carrier[protocol.HeaderTraceParent]
+}
+
+// ids draws span ids at random unless the context names the one a span
+// must have (withIDs): the engine's spans' ids are derived.
+type ids struct{}
+
+type fixedKey struct{}
+
+type fixed struct {
+	trace trace.TraceID
+	span  trace.SpanID
+}
+
+func withIDs(ctx context.Context, t trace.TraceID, s trace.SpanID) context.Context {
+	return context.WithValue(ctx, fixedKey{}, fixed{t, s})
+}
+
+func (ids) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
+	if f, ok := ctx.Value(fixedKey{}).(fixed); ok {
+		return f.trace, f.span
+	}
+	var t trace.TraceID
+	var s trace.SpanID
+	_, _ = rand.Read(t[:])
+	_, _ = rand.Read(s[:])
+	return t, s
+}
+
+func (ids) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID {
+	if f, ok := ctx.Value(fixedKey{}).(fixed); ok {
+		return f.span
+	}
+	var s trace.SpanID
+	_, _ = rand.Read(s[:])
+	return s
+}
+
+// derive returns the bytes of a hash of parts (joined unambiguously).
+func derive(parts ...string) [32]byte {
+	h := sha256.New()
+	for _, p := range parts {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(p)))
+		h.Write(n[:])
+		h.Write([]byte(p))
+	}
+	var out [32]byte
+	h.Sum(out[:0])
+	return out
+}
+
+func spanID(parts ...string) trace.SpanID {
+	d := derive(parts...)
+	var s trace.SpanID
+	copy(s[:], d[:8])
+	if !s.IsValid() {
+		s[7] = 1
+	}
+	return s
+}
+
+func traceID(parts ...string) trace.TraceID {
+	d := derive(parts...)
+	var t trace.TraceID
+	copy(t[:], d[:16])
+	if !t.IsValid() {
+		t[15] = 1
+	}
+	return t
+}
+
+// trimmed bounds an attribute value taken from a tool's output.
+func trimmed(s string) string {
+	const max = 256
+	s = strings.TrimSpace(s)
+	if len(s) > max {
+		return s[:max] + "…"
+	}
+	return s
+}
+
+// shutdownTimeout bounds the export of what is buffered at exit.
+const shutdownTimeout = 5 * time.Second
+
+// Setup is FromEnv for a program: it also returns the function to defer,
+// which exports what is buffered (within a few seconds) and stops.
+func Setup(service string) (*Provider, func(), error) {
+	p, err := FromEnv(context.Background(), service)
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+		defer cancel()
+		_ = p.Shutdown(ctx)
+	}, nil
+}
