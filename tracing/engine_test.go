@@ -161,3 +161,34 @@ func TestParseAndFormat(t *testing.T) {
 		}
 	}
 }
+
+func TestFromEnv(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		on   bool
+		fail string
+	}{
+		{env: map[string]string{}, on: false},
+		{env: map[string]string{EnvEndpoint: "http://127.0.0.1:4318"}, on: true},
+		{env: map[string]string{EnvTracesEndpoint: "http://127.0.0.1:4318/v1/traces"}, on: true},
+		{env: map[string]string{EnvExporter: "otlp"}, on: true},
+		{env: map[string]string{EnvExporter: "none", EnvEndpoint: "http://127.0.0.1:4318"}, on: false},
+		{env: map[string]string{EnvExporter: "console"}, fail: "OTEL_TRACES_EXPORTER=console: toolbatch exports traces with otlp only (or none)"},
+		{env: map[string]string{EnvEndpoint: "http://127.0.0.1:4318", EnvProtocol: "grpc"}, fail: "OTEL_EXPORTER_OTLP_PROTOCOL=grpc: toolbatch exports OTLP over http/protobuf only"},
+		{env: map[string]string{EnvEndpoint: "http://127.0.0.1:4318", EnvProtocol: "grpc", EnvTracesProtocol: "http/protobuf"}, on: true},
+	} {
+		for _, k := range []string{EnvExporter, EnvEndpoint, EnvTracesEndpoint, EnvProtocol, EnvTracesProtocol} {
+			t.Setenv(k, c.env[k])
+		}
+		p, err := FromEnv(t.Context(), "test")
+		switch {
+		case c.fail != "" && (err == nil || err.Error() != c.fail):
+			t.Errorf("%v: error %v, want %q", c.env, err, c.fail)
+		case c.fail == "" && err != nil:
+			t.Errorf("%v: %v", c.env, err)
+		case (p != nil) != c.on:
+			t.Errorf("%v: on = %v, want %v", c.env, p != nil, c.on)
+		}
+		_ = p.Shutdown(t.Context())
+	}
+}
