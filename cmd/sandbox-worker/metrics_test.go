@@ -248,6 +248,20 @@ func TestMetricsOfAKnownWorkload(t *testing.T) {
 		t.Fatal(err)
 	}
 	testwait.Until(t, ctx, "no open ticket", open(0))
+
+	// toolbatch status sees the worker with its pool and tools
+	st, err := cl.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Workers) != 1 || st.Workers[0].ID != "mw" || fmt.Sprint(st.Workers[0].Pools) != "[default]" || len(st.Workers[0].Tools) != 3 {
+		t.Fatalf("status workers: %+v", st.Workers)
+	}
+	for _, tool := range st.Workers[0].Tools {
+		if tool.Pool != "default" || !strings.HasPrefix(tool.Tool, "sb_") || tool.Capability == "" {
+			t.Errorf("status worker tool: %+v", tool)
+		}
+	}
 }
 
 // TestReadyzFollowsNATS: the engine's and the worker's /readyz fail,

@@ -28,6 +28,10 @@ const usage = `usage:
       end the run
   toolbatch perform RUN_ID CORRELATION_ID [flags]
       perform the run's scheduled action now
+  toolbatch status [--json] [flags]
+      engines and the runs each owns, workers with their pools and tools,
+      the inbox backlog, open tickets, parked and ended runs, the log's
+      size (needs the admin role on a secured deployment)
   toolbatch auth create|list|revoke|permissions|keys|revoke-key ...
       users, roles and credentials (toolbatch auth -h)
 
@@ -76,6 +80,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = cmdEnd(cmd, rest)
 	case "perform":
 		err = cmdPerform(rest)
+	case "status":
+		err = cmdStatus(rest, stdout)
 	case "auth":
 		err = cmdAuth(rest, stdout)
 	default:
