@@ -172,6 +172,40 @@ func (l *liveCapabilities) sandbox(ctx context.Context, pool, toolID string) eve
 	return l.sandboxFromBucket(ctx, pool, toolID)
 }
 
+// poolWorkers counts the live workers advertising tools of each pool of
+// the catalog's sandbox tools (0 for a pool nobody serves).
+func (e *Engine) poolWorkers() map[string]int {
+	out := map[string]int{}
+	for pool := range e.cfg.Catalog.PoolTools() {
+		out[pool] = 0
+	}
+	l := e.live
+	if l == nil {
+		return out
+	}
+	seen := map[string]map[string]bool{} // pool -> worker ids
+	l.mu.Lock()
+	for poolTool, workers := range l.adverts {
+		pool, _, _ := strings.Cut(poolTool, ".")
+		for id, a := range workers {
+			if time.Since(a.written) >= WorkerTTL {
+				continue
+			}
+			if seen[pool] == nil {
+				seen[pool] = map[string]bool{}
+			}
+			seen[pool][id] = true
+		}
+	}
+	l.mu.Unlock()
+	for pool, ids := range seen {
+		if _, ok := out[pool]; ok {
+			out[pool] = len(ids)
+		}
+	}
+	return out
+}
+
 // agreed is the capability every advertisement gives, or non_recoverable.
 func agreed(caps []events.Capability) events.Capability {
 	for _, c := range caps {

@@ -267,6 +267,7 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 			RunsOwned:    func() float64 { return float64(e.ownedRuns.Load()) },
 			InboxPending: e.inboxPending,
 			TicketsOpen:  e.tickets.counts,
+			PoolWorkers:  e.poolWorkers,
 		})
 		e.events.metrics = e.metrics
 	}

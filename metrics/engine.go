@@ -107,6 +107,10 @@ func NewEngine(reg prometheus.Registerer, g EngineGauges) *Engine {
 		reg.MustRegister(&countsCollector{desc: prometheus.NewDesc("toolbatch_tickets_open",
 			"Open tickets of every run, by wait reason (the same on every engine: aggregate with max, not sum).", []string{"reason"}, nil), read: g.TicketsOpen})
 	}
+	if g.PoolWorkers != nil {
+		reg.MustRegister(&countsCollector{desc: prometheus.NewDesc("toolbatch_pool_workers",
+			"Live sandbox workers advertising tools of each pool the catalog names (0: the pool's calls wait; aggregate with max).", []string{"pool"}, nil), read: g.PoolWorkers})
+	}
 	return m
 }
 
@@ -115,6 +119,7 @@ type EngineGauges struct {
 	RunsOwned    func() float64
 	InboxPending func() float64
 	TicketsOpen  func() map[string]int
+	PoolWorkers  func() map[string]int
 }
 
 // Commit counts an append; Conflict an append refused by a concurrent one.

@@ -29,6 +29,7 @@ type Worker struct {
 	toolExits    *prometheus.CounterVec
 	sandboxStart prometheus.Histogram
 	busy         prometheus.Gauge
+	slots        prometheus.Gauge
 	heartbeats   *prometheus.CounterVec
 }
 
@@ -45,6 +46,7 @@ func NewWorker(reg prometheus.Registerer, ready func() map[string]int) *Worker {
 			"pool", "tool", "result"),
 		sandboxStart: f.histogram("toolbatch_worker_sandbox_start_seconds", "How long a pre-started sandbox took to become ready."),
 		busy:         f.gauge("toolbatch_worker_busy", "Calls this worker holds a slot for now (claiming or running)."),
+		slots:        f.gauge("toolbatch_worker_slots", "The calls this worker runs at once (its --concurrency): toolbatch_worker_busy's ceiling."),
 		heartbeats:   f.counterVec("toolbatch_worker_heartbeats_total", "Heartbeats of running calls, by result.", "result"),
 	}
 	info := f.gaugeVec("toolbatch_build_info", "The program's version and Go version (always 1).", "version", "go_version")
@@ -90,6 +92,13 @@ func (w *Worker) Busy(delta float64) {
 }
 
 // Heartbeat counts a heartbeat's result.
+// Slots sets the number of calls the worker runs at once.
+func (w *Worker) Slots(n int) {
+	if w != nil {
+		w.slots.Set(float64(n))
+	}
+}
+
 func (w *Worker) Heartbeat(result string) {
 	if w != nil {
 		w.heartbeats.WithLabelValues(result).Inc()

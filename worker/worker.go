@@ -231,6 +231,7 @@ func (w *Worker) Run(drain, abort context.Context) error {
 		stopRuns()
 	}()
 	slots := make(chan struct{}, w.cfg.Concurrency)
+	w.cfg.Metrics.Slots(w.cfg.Concurrency)
 	var running sync.WaitGroup
 	var iters []jetstream.MessagesContext
 	var fetchers sync.WaitGroup

@@ -214,6 +214,12 @@ func TestMetricsOfAKnownWorkload(t *testing.T) {
 	if got, ok := sample(w, "toolbatch_worker_busy"); !ok || got != 0 {
 		t.Errorf("toolbatch_worker_busy = %v after every call", got)
 	}
+	if got, ok := sample(w, "toolbatch_worker_slots"); !ok || got != 4 {
+		t.Errorf("toolbatch_worker_slots = %v, want the default concurrency 4", got)
+	}
+	if got, ok := sample(e, "toolbatch_pool_workers", "pool", "default"); !ok || got != 1 {
+		t.Errorf("toolbatch_pool_workers{pool=default} = %v (present %v), want the one worker", got, ok)
+	}
 
 	// A ticket: open while it waits, gone once answered.
 	watch, err := cl.Watch(ctx, "m")
