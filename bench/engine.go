@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/testproc"
 	"github.com/toolbatch/toolbatch/protocol"
+	"github.com/toolbatch/toolbatch/tracing"
 )
 
 // The engine's catalog for W1, W2 and the parked runs: noop runs on the
@@ -75,6 +77,8 @@ type cluster struct {
 	js      jetstream.JetStream
 	// stopScrapes ends the scrapes of the metrics mode.
 	stopScrapes context.CancelFunc
+	// otlp receives the traces of the observed mode (nil: none).
+	otlp *otlpSink
 }
 
 // clusterOptions say how to start a cluster.
@@ -86,6 +90,7 @@ type clusterOptions struct {
 	syncAlways  bool
 	unsigned    bool // the engine appends unsigned commits (--unsigned)
 	metrics     bool // the engine and workers serve metrics, scraped every second
+	tracing     bool // the engine and workers export traces to a receiver in the bench
 	workers     int
 	concurrency int
 	clientConns int
@@ -101,6 +106,15 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 	}
 	if o.metrics {
 		c.mode = "metrics"
+	}
+	if o.tracing {
+		c.mode = "observed"
+		var err error
+		if c.otlp, err = startOTLPSink(); err != nil {
+			return nil, err
+		}
+		// the programs started from here to stop inherit the environment
+		os.Setenv(tracing.EnvEndpoint, c.otlp.url)
 	}
 	var scrape []string // the metrics addresses
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -237,6 +251,33 @@ func (c *cluster) stop() {
 	if c.engine != nil {
 		c.engine.stop()
 	}
+	if c.otlp != nil {
+		os.Unsetenv(tracing.EnvEndpoint)
+		c.otlp.srv.Close()
+	}
+}
+
+// otlpSink is an OTLP/HTTP receiver that reads and drops what it is sent,
+// counting the exports.
+type otlpSink struct {
+	srv     *http.Server
+	url     string
+	exports atomic.Int64
+}
+
+func startOTLPSink() (*otlpSink, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &otlpSink{url: "http://" + ln.Addr().String()}
+	s.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		s.exports.Add(1)
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = s.srv.Serve(ln) }()
+	return s, nil
 }
 
 // checkAlive fails when a process of the cluster died.

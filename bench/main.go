@@ -20,6 +20,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/toolbatch/toolbatch/internal/testproc"
+	"github.com/toolbatch/toolbatch/tracing"
 )
 
 // Results is everything one benchmark run measured.
@@ -179,7 +180,7 @@ func run(args []string) error {
 	fs.DurationVar(&o.w3load, "w3-load-limit", 90*time.Second, "W3: stop loading NATS after this long (the NATS figures then cover fewer events)")
 	fs.IntVar(&o.parked, "parked", 10000, "runs to park for the memory figure (0: skip)")
 	fs.IntVar(&o.w4calls, "w4-calls", 40, "W4: calls per repetition")
-	fs.StringVar(&o.modes, "modes", "default,sync_always", "modes: default, sync_always, unsigned (the default mode with the engine's --unsigned: what signing costs), metrics (the default mode with --metrics-listen, scraped every second: what metrics cost); a mode may be given more than once")
+	fs.StringVar(&o.modes, "modes", "default,sync_always", "modes: default, sync_always, unsigned (the default mode with the engine's --unsigned: what signing costs), metrics (the default mode with --metrics-listen, scraped every second: what metrics cost), observed (metrics as in the metrics mode and OpenTelemetry traces exported to an OTLP receiver in the bench: what observability costs); a mode may be given more than once")
 	fs.StringVar(&o.skip, "skip", "", "comma-separated parts to skip: w1, w2, census, ceiling, parked, w3, w4, failover")
 	fs.IntVar(&o.foReps, "failover-reps", 5, "failover: repetitions of restart, takeover and projector takeover")
 	fs.IntVar(&o.foClusterReps, "failover-cluster-reps", 3, "failover: repetitions of each fault of the 3-node cluster (0: skip the cluster)")
@@ -244,7 +245,7 @@ func run(args []string) error {
 
 	for i, mode := range strings.Split(o.modes, ",") {
 		mode = strings.TrimSpace(mode)
-		if mode != "default" && mode != "sync_always" && mode != "unsigned" && mode != "metrics" {
+		if mode != "default" && mode != "sync_always" && mode != "unsigned" && mode != "metrics" && mode != "observed" {
 			return fmt.Errorf("--modes: unknown mode %q", mode)
 		}
 		if skip["w1"] && skip["w2"] && skip["ceiling"] {
@@ -323,8 +324,11 @@ func runMode(ctx context.Context, o options, skip map[string]bool, mode string, 
 		mr.EngineFlag = "--unsigned"
 	case "metrics":
 		mr.EngineFlag = "--metrics-listen (engine and workers), scraped every second"
+	case "observed":
+		mr.EngineFlag = "--metrics-listen (engine and workers), scraped every second, and OTLP traces (" + tracing.EnvEndpoint + ") to a receiver in the bench"
 	}
-	copts := clusterOptions{engineBin: bins.engine, workerBin: bins.worker, syncAlways: mode == "sync_always", unsigned: mode == "unsigned", metrics: mode == "metrics",
+	copts := clusterOptions{engineBin: bins.engine, workerBin: bins.worker, syncAlways: mode == "sync_always", unsigned: mode == "unsigned",
+		metrics: mode == "metrics" || mode == "observed", tracing: mode == "observed",
 		workers: 1, concurrency: o.concurrency, clientConns: o.clientConns, extraEngine: o.extraEng}
 	if o.extraEng > 0 {
 		batchTimeout = 10 * time.Minute
@@ -386,6 +390,9 @@ func runMode(ctx context.Context, o options, skip map[string]bool, mode string, 
 		}
 		r.Concurrency = o.concurrency
 		mr.W2 = &r
+	}
+	if c.otlp != nil && c.otlp.exports.Load() == 0 && (!skip["w1"] || !skip["w2"]) {
+		return mr, errors.New("observed mode: the programs exported no trace")
 	}
 	if !skip["ceiling"] {
 		payload := 400
