@@ -31,7 +31,7 @@
 // results (with the machine's core count and the command) to --out as JSON.
 // docs/performance.md explains every figure and gives one run's table.
 //
-// Imports: aggregate, catalog, client, engine, events, proof, protocol, replay, sandbox, tracing,
+// Imports: aggregate, catalog, client, engine, events, metrics, proof, protocol, replay, sandbox, tracing,
 // internal/testproc, github.com/nats-io/nats-server/v2, github.com/nats-io/nats.go,
-// github.com/nats-io/nkeys, github.com/rs/zerolog.
+// github.com/nats-io/nkeys, github.com/prometheus/client_golang, github.com/rs/zerolog.
 package main

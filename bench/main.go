@@ -187,7 +187,7 @@ func run(args []string) error {
 	fs.StringVar(&o.goBin, "go", "go", "the go command that builds the programs")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temporary directory (stores, logs, the recorded stream)")
 	fs.IntVar(&o.extraEng, "extra-engines", 0, "start this many more engines on the first engine's server (a scale-out check; not part of make bench)")
-	fs.StringVar(&o.pprofDir, "pprof-dir", "", "run the default-mode engine with CPU profiling and write w1.pprof and w2.pprof here")
+	fs.StringVar(&o.pprofDir, "pprof-dir", "", "run the engine of the first of --modes with CPU profiling and write w1.pprof and w2.pprof here")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -333,7 +333,7 @@ func runMode(ctx context.Context, o options, skip map[string]bool, mode string, 
 	if o.extraEng > 0 {
 		batchTimeout = 10 * time.Minute
 	}
-	profiling := o.pprofDir != "" && mode == "default"
+	profiling := o.pprofDir != "" && mode == strings.TrimSpace(strings.Split(o.modes, ",")[0])
 	if profiling {
 		copts.engineBin, copts.engineArgs = self, []string{"profiled-engine", "--pprof-dir", o.pprofDir}
 	}

@@ -18,11 +18,14 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/engine"
+	"github.com/toolbatch/toolbatch/metrics"
 	"github.com/toolbatch/toolbatch/proof"
+	"github.com/toolbatch/toolbatch/tracing"
 )
 
 // embeddedServer starts a NATS server with JetStream exactly as
@@ -66,6 +69,7 @@ func profiledEngine(args []string) error {
 	fs.String("client-submit-rate", "", "")
 	syncAlways := fs.Bool("sync-always", false, "")
 	dir := fs.String("pprof-dir", ".", "")
+	metricsListen := fs.String("metrics-listen", "", "")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -95,9 +99,28 @@ func profiledEngine(args []string) error {
 	if err != nil {
 		return err
 	}
-	eng, err := engine.New(nc, engine.Config{Catalog: cat, Logger: log, ClientMaxRuns: -1, ClientSubmitRate: -1, Signer: signer}) // as unlimitedClients
+	cfg := engine.Config{Catalog: cat, Logger: log, ClientMaxRuns: -1, ClientSubmitRate: -1, Signer: signer} // as unlimitedClients
+	var reg *prometheus.Registry
+	if *metricsListen != "" {
+		reg = metrics.NewRegistry()
+		cfg.Metrics = reg
+	}
+	tp, stopTracing, err := tracing.Setup("toolbatch-engine") // the OTEL_* environment, as cmd/engine
 	if err != nil {
 		return err
+	}
+	defer stopTracing()
+	cfg.Tracing = tp
+	eng, err := engine.New(nc, cfg)
+	if err != nil {
+		return err
+	}
+	if reg != nil {
+		ms, err := metrics.Listen(*metricsListen, reg, eng.Readiness)
+		if err != nil {
+			return err
+		}
+		defer ms.Close()
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)

@@ -1226,3 +1226,43 @@ func TestEnginesStartTogetherOnAFreshCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTraceParentKeptInTheLog: a submit's well-formed traceparent is kept
+// in the headers of its BatchSubmitted commit (whichever engine ends the
+// batch traces it under its parent), even with tracing off here; a
+// malformed one is not written into the log.
+func TestTraceParentKeptInTheLog(t *testing.T) {
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{})
+	c := newClient(t, url)
+	ctx := ctxT(t, 30*time.Second)
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for run, sent := range map[string]string{"tp-ok": tp, "tp-bad": "00-" + strings.Repeat("z", 4000)} {
+		if err := c.Submit(client.WithTraceParent(ctx, sent), submitOf(run, 1, "echo", `{}`)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.WaitResults(ctx, run, run+"/1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	js, err := jetstream.New(testnats.Connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, "TOOLBATCH_EVENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for run, want := range map[string]string{"tp-ok": tp, "tp-bad": ""} {
+		first, err := stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject("toolbatch.events."+run))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if types := first.Header.Values(protocol.HeaderEvent); len(types) == 0 || types[0] != string(events.TypeBatchSubmitted) {
+			t.Fatalf("%s: first commit holds %v", run, types)
+		}
+		if got := first.Header.Get(protocol.HeaderTraceParent); got != want {
+			t.Errorf("%s: the commit's traceparent is %q, want %q", run, got, want)
+		}
+	}
+}

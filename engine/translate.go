@@ -13,6 +13,7 @@ import (
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/protocol"
+	"github.com/toolbatch/toolbatch/tracing"
 )
 
 // Translation: each inbox message, timer fire and executor outcome becomes
@@ -26,7 +27,8 @@ func isJSON(m jetstream.Msg) bool {
 func (s *shard) onSubmit(ctx context.Context, rs *runState, in *inboxMsg) error {
 	now := s.e.cfg.Now()
 	rs.client = clientOf(rs.id, in.principal)
-	rs.traceparent = in.msg.Headers().Get(protocol.HeaderTraceParent)
+	// only a well-formed context is kept (it is written into the log)
+	rs.traceparent = tracing.Format(tracing.Parse(in.msg.Headers().Get(protocol.HeaderTraceParent)))
 	sub, err := protocol.DecodeSubmit(in.msg.Data(), isJSON(in.msg), s.e.cfg.Limits)
 	if err == nil && sub.RunID != rs.id {
 		err = events.Refuse(events.CodeInvalidID, "body run_id %q differs from the subject's %q", sub.RunID, rs.id)

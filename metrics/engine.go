@@ -50,6 +50,7 @@ type Engine struct {
 
 	mu      sync.Mutex
 	batches map[string]*batchSeen // in-flight batches by batch id
+	series  map[[2]string]*stages // each tool's and target's stage histograms
 }
 
 // batchSeen is what the durations need of a batch in flight: when it and
@@ -61,9 +62,45 @@ type batchSeen struct {
 
 type callSeen struct {
 	tool, target string
+	stages       *stages
 	history      events.CallHistory
 	executing    time.Time // the latest attempt's
 	claimed      time.Time
+}
+
+// stages are one tool's and target's toolbatch_call_duration_seconds
+// series, each looked up once, at its first observation (a series exists
+// only once observed; their labels are bounded by the catalog).
+type stages struct {
+	h            *prometheus.HistogramVec
+	tool, target string
+	series       [4]prometheus.Observer // by stageNames' index
+}
+
+var stageNames = [4]string{StageGate, StageQueue, StageExecution, StageEndToEnd}
+
+const (
+	gate = iota
+	queue
+	execution
+	endToEnd
+)
+
+func (s *stages) observe(stage int, v float64) {
+	if s.series[stage] == nil {
+		s.series[stage] = s.h.WithLabelValues(s.tool, s.target, stageNames[stage])
+	}
+	s.series[stage].Observe(v)
+}
+
+func (m *Engine) stagesOf(tool, target string) *stages {
+	k := [2]string{tool, target}
+	s := m.series[k]
+	if s == nil {
+		s = &stages{h: m.callDuration, tool: tool, target: target}
+		m.series[k] = s
+	}
+	return s
 }
 
 // maxBatches bounds the batches whose times are kept: beyond it they are
@@ -98,6 +135,7 @@ func NewEngine(reg prometheus.Registerer, g EngineGauges) *Engine {
 		commits:        f.counter("toolbatch_commits_total", "Commits appended to the events stream."),
 		conflicts:      f.counter("toolbatch_commit_conflicts_total", "Appends refused because the run was extended elsewhere (reloaded and decided again)."),
 		batches:        map[string]*batchSeen{},
+		series:         map[[2]string]*stages{},
 	}
 	info := f.gaugeVec("toolbatch_build_info", "The engine's version and Go version (always 1).", "version", "go_version")
 	info.WithLabelValues(version(), goVersion()).Set(1)
@@ -176,7 +214,7 @@ func (m *Engine) observe(runID string, e events.Event) {
 			if c.Tool.Kind == events.KindUnknown {
 				tool, target = UnknownTool, string(events.TargetNone)
 			}
-			b.calls[c.CallID] = &callSeen{tool: tool, target: target}
+			b.calls[c.CallID] = &callSeen{tool: tool, target: target, stages: m.stagesOf(tool, target)}
 		}
 		m.batches[ev.BatchID] = b
 	case *events.BatchRejected:
@@ -188,7 +226,7 @@ func (m *Engine) observe(runID string, e events.Event) {
 		}
 		c.history.Gate = ev.Outcome
 		m.gateDecisions.WithLabelValues(c.tool, ev.Label, events.GateSource(ev.Stage)).Inc()
-		m.callDuration.WithLabelValues(c.tool, c.target, StageGate).Observe(seconds(b.submitted, ev.At))
+		c.stages.observe(gate, seconds(b.submitted, ev.At))
 	case *events.CallExecuting:
 		if ev.Cause == events.CauseRecovered {
 			m.recoveries.WithLabelValues(RecoveryReplayed).Inc()
@@ -200,7 +238,7 @@ func (m *Engine) observe(runID string, e events.Event) {
 		if _, c := m.call(ev.BatchID, ev.CallID); c != nil {
 			c.claimed = ev.At
 			if !c.executing.IsZero() {
-				m.callDuration.WithLabelValues(c.tool, c.target, StageQueue).Observe(seconds(c.executing, ev.At))
+				c.stages.observe(queue, seconds(c.executing, ev.At))
 			}
 		}
 	case *events.TicketResolved:
@@ -251,9 +289,9 @@ func (m *Engine) terminal(b *batchSeen, c *callSeen, at time.Time) {
 		if !c.claimed.IsZero() {
 			from = c.claimed
 		}
-		m.callDuration.WithLabelValues(c.tool, c.target, StageExecution).Observe(seconds(from, at))
+		c.stages.observe(execution, seconds(from, at))
 	}
-	m.callDuration.WithLabelValues(c.tool, c.target, StageEndToEnd).Observe(seconds(b.submitted, at))
+	c.stages.observe(endToEnd, seconds(b.submitted, at))
 }
 
 // refusalReason bounds a refusal's reason to its first words: the

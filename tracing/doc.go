@@ -15,5 +15,5 @@
 // BatchSubmitted commit's headers (outside what the commit hash covers) and
 // read again when a run is loaded (Engine.Loaded).
 //
-// Imports: events, protocol, go.opentelemetry.io/otel.
+// Imports: events, protocol, github.com/cespare/xxhash/v2, go.opentelemetry.io/otel.
 package tracing

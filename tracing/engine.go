@@ -2,10 +2,11 @@ package tracing
 
 import (
 	"context"
-	"strconv"
+	"encoding/binary"
 	"sync"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -135,7 +136,7 @@ func (e *Engine) Attempt(runID, callID string, attempt int) string {
 	if b == nil {
 		return ""
 	}
-	return Format(b.child("attempt", callID, strconv.Itoa(attempt)))
+	return Format(b.child(childAttempt, callID, attempt))
 }
 
 // Redispatched marks a call's open attempt as dispatched again by a
@@ -200,10 +201,32 @@ func newBatch(runID, traceparent string, s *events.BatchSubmitted) *batchTrace {
 	return b
 }
 
-// child is the context of one of the batch's child spans.
-func (b *batchTrace) child(parts ...string) trace.SpanContext {
+// The kinds of a batch's child spans.
+const (
+	childAttempt = 'a'
+	childTicket  = 't'
+)
+
+// child is the context of one of the batch's child spans: an attempt's
+// (its call id and number) or a ticket's (its correlation id, n 0).
+func (b *batchTrace) child(kind byte, id string, n int) trace.SpanContext {
+	parent := b.self.SpanID()
+	d := xxhash.New()
+	var head [9]byte
+	copy(head[:8], parent[:])
+	head[8] = kind
+	_, _ = d.Write(head[:])
+	_, _ = d.WriteString(id)
+	var num [9]byte
+	binary.BigEndian.PutUint64(num[1:], uint64(n))
+	_, _ = d.Write(num[:])
+	var s trace.SpanID
+	binary.BigEndian.PutUint64(s[:], d.Sum64())
+	if !s.IsValid() {
+		s[7] = 1
+	}
 	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: b.self.TraceID(), TraceFlags: b.self.TraceFlags(),
-		TraceState: b.self.TraceState(), SpanID: spanID(append([]string{"child", b.self.SpanID().String()}, parts...)...)})
+		TraceState: b.self.TraceState(), SpanID: s})
 }
 
 // observe folds one event of the batch's run; it reports whether the
@@ -367,7 +390,7 @@ func (e *Engine) attempt(b *batchTrace, c *callTrace, end time.Time, outcome eve
 	g := c.gate
 	show := g != nil && !c.gateShown
 	c.gateShown = c.gateShown || show
-	e.span(b.self, b.child("attempt", c.id, strconv.Itoa(c.attempt)), SpanAttempt+" "+c.tool, trace.SpanKindInternal, start, end, errType, attrs,
+	e.span(b.self, b.child(childAttempt, c.id, c.attempt), SpanAttempt+" "+c.tool, trace.SpanKindInternal, start, end, errType, attrs,
 		func(s trace.Span) {
 			if show {
 				s.AddEvent(EventGate, trace.WithTimestamp(g.At), trace.WithAttributes(AttrGateOutcome.String(string(g.Outcome)),
@@ -386,5 +409,5 @@ func (e *Engine) ticket(b *batchTrace, c *callTrace, end time.Time, extra ...att
 			attrs = append(attrs, a)
 		}
 	}
-	e.span(b.self, b.child("ticket", t.Ticket.CorrelationID), SpanTicket+" "+string(t.Ticket.Reason), trace.SpanKindInternal, t.At, end, "", attrs, nil)
+	e.span(b.self, b.child(childTicket, t.Ticket.CorrelationID, 0), SpanTicket+" "+string(t.Ticket.Reason), trace.SpanKindInternal, t.At, end, "", attrs, nil)
 }

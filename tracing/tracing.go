@@ -3,13 +3,14 @@ package tracing
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -100,14 +101,21 @@ func Parse(traceparent string) trace.SpanContext {
 	return trace.SpanContextFromContext(ctx)
 }
 
-// Format writes a span context as a traceparent header ("" when invalid).
+// Format writes a span context as a traceparent header, version 00 ("" when
+// invalid).
 func Format(sc trace.SpanContext) string {
 	if !sc.IsValid() {
 		return ""
 	}
-	carrier := propagation.MapCarrier{}
-	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), sc), carrier)
-	return carrier[protocol.HeaderTraceParent]
+	t, s := sc.TraceID(), sc.SpanID()
+	var b [55]byte
+	copy(b[:], "00-")
+	hex.Encode(b[3:35], t[:])
+	b[35] = '-'
+	hex.Encode(b[36:52], s[:])
+	b[52] = '-'
+	hex.Encode(b[53:55], []byte{byte(sc.TraceFlags() & trace.FlagsSampled)})
+	return string(b[:])
 }
 
 // ids draws span ids at random unless the context names the one a span
@@ -145,24 +153,22 @@ func (ids) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID {
 	return s
 }
 
-// derive returns the bytes of a hash of parts (joined unambiguously).
-func derive(parts ...string) [32]byte {
-	h := sha256.New()
+// hash is a 64-bit hash of parts, each followed by a zero byte: xxhash,
+// fast and the same in every process, so that every engine derives the
+// same ids. salt tells the two halves of a trace id apart.
+func hash(salt byte, parts ...string) uint64 {
+	d := xxhash.New()
+	_, _ = d.Write([]byte{salt})
 	for _, p := range parts {
-		var n [8]byte
-		binary.BigEndian.PutUint64(n[:], uint64(len(p)))
-		h.Write(n[:])
-		h.Write([]byte(p))
+		_, _ = d.WriteString(p)
+		_, _ = d.Write([]byte{0})
 	}
-	var out [32]byte
-	h.Sum(out[:0])
-	return out
+	return d.Sum64()
 }
 
 func spanID(parts ...string) trace.SpanID {
-	d := derive(parts...)
 	var s trace.SpanID
-	copy(s[:], d[:8])
+	binary.BigEndian.PutUint64(s[:], hash(0, parts...))
 	if !s.IsValid() {
 		s[7] = 1
 	}
@@ -170,9 +176,9 @@ func spanID(parts ...string) trace.SpanID {
 }
 
 func traceID(parts ...string) trace.TraceID {
-	d := derive(parts...)
 	var t trace.TraceID
-	copy(t[:], d[:16])
+	binary.BigEndian.PutUint64(t[:8], hash(1, parts...))
+	binary.BigEndian.PutUint64(t[8:], hash(2, parts...))
 	if !t.IsValid() {
 		t[15] = 1
 	}
