@@ -16,7 +16,7 @@ import (
 // recorder keeps the collectors registered with it.
 type recorder struct{ cs []prometheus.Collector }
 
-func (r *recorder) Register(c prometheus.Collector) error { r.cs = append(r.cs, c); return nil }
+func (r *recorder) Register(c prometheus.Collector) error   { r.cs = append(r.cs, c); return nil }
 func (r *recorder) MustRegister(cs ...prometheus.Collector) { r.cs = append(r.cs, cs...) }
 func (r *recorder) Unregister(prometheus.Collector) bool    { return false }
 
