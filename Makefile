@@ -37,8 +37,12 @@ test: sandbox-deps
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 15m ./...
 
 # run: run the engine (embedded NATS unless ARGS say otherwise).
+# The engine is built first and exec'd, so that the signals make gets
+# (Ctrl-C, kill -TERM) reach it: go run would leave its child running.
 run:
-	$(GO) run ./cmd/engine $(ARGS)
+	@mkdir -p .bin
+	$(GO) build -o .bin/engine ./cmd/engine
+	exec .bin/engine $(ARGS)
 
 # bench: the benchmark program (docs/performance.md); writes bench/results.json.
 bench:

@@ -81,6 +81,7 @@ type LogStatus struct {
 // admin role (docs/security.md).
 func (c *Client) Status(ctx context.Context) (*Status, error) {
 	n := c.names
+	var err error
 	st := &Status{BrainTools: map[string]events.Capability{}, TicketsByReason: map[events.WaitKind]int{}}
 
 	engines := map[string]*EngineStatus{}
@@ -144,18 +145,12 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 		return nil, err
 	}
 
-	if err := c.eachEntry(ctx, n.TicketsBucket(), func(key string, value []byte) error {
-		var t protocol.AwaitingOut
-		if err := json.Unmarshal(value, &t); err != nil {
-			return fmt.Errorf("ticket %s: %w", key, err)
-		}
-		st.Tickets = append(st.Tickets, t)
-		st.TicketsByReason[t.Reason]++
-		return nil
-	}); err != nil {
+	if st.Tickets, err = c.Tickets(ctx); err != nil {
 		return nil, err
 	}
-	sort.Slice(st.Tickets, func(i, j int) bool { return st.Tickets[i].RunID < st.Tickets[j].RunID })
+	for _, t := range st.Tickets {
+		st.TicketsByReason[t.Reason]++
+	}
 	st.Runs.Parked = len(st.Tickets)
 
 	intake, err := c.js.Consumer(ctx, n.InboxStream(), protocol.ConsumerEngine)
@@ -189,6 +184,26 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 	}
 	st.Runs.Ended = len(oi.State.Subjects)
 	return st, nil
+}
+
+// Tickets returns every run's open ticket (a run has one at most), by run
+// id, from the tickets bucket: what the runs' awaiting messages say, without
+// reading each run's out messages. The client, approver, auditor and admin
+// roles may read it.
+func (c *Client) Tickets(ctx context.Context) ([]protocol.AwaitingOut, error) {
+	tickets := []protocol.AwaitingOut{}
+	if err := c.eachEntry(ctx, c.names.TicketsBucket(), func(key string, value []byte) error {
+		var t protocol.AwaitingOut
+		if err := json.Unmarshal(value, &t); err != nil {
+			return fmt.Errorf("ticket %s: %w", key, err)
+		}
+		tickets = append(tickets, t)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	sort.Slice(tickets, func(i, j int) bool { return tickets[i].RunID < tickets[j].RunID })
+	return tickets, nil
 }
 
 // eachEntry calls fn with every live key of a bucket and its value.

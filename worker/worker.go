@@ -433,6 +433,9 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 	res := w.runner.Run(toolCtx, sandbox.Call{ToolID: granted.ToolID, CallID: granted.CallID, OperationID: granted.OperationID, Attempt: granted.Attempt,
 		Arguments: granted.Arguments, TraceParent: span.ToolParent()})
 	w.cfg.Metrics.Ran(pool, tool, res.Class(), time.Since(began))
+	if res.Err != nil {
+		log.Warn().Str("tool", tool).Str("exit", res.Class()).Str("kind", string(res.Err.Kind)).Str("error", res.Err.Message).Msg("tool failed")
+	}
 	stopTool()
 	<-beatDone
 	result := protocol.Result{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, Output: res.Output, Error: res.Err}

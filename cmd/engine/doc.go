@@ -8,5 +8,5 @@
 //
 // Imports: access, catalog, embedded, engine, events, internal/cli, metrics, proof, protocol, tracing,
 // github.com/nats-io/nats.go, github.com/nats-io/nuid,
-// github.com/prometheus/client_golang, github.com/rs/zerolog.
+// github.com/prometheus/client_golang, github.com/rs/zerolog, golang.org/x/sys/unix.
 package main

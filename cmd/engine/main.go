@@ -42,7 +42,7 @@ type options struct {
 	clientMaxRuns, clientBurst                  int
 	clientRate                                  float64
 	limits                                      events.Limits
-	logFormat, logLevel                         string
+	log                                         cli.LogFlags
 	outMaxAge, ackWait, lease, checkpointEvery  time.Duration
 	syncAlways, unsigned                        bool
 	signingKey                                  string
@@ -65,8 +65,7 @@ func run(args []string, stderr io.Writer) error {
 	fs.StringVar(&o.prefix, "prefix", protocol.DefaultPrefix, "subject prefix")
 	fs.StringVar(&o.catalogPath, "catalog", "", "tool catalog and gate rules (YAML); default: the built-in catalog (echo, sleep, fail)")
 	fs.IntVar(&o.replicas, "replicas", 1, "replicas of every stream (a clustered JetStream)")
-	fs.StringVar(&o.logFormat, "log-format", "console", "console or json")
-	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	o.log.Flags(fs)
 	fs.DurationVar(&o.outMaxAge, "out-max-age", engine.DefaultOutMaxAge, "how long out messages are kept")
 	fs.DurationVar(&o.ackWait, "ack-wait", engine.DefaultAckWait, "how long a crashed engine's runs wait before they are taken over")
 	fs.DurationVar(&o.lease, "lease", engine.DefaultLease, "how long a sandbox worker's claim lasts without a heartbeat")
@@ -104,7 +103,7 @@ func run(args []string, stderr io.Writer) error {
 	if err := o.limits.Validate(); err != nil {
 		return fmt.Errorf("limits: %w", err)
 	}
-	log, err := logger(o.logFormat, o.logLevel, stderr)
+	log, err := o.log.Logger(stderr)
 	if err != nil {
 		return err
 	}
@@ -129,6 +128,14 @@ func run(args []string, stderr io.Writer) error {
 	defer stopTracing()
 	if cfg.Tracing = tp; tp != nil {
 		log.Info().Msg("exporting traces over OTLP (the OTEL_* environment)")
+	}
+	if o.natsURL == "" {
+		// before anything touches the store
+		unlock, err := lockStore(o.store)
+		if err != nil {
+			return err
+		}
+		defer unlock()
 	}
 	if o.engineID == "" && o.natsURL == "" {
 		if cfg.ID, err = storedEngineID(o.store); err != nil {
@@ -295,19 +302,4 @@ func (w *workerPools) of(nkey string) []string {
 		return (*m)[nkey]
 	}
 	return nil
-}
-
-func logger(format, level string, w io.Writer) (zerolog.Logger, error) {
-	lvl, err := zerolog.ParseLevel(level)
-	if err != nil || level == "" {
-		return zerolog.Nop(), fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
-	}
-	switch format {
-	case "json":
-		return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
-	case "console":
-		return zerolog.New(zerolog.ConsoleWriter{Out: w, TimeFormat: time.RFC3339}).Level(lvl).With().Timestamp().Logger(), nil
-	default:
-		return zerolog.Nop(), fmt.Errorf("--log-format %q: want console or json", format)
-	}
 }

@@ -370,3 +370,20 @@ func TestAnotherEngineTakesAKilledEnginesRuns(t *testing.T) {
 		t.Fatalf("the heir did not find the killed engine gone:\n%s", heir.Logs())
 	}
 }
+
+// TestSecondEngineOnAStoreExits: the store is locked while an engine runs
+// its embedded server on it; a second engine on the same --store exits
+// with one line naming the first, and changes nothing; once the first is
+// gone (killed: the kernel drops its lock) the store starts again.
+func TestSecondEngineOnAStoreExits(t *testing.T) {
+	store := t.TempDir()
+	first := startEngine(t, store, testproc.FreePort(t))
+	cmd := exec.Command(binary, "--store", store, "--listen", fmt.Sprintf("127.0.0.1:%d", testproc.FreePort(t)))
+	out, _ := cmd.CombinedOutput()
+	want := fmt.Sprintf("engine: --store %s is in use by process %d (an engine with its embedded server): stop it, or give this engine another --store", store, first.Cmd.Process.Pid)
+	if cmd.ProcessState.ExitCode() == 0 || strings.TrimSpace(string(out)) != want {
+		t.Fatalf("second engine: exit %d, output %q, want %q", cmd.ProcessState.ExitCode(), out, want)
+	}
+	first.Kill()
+	startEngine(t, store, testproc.FreePort(t))
+}

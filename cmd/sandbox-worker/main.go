@@ -11,11 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 
 	"github.com/toolbatch/toolbatch/access"
 	"github.com/toolbatch/toolbatch/internal/cli"
@@ -46,7 +44,8 @@ func run(args []string, stderr io.Writer) error {
 	workerID := fs.String("worker-id", "", "this worker's id (default <hostname>-<pid>)")
 	prefix := fs.String("prefix", protocol.DefaultPrefix, "subject prefix")
 	grace := fs.Duration("grace", worker.DefaultGrace, "how long a drain waits for running calls")
-	logFormat := fs.String("log-format", "console", "console or json")
+	var logFlags cli.LogFlags
+	logFlags.Flags(fs)
 	prestart := fs.Int("prestart", -1, "pre-started sandboxes kept for each subprocess tool (isolation bubblewrap only): -1 takes the config's prestart (default 2), 0 turns them off, N overrides the config for every tool")
 	workRoot := fs.String("work-root", "", "where the calls' working directories are made (default: a directory of this worker under the system temp dir); working directories left there by a killed worker are removed at start")
 	var metricsListen string
@@ -60,14 +59,9 @@ func run(args []string, stderr io.Writer) error {
 	if *prestart < -1 || *prestart > sandbox.MaxPrestart {
 		return fmt.Errorf("--prestart %d: want -1 (the config's), 0 (off) or up to %d", *prestart, sandbox.MaxPrestart)
 	}
-	var log zerolog.Logger
-	switch *logFormat {
-	case "json":
-		log = zerolog.New(stderr).With().Timestamp().Logger()
-	case "console":
-		log = zerolog.New(zerolog.ConsoleWriter{Out: stderr, TimeFormat: time.RFC3339}).With().Timestamp().Logger()
-	default:
-		return fmt.Errorf("--log-format %q: want console or json", *logFormat)
+	log, err := logFlags.Logger(stderr)
+	if err != nil {
+		return err
 	}
 	sc, err := sandbox.LoadConfig(*configPath)
 	if err != nil {

@@ -55,7 +55,8 @@ func newCommon(name string) *common {
 }
 
 // parse reads flags and positional arguments in any order ("--" ends the
-// flags) and checks the number of positional arguments.
+// flags) and checks the number of positional arguments (a name in
+// brackets, last, is optional).
 func (c *common) parse(args []string, names ...string) ([]string, error) {
 	var pos []string
 	for {
@@ -76,7 +77,11 @@ func (c *common) parse(args []string, names ...string) ([]string, error) {
 		pos = append(pos, rest[0])
 		args = rest[1:]
 	}
-	if len(pos) != len(names) {
+	required := len(names)
+	for required > 0 && strings.HasPrefix(names[required-1], "[") {
+		required--
+	}
+	if len(pos) < required || len(pos) > len(names) {
 		want := "no arguments"
 		if len(names) > 0 {
 			want = strings.Join(names, " ")
@@ -209,9 +214,10 @@ func validCorrelation(cmd, id string) error {
 }
 
 // cmdSubmit: toolbatch submit [--wait] < batch.json
-func cmdSubmit(args []string, stdin io.Reader, stdout io.Writer) error {
+func cmdSubmit(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	c := newCommon("submit")
 	wait := c.fs.Bool("wait", false, "wait for the batch's results and print them")
+	asJSON := c.fs.Bool("json", false, "without --wait: say what was done as one JSON object")
 	if _, err := c.parse(args); err != nil {
 		return err
 	}
@@ -226,8 +232,24 @@ func cmdSubmit(args []string, stdin io.Reader, stdout io.Writer) error {
 	if err != nil {
 		return rejected(err)
 	}
+	if !*wait {
+		return c.withClient(func(ctx context.Context, nc *nats.Conn, cl *client.Client) error {
+			if err := submit(ctx, nc, cl, c.prefix, sub, false, stdout); err != nil {
+				return err
+			}
+			return report(stdout, *asJSON, done{Done: "submitted", RunID: sub.RunID, BatchID: sub.BatchID()},
+				"submitted batch %s (%d calls); toolbatch watch %s follows it", sub.BatchID(), len(sub.Calls()), sub.RunID)
+		})
+	}
+	// --timeout bounds the wait for the engine, not for the people who
+	// answer the batch's tickets: it runs while no ticket is open.
+	timeout := c.timeout
+	c.timeout = 0
 	return c.withClient(func(ctx context.Context, nc *nats.Conn, cl *client.Client) error {
-		return submit(ctx, nc, cl, c.prefix, sub, *wait, stdout)
+		wctx, expire := context.WithCancelCause(ctx)
+		defer expire(nil)
+		go watchBatch(wctx, cl, sub.RunID, sub.BatchID(), timeout, stderr, func() { expire(context.DeadlineExceeded) })
+		return submit(wctx, nc, cl, c.prefix, sub, true, stdout)
 	})
 }
 
@@ -386,8 +408,9 @@ func body(m client.Message) any {
 
 // cmdAnswer: toolbatch approve|deny RUN_ID CORRELATION_ID [--principal P]
 // [--note|--reason TEXT]
-func cmdAnswer(cmd string, args []string) error {
+func cmdAnswer(cmd string, args []string, stdout io.Writer) error {
 	c := newCommon(cmd)
+	asJSON := c.fs.Bool("json", false, "say what was done as one JSON object")
 	principal := c.fs.String("principal", "", "who decides: the resume goes to <prefix>.resume.<run_id>.<principal>")
 	var text *string
 	if cmd == "approve" {
@@ -410,17 +433,24 @@ func cmdAnswer(cmd string, args []string) error {
 		switch t.Reason {
 		case events.WaitPermission, events.WaitScheduledAction:
 		default:
-			return failf("ticket %s of run %s waits for a %s, not for a permission", corr, runID, t.Reason)
+			return wrongKind(*t, "a permission")
 		}
+		verb := "approved"
 		if cmd == "approve" {
 			err = cl.Approve(ctx, *t, *principal, *text)
 		} else {
+			verb = "denied"
 			err = cl.Deny(ctx, *t, *principal, *text)
 		}
 		if err != nil {
 			return explain(ctx, err, "answering ticket "+corr)
 		}
-		return nil
+		as := ""
+		if *principal != "" {
+			as = " as " + *principal
+		}
+		return report(stdout, *asJSON, done{Done: verb, RunID: runID, CorrelationID: corr, CallID: t.CallID, ToolID: t.ToolID},
+			"%s call %s (tool %s) of run %s%s (ticket %s)", verb, t.CallID, t.ToolID, runID, as, corr)
 	})
 }
 
@@ -488,9 +518,10 @@ func findTicket(ctx context.Context, nc *nats.Conn, cl *client.Client, runID, co
 }
 
 // cmdEnd: toolbatch cancel|interrupt RUN_ID [--reason TEXT]
-func cmdEnd(cmd string, args []string) error {
+func cmdEnd(cmd string, args []string, stdout io.Writer) error {
 	c := newCommon(cmd)
 	reason := c.fs.String("reason", "", "why the run ends")
+	asJSON := c.fs.Bool("json", false, "say what was done as one JSON object")
 	pos, err := c.parse(args, "RUN_ID")
 	if err != nil {
 		return err
@@ -509,13 +540,15 @@ func cmdEnd(cmd string, args []string) error {
 		if err != nil {
 			return explain(ctx, err, cmd+"ing run "+runID)
 		}
-		return nil
+		return report(stdout, *asJSON, done{Done: cmd, RunID: runID},
+			"asked the engine to %s run %s (toolbatch watch %s shows it ended)", cmd, runID, runID)
 	})
 }
 
 // cmdPerform: toolbatch perform RUN_ID CORRELATION_ID
-func cmdPerform(args []string) error {
+func cmdPerform(args []string, stdout io.Writer) error {
 	c := newCommon("perform")
+	asJSON := c.fs.Bool("json", false, "say what was done as one JSON object")
 	runID, corr, err := c.parseTicket(args)
 	if err != nil {
 		return err
@@ -524,6 +557,7 @@ func cmdPerform(args []string) error {
 		if err := cl.Perform(ctx, runID, corr); err != nil {
 			return explain(ctx, err, "performing ticket "+corr)
 		}
-		return nil
+		return report(stdout, *asJSON, done{Done: "perform", RunID: runID, CorrelationID: corr},
+			"asked the engine to perform the scheduled action of ticket %s of run %s now", corr, runID)
 	})
 }

@@ -16,18 +16,29 @@ func main() {
 const usage = `usage:
   toolbatch submit [--wait] [flags] < batch.json
       publish one JSON submit body read from stdin; with --wait, print the
-      batch's results as one JSON object on stdout
+      batch's results as one JSON object on stdout, and on stderr each
+      ticket the batch waits on with the command that answers it
+      (--timeout counts only while no ticket is open)
   toolbatch watch RUN_ID [flags]
       print every out message of the run as one JSON line
       {"kind":...,"subject":...,"body":{...}} until interrupted
+  toolbatch tickets [--run RUN_ID] [--reason R] [flags]
+      list the open tickets of every run, each with the command that
+      answers it
   toolbatch approve RUN_ID CORRELATION_ID [--principal P] [--note TEXT] [flags]
   toolbatch deny RUN_ID CORRELATION_ID [--principal P] [--reason TEXT] [flags]
       answer the run's permission (or scheduled action) ticket
+  toolbatch result RUN_ID CORRELATION_ID [--file F] [--blocks] [--error] [flags]
+      answer a client-executed tool's ticket with its output: the text of
+      stdin (or F), or with --blocks a JSON array of content blocks or an
+      output object {"content": [...], "is_error": false}
+  toolbatch input RUN_ID CORRELATION_ID [TEXT] [flags]
+      answer a delegated agent's ticket with input (TEXT, or stdin)
+  toolbatch perform RUN_ID CORRELATION_ID [flags]
+      perform the run's scheduled action now
   toolbatch cancel RUN_ID [--reason TEXT] [flags]
   toolbatch interrupt RUN_ID [--reason TEXT] [flags]
       end the run
-  toolbatch perform RUN_ID CORRELATION_ID [flags]
-      perform the run's scheduled action now
   toolbatch status [--json] [flags]
       engines and the runs each owns, workers with their pools and tools,
       the inbox backlog, open tickets, parked and ended runs, the log's
@@ -44,6 +55,11 @@ flags of every command:
   --tls-ca FILE    CA of the server's TLS certificate
   --tls-client-cert FILE, --tls-client-key FILE
                    a client certificate, for a server that requires one
+
+
+Every command that acts prints one line saying what it did; with --json
+(submit without --wait, approve, deny, result, input, perform, cancel,
+interrupt; tickets and status print what they read), one JSON object.
 
 exit status: 0 done, 1 refused, rejected, timed out or failed, 2 usage error
 `
@@ -71,21 +87,27 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return 0
 	case "submit":
-		err = cmdSubmit(rest, stdin, stdout)
+		err = cmdSubmit(rest, stdin, stdout, stderr)
 	case "watch":
 		err = cmdWatch(rest, stdout, stderr)
 	case "approve", "deny":
-		err = cmdAnswer(cmd, rest)
+		err = cmdAnswer(cmd, rest, stdout)
+	case "result":
+		err = cmdResult(rest, stdin, stdout)
+	case "input":
+		err = cmdInput(rest, stdin, stdout)
+	case "tickets":
+		err = cmdTickets(rest, stdout)
 	case "cancel", "interrupt":
-		err = cmdEnd(cmd, rest)
+		err = cmdEnd(cmd, rest, stdout)
 	case "perform":
-		err = cmdPerform(rest)
+		err = cmdPerform(rest, stdout)
 	case "status":
 		err = cmdStatus(rest, stdout)
 	case "auth":
 		err = cmdAuth(rest, stdout)
 	default:
-		err = usageErrorf("unknown command %q (want submit, watch, approve, deny, cancel, interrupt, perform or auth; toolbatch help)", cmd)
+		err = usageErrorf("unknown command %q (want submit, watch, tickets, approve, deny, result, input, perform, cancel, interrupt, status or auth; toolbatch help)", cmd)
 	}
 	code, msg := cli.Status(err, 1, usage, stdout)
 	if code != 0 {

@@ -337,7 +337,7 @@ func TestCancelThenWatchShowsEnded(t *testing.T) {
 	ctx := ctxT(t, 60*time.Second)
 	// Flags may follow the arguments.
 	stdout, stderr, code := cli(t, ctx, "", "cancel", "cli-3", "--reason", "user left", "--nats-url", url)
-	if code != 0 || stdout != "" || stderr != "" {
+	if code != 0 || strings.TrimSpace(stdout) != "asked the engine to cancel run cli-3 (toolbatch watch cli-3 shows it ended)" || stderr != "" {
 		t.Fatalf("cancel: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 	l := watchUntil(t, ctx, url, "cli-3", "ended")

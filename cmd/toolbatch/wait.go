@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -78,6 +80,45 @@ func nextReadable(ctx context.Context, w *client.Watch) (client.Message, error) 
 		var derr *client.DecodeError
 		if !errors.As(err, &derr) {
 			return m, err
+		}
+	}
+}
+
+// watchBatch prints on stderr each ticket the batch opens, with the
+// command that answers it, until ctx ends. With timeout > 0 it also bounds
+// the wait: expire is called after timeout without an out message of the
+// batch, except while one of its tickets is open (a person may answer
+// hours later; the engine is not late).
+func watchBatch(ctx context.Context, cl *client.Client, runID, batchID string, timeout time.Duration, stderr io.Writer, expire func()) {
+	var timer *time.Timer
+	if timeout > 0 {
+		timer = time.AfterFunc(timeout, expire)
+		defer timer.Stop()
+	}
+	w, err := cl.Watch(ctx, runID)
+	if err != nil {
+		return // the wait itself fails the same way
+	}
+	defer w.Stop()
+	shown := map[string]bool{}
+	for {
+		m, err := nextReadable(ctx, w)
+		if err != nil {
+			return
+		}
+		switch {
+		case m.Awaiting != nil && m.Awaiting.BatchID == batchID:
+			if !shown[m.Awaiting.CorrelationID] {
+				shown[m.Awaiting.CorrelationID] = true
+				fmt.Fprintln(stderr, "toolbatch: waiting on "+ticketLine(*m.Awaiting))
+			}
+			if timer != nil {
+				timer.Stop() // parked: waiting for an answer, not for the engine
+			}
+		case m.Disposition != nil && m.Disposition.BatchID == batchID:
+			if timer != nil {
+				timer.Reset(timeout)
+			}
 		}
 	}
 }

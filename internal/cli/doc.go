@@ -1,7 +1,7 @@
 // Package cli holds what the commands share at their edges: an error that
 // carries its exit status, the status and one-line message a command's
-// error ends with, and the parsing of a flag set whose help goes to
-// stderr.
+// error ends with, the parsing of a flag set whose help goes to stderr,
+// and the logging flags.
 //
-// Imports: nothing but the standard library.
+// Imports: github.com/rs/zerolog, golang.org/x/sys/unix.
 package cli
