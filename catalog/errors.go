@@ -252,8 +252,7 @@ func split(path string, cfg *Config) (where, field string) {
 }
 
 var (
-	reDupKey    = regexp.MustCompile(`^mapping key "(.*)" already defined at line (\d+)$`)
-	reUnmarshal = regexp.MustCompile("^cannot unmarshal (!!\\w+)(?: `(.*)`)? into (\\S+)$")
+	reDupKey = regexp.MustCompile(`^mapping key "(.*)" already defined at line (\d+)$`)
 )
 
 // yamlProblems turns the decoder's errors into problems that name the place
@@ -278,11 +277,9 @@ func yamlProblems(err error, x *index, cfg *Config) []*ProblemError {
 			d := reDupKey.FindStringSubmatch(text)
 			q.key = d[1]
 			text = fmt.Sprintf("key %q is written twice (first at line %s)", q.key, d[2])
-		case reUnmarshal.MatchString(text):
-			u := reUnmarshal.FindStringSubmatch(text)
-			tag, q.value = u[1], u[2]
+		case located.IsMismatch(text):
+			text, tag, q.value, _ = located.Mismatch(text)
 			q.collection = tag == "!!seq" || tag == "!!map"
-			text = fmt.Sprintf("want %s, got %s", goTypeWords(u[3]), yamlTagWords(tag, q.value))
 		}
 		p := &ProblemError{Line: line, Msg: text}
 		if !typed {
@@ -293,7 +290,7 @@ func yamlProblems(err error, x *index, cfg *Config) []*ProblemError {
 		path := x.locate(q)
 		if i, ok := x.byPath[path]; ok && tag != "" && !q.collection {
 			// Quote the whole value, not the decoder's cut.
-			text = strings.Replace(text, yamlTagWords(tag, q.value), yamlTagWords(tag, x.entries[i].value), 1)
+			text = strings.Replace(text, located.TagWords(tag, q.value), located.TagWords(tag, x.entries[i].value), 1)
 		}
 		if q.key != "" {
 			// The key belongs to the mapping that holds it.
@@ -313,38 +310,4 @@ func yamlProblems(err error, x *index, cfg *Config) []*ProblemError {
 		out = append(out, p)
 	}
 	return out
-}
-
-// goTypeWords says what a Go type expects, in the words of the file.
-func goTypeWords(t string) string {
-	switch {
-	case t == "string" || strings.HasPrefix(t, "events."):
-		return "a string"
-	case t == "bool":
-		return "true or false"
-	case strings.HasPrefix(t, "int") || strings.HasPrefix(t, "uint"):
-		return "an integer"
-	case t == "[]string":
-		return "a list of strings"
-	case strings.HasPrefix(t, "[]"):
-		return "a list"
-	default:
-		return "a mapping"
-	}
-}
-
-// yamlTagWords describes a YAML value by its tag.
-func yamlTagWords(tag, value string) string {
-	switch tag {
-	case "!!seq":
-		return "a list"
-	case "!!map":
-		return "a mapping"
-	case "!!null":
-		return "nothing"
-	case "!!str":
-		return fmt.Sprintf("the string %q", value)
-	default:
-		return strings.TrimPrefix(tag, "!!") + " " + value
-	}
 }

@@ -616,6 +616,8 @@ func decodeProblems(err error, lines map[string]int, cfg *Config) []*ConfigError
 		line, text := msg.Line, msg.Text
 		if key, ok := located.UnknownKey(text); ok {
 			text = fmt.Sprintf("unknown key %q", key)
+		} else if words, _, _, ok := located.Mismatch(text); ok {
+			text = words
 		}
 		where := ""
 		if i := toolAtLine(lines, line); i >= 0 {

@@ -189,7 +189,7 @@ tools:
 		`line 1: pools: pool "default" is already listed at pools[0]`,
 		`line 2: isolation "firejail" is not bubblewrap or none`,
 		`line 6: tools[0] (id "wc"): unknown key "colour"`,
-		"line 7: tools[0] (id \"wc\"): cannot unmarshal !!int `30` into time.Duration",
+		"line 7: tools[0] (id \"wc\"): want a duration such as 30s, 10m or 1h, got int 30",
 		`line 8: tools[0] (id "wc"): unknown key "netwrk"`,
 		`line 8: tools[0] (id "wc"): limits.memory_mb -1 must be positive (0 means the default)`,
 		`line 8: tools[0] (id "wc"): limits.cpu_seconds 100000 is more than 86400 s`,
@@ -227,7 +227,8 @@ func TestParseConfigRefusesDocuments(t *testing.T) {
 		{"tools: []\n", "tools: at least one tool is required"},
 		{"tools: [{id: a, builtin: noop}]\n---\ntools: []\n", "line 2: the file holds more than one YAML document"},
 		{"tools: [\n", "line 1: did not find expected node content"},
-		{"[1, 2]", "cannot unmarshal !!seq into sandbox.Config"},
+		{"[1, 2]", "line 1: want a mapping, got a list"},
+		{"tools: [{id: a, builtin: noop, timeout: 30}]", "want a duration such as 30s, 10m or 1h, got int 30"},
 		{"tools: [{id: a, builtin: noop, id: b}]", `mapping key "id" already defined`},
 	} {
 		_, err := ParseConfig([]byte(c.yaml))

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/toolbatch/toolbatch/audit"
+	"github.com/toolbatch/toolbatch/internal/cli"
 	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/replay"
 )
@@ -53,6 +54,9 @@ func cmdAudit(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 		return err
 	}
 	prog.done()
+	if o.run != "" && rep.Runs == 0 {
+		return cli.Errorf(1, "audit --run %s: the log has no commit of that run: nothing was audited (check the run id, --prefix and the source)", o.run)
+	}
 	vs := rep.Violations
 	s := summary{Type: "summary", OK: len(vs) == 0, Violations: len(vs), Runs: rep.Runs, Commits: prog.msgs,
 		Events: prog.events, OutMessages: rep.OutMessages, OutChecked: rep.OutChecked}

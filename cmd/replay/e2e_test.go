@@ -102,6 +102,10 @@ func TestEndToEnd(t *testing.T) {
 	if got := runReplay(t, replayBin, 0, "audit", "--nats-url", url, "--run", "e2e-b"); !regexp.MustCompile(`^audit: every invariant holds: 1 run, 8 events in \d+ commits, 3 out messages`).MatchString(got) {
 		t.Errorf("audit --run e2e-b: %s", got)
 	}
+	// a run the log does not have is not "every invariant holds"
+	if got := runReplay(t, replayBin, 1, "audit", "--nats-url", url, "--run", "nosuch"); got != "" {
+		t.Errorf("audit --run nosuch printed %q", got)
+	}
 
 	export := filepath.Join(dir, "events.jsonl")
 	runReplay(t, replayBin, 0, "export", "--nats-url", url, "--out", export, "--out-stream")

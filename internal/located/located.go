@@ -136,3 +136,57 @@ func UnknownKey(text string) (key string, ok bool) {
 	}
 	return "", false
 }
+
+var reUnmarshal = regexp.MustCompile("^cannot unmarshal (!!\\w+)(?: `(.*)`)? into (\\S+)$")
+
+// IsMismatch reports whether a complaint says a value does not fit its
+// Go type ("cannot unmarshal !!int `30` into time.Duration").
+func IsMismatch(text string) bool { return reUnmarshal.MatchString(text) }
+
+// Mismatch says such a complaint in the file's words ("want a duration
+// such as 30s, 10m or 1h, got int 30"), with the value's YAML tag and the
+// value as the decoder quoted it (possibly cut).
+func Mismatch(text string) (words, tag, value string, ok bool) {
+	u := reUnmarshal.FindStringSubmatch(text)
+	if u == nil {
+		return text, "", "", false
+	}
+	tag, value = u[1], u[2]
+	return fmt.Sprintf("want %s, got %s", goTypeWords(u[3]), TagWords(tag, value)), tag, value, true
+}
+
+// goTypeWords says what a Go type expects, in the words of the file.
+func goTypeWords(t string) string {
+	switch {
+	case t == "time.Duration":
+		return "a duration such as 30s, 10m or 1h"
+	case t == "string" || strings.HasPrefix(t, "events."):
+		return "a string"
+	case t == "bool":
+		return "true or false"
+	case strings.HasPrefix(t, "int") || strings.HasPrefix(t, "uint"):
+		return "an integer"
+	case t == "[]string":
+		return "a list of strings"
+	case strings.HasPrefix(t, "[]"):
+		return "a list"
+	default:
+		return "a mapping"
+	}
+}
+
+// TagWords describes a YAML value by its tag.
+func TagWords(tag, value string) string {
+	switch tag {
+	case "!!seq":
+		return "a list"
+	case "!!map":
+		return "a mapping"
+	case "!!null":
+		return "nothing"
+	case "!!str":
+		return fmt.Sprintf("the string %q", value)
+	default:
+		return strings.TrimPrefix(tag, "!!") + " " + value
+	}
+}
