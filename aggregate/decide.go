@@ -321,17 +321,34 @@ func (d *decider) applyDecision(b *Batch, dec Decision, at time.Time) error {
 // completes with an error output and is not executed.
 func (d *decider) execute(b *Batch, callID string, capability events.Capability, cause, detail string, parallel bool, at time.Time) error {
 	c, _ := b.Call(callID)
+	noWorker := capability == "" && c.Tool.Target == events.TargetSandbox
 	if capability == "" {
 		capability = events.CapNonRecoverable
 	}
 	if !c.Tool.Policy.Mode.SupportedBy(capability) {
+		text := unsupportedText(c, capability)
+		if noWorker {
+			text = noWorkerText(c)
+		}
 		return d.emit(&events.CallCompleted{BatchID: b.ID, CallID: c.CallID, Attempt: c.Attempt, ErrorKind: events.ErrorExecution,
-			Output: events.ErrorOutput(c.CallID, unsupportedText(c, capability)), At: at})
+			Output: events.ErrorOutput(c.CallID, text), At: at})
 	}
 	return d.emit(&events.CallExecuting{
 		BatchID: b.ID, CallID: c.CallID, Attempt: c.Attempt + 1, OperationID: b.OperationID(c.CallID),
 		Cause: cause, Detail: detail, Capability: capability, Parallel: parallel, At: at,
 	})
+}
+
+// noWorkerText is the error of a sandbox call whose mode needs a live
+// worker's capability when no live worker serves its tool (a never_replay
+// call is dispatched anyway: a worker may start before its dispatch
+// deadline).
+func noWorkerText(c *Call) string {
+	pool := c.Tool.Pool
+	if pool == "" {
+		pool = events.DefaultPool
+	}
+	return fmt.Sprintf("no live worker serves tool %s in pool %s (its recovery mode %s needs a worker that advertises it)", c.ToolID, pool, c.Tool.Policy.Mode)
 }
 
 func unsupportedText(c *Call, capability events.Capability) string {
@@ -572,9 +589,9 @@ func (d *decider) recover(rc Recover) error {
 		if c.Phase != events.PhaseExecuting || !c.Crossed || rc.Exclude[c.CallID] {
 			continue // terminal, awaiting, requested, never dispatched, or still leased
 		}
-		capability, ok := rc.Capabilities[c.ToolID]
-		if !ok {
-			capability = events.CapNonRecoverable
+		capability := rc.Capabilities[c.ToolID]
+		if capability == "" {
+			capability = events.CapNonRecoverable // unknown, or no live executor
 		}
 		delegation := c.Tool.Kind == events.KindDelegation
 		ev := recoverCall(b, c, capability, rc.At)

@@ -17,7 +17,7 @@ const (
 	// DefaultKind is how a tool is carried out when the catalog does not say.
 	DefaultKind = events.KindTool
 	// DefaultPool is the sandbox pool of a sandbox tool that names none.
-	DefaultPool = "default"
+	DefaultPool = events.DefaultPool
 	// DefaultMode is the recovery mode of a tool that names none. A
 	// delegation tool is always durable_request.
 	DefaultMode = events.ModeNeverReplay

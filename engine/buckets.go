@@ -155,8 +155,8 @@ func (l *liveCapabilities) stop() {
 // sandbox is what the live workers advertise for a tool: their
 // capability when they agree; when they disagree the most conservative,
 // non_recoverable (a mode is supported by one capability only, so no
-// other is safe for every worker that may run the call); none means
-// non_recoverable.
+// other is safe for every worker that may run the call); "" when no live
+// worker serves it (the aggregate says so to the model).
 func (l *liveCapabilities) sandbox(ctx context.Context, pool, toolID string) events.Capability {
 	l.mu.Lock()
 	var live []events.Capability
@@ -220,7 +220,7 @@ func agreed(caps []events.Capability) events.Capability {
 func (l *liveCapabilities) sandboxFromBucket(ctx context.Context, pool, toolID string) events.Capability {
 	lister, err := l.workers.ListKeysFiltered(ctx, protocol.WorkerFilter(pool, toolID))
 	if err != nil {
-		return events.CapNonRecoverable
+		return events.CapNonRecoverable // unknown: the safest
 	}
 	defer lister.Stop()
 	var live []events.Capability
@@ -232,7 +232,7 @@ func (l *liveCapabilities) sandboxFromBucket(ctx context.Context, pool, toolID s
 		live = append(live, events.Capability(entry.Value()))
 	}
 	if len(live) == 0 {
-		return events.CapNonRecoverable
+		return ""
 	}
 	return agreed(live)
 }

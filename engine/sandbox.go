@@ -123,8 +123,15 @@ func (e *Engine) dispatchDeadline(toolID string) time.Duration {
 // while attempts remain. An attempt claimed or moved on meanwhile is left
 // alone.
 func (s *shard) onDispatchDeadline(ctx context.Context, rs *runState, callID string, attempt int) error {
+	msg := "no worker claimed it before its dispatch deadline"
+	if b := rs.run.OpenBatch(); b != nil {
+		if c, _ := b.Call(callID); c != nil {
+			msg = fmt.Sprintf("no worker of pool %s claimed it within its dispatch deadline (%s): is a worker serving tool %s running?",
+				poolOf(c.Tool), s.e.dispatchDeadline(c.ToolID), c.ToolID)
+		}
+	}
 	_, err := s.decide(ctx, rs, aggregate.Complete{CallID: callID, Attempt: attempt, At: s.e.cfg.Now(),
-		Error: &events.ToolError{Kind: events.ErrorUnavailableBeforeDispatch, Message: "no worker claimed it before its dispatch deadline"}})
+		Error: &events.ToolError{Kind: events.ErrorUnavailableBeforeDispatch, Message: msg}})
 	if aggregate.IsDecision(err) {
 		return nil // claimed, or moved on: nothing to do
 	}

@@ -8,6 +8,9 @@ import (
 // operator's catalog; a submission can never choose it.
 type Target string
 
+// DefaultPool is the sandbox pool of a sandbox tool that names none.
+const DefaultPool = "default"
+
 // Targets.
 const (
 	TargetBrain   Target = "brain"   // beside the engine, in-process or as a host service
@@ -80,7 +83,7 @@ type Policy struct {
 type Descriptor struct {
 	Target             Target   `msgpack:"target" json:"target"`
 	Kind               ToolKind `msgpack:"kind" json:"kind"`
-	Pool               string   `msgpack:"pool,omitempty" json:"pool,omitempty"`
+	Pool               string   `msgpack:"pool,omitempty" json:"pool,omitempty"` // sandbox tools; "" (pinned before pools): DefaultPool
 	Policy             Policy   `msgpack:"policy" json:"policy"`
 	ParallelCompletion bool     `msgpack:"parallel_completion,omitempty" json:"parallel_completion,omitempty"`
 }

@@ -57,6 +57,7 @@ tools:
   - {id: slow_nr, target: sandbox, recovery: {mode: never_replay}, dispatch_deadline: 20s}
   - {id: slow_rs, target: sandbox, recovery: {mode: replay_safe, max_attempts: 3}, dispatch_deadline: 20s}
   - {id: nothing_serves_it, target: sandbox, recovery: {max_attempts: 1}, dispatch_deadline: 1s}
+  - {id: nothing_serves_it_rs, target: sandbox, recovery: {mode: replay_safe}}
   - {id: missing_binary, target: sandbox, dispatch_deadline: 20s}
 `
 
@@ -307,14 +308,16 @@ func TestKilledWorker(t *testing.T) {
 
 	// A missing binary is an error output; a tool no worker serves is
 	// unavailable before dispatch; the worker still serves.
-	if err := c.client.Submit(ctx, batch("misc", 1, "missing_binary", "nothing_serves_it", "append")); err != nil {
+	if err := c.client.Submit(ctx, batch("misc", 1, "missing_binary", "nothing_serves_it", "append", "nothing_serves_it_rs")); err != nil {
 		t.Fatal(err)
 	}
 	if res, err = c.client.WaitResults(ctx, "misc", "misc/1"); err != nil {
 		t.Fatal(err)
 	}
 	got := texts(res)
-	if len(got) != 3 || !strings.HasPrefix(got[0], "error ") || got[1] != `error "unavailable before dispatch: no worker claimed it before its dispatch deadline"` || got[2] != `ok "ok\n"` {
+	if len(got) != 4 || !strings.HasPrefix(got[0], "error ") ||
+		got[1] != `error "unavailable before dispatch: no worker of pool default claimed it within its dispatch deadline (1s): is a worker serving tool nothing_serves_it running?"` ||
+		got[2] != `ok "ok\n"` || got[3] != `error "no live worker serves tool nothing_serves_it_rs in pool default (its recovery mode replay_safe needs a worker that advertises it)"` {
 		t.Fatalf("results: %v", got)
 	}
 }
