@@ -109,6 +109,56 @@ func toolEnv(t ToolConfig, call Call, workdir string) []string {
 	return env
 }
 
+// checkPrograms refuses, before anything starts, a subprocess tool whose
+// program does not exist here, and (isolation bubblewrap) a program or an
+// argument naming an existing file that the sandbox hides: it replaces
+// /tmp, /dev/shm and the work root with empty file systems, so such a file
+// is seen only when it is one of the tool's mounts.
+func (r *Runner) checkPrograms() error {
+	for _, t := range r.cfg.Tools {
+		if t.IsBuiltin() {
+			continue
+		}
+		prog, err := resolveProgram(t.Command[0])
+		if err != nil {
+			return fmt.Errorf("sandbox: tool %q: %v", t.ID, err)
+		}
+		if r.cfg.Isolation != IsolationBubblewrap {
+			continue
+		}
+		paths := []string{prog}
+		for _, a := range t.Command[1:] {
+			if filepath.IsAbs(a) {
+				if _, err := os.Stat(a); err == nil {
+					paths = append(paths, a)
+				}
+			}
+		}
+		for _, p := range paths {
+			if hidden := r.hiddenBy(t, p); hidden != "" {
+				return fmt.Errorf("sandbox: tool %q: %s is under %s, which the sandbox replaces with an empty directory: add it (or its directory) to the tool's mounts, or keep it elsewhere", t.ID, p, hidden)
+			}
+		}
+	}
+	return nil
+}
+
+// hiddenBy returns the directory of the sandbox that hides path from tool
+// t ("" when the tool sees it).
+func (r *Runner) hiddenBy(t ToolConfig, path string) string {
+	for _, m := range t.Mounts {
+		if under(path, m.Path) {
+			return ""
+		}
+	}
+	for _, dir := range []string{"/tmp", "/dev/shm", r.workRoot} {
+		if under(path, dir) {
+			return dir
+		}
+	}
+	return ""
+}
+
 // resolveProgram returns the absolute path of a tool's program, looking a
 // bare name up in ToolPATH.
 func resolveProgram(p string) (string, error) {

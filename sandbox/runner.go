@@ -292,6 +292,9 @@ func NewRunner(cfg Config, opts ...Option) (*Runner, error) {
 			}
 		}
 	}
+	if err := r.checkPrograms(); err != nil {
+		return nil, err
+	}
 	if err := r.checkNesting(); err != nil {
 		return nil, err
 	}

@@ -318,12 +318,6 @@ tools:
     command: [/bin/sh, ./fail.sh]
   - id: workdir
     command: [/bin/sh, -c, 'ls -A; pwd; echo "$HOME"; id -u; hostname']
-  - id: missing_abs
-    command: [/nonexistent/tool]
-  - id: missing_name
-    command: [no-such-program-toolbatch]
-  - id: missing_rel
-    command: [./no-such-script.sh]
   - id: noop
     builtin: noop
   - id: echo
@@ -398,14 +392,37 @@ func TestEnvironmentIsExact(t *testing.T) {
 	})
 }
 
-func TestMissingProgram(t *testing.T) {
+// TestProgramsCheckedAtStart: a worker whose tool names a program that
+// does not exist, or a file the sandbox hides (under /tmp, without a
+// mount), does not start: it says which, in one line.
+func TestProgramsCheckedAtStart(t *testing.T) {
 	t.Parallel()
-	inModes(t, func(t *testing.T, m mode) {
-		r, _ := newRunner(t, m, scriptTools)
-		wantError(t, run(t, r, "missing_abs", `{}`), events.ErrorExecution, "program /nonexistent/tool does not exist")
-		wantError(t, run(t, r, "missing_name", `{}`), events.ErrorExecution, `program "no-such-program-toolbatch" not found in PATH /usr/local/bin:/usr/bin:/bin`)
-		wantError(t, run(t, r, "missing_rel", `{}`), events.ErrorExecution, "no-such-script.sh does not exist")
-	})
+	dir := toolsDir(t)
+	hidden, err := os.CreateTemp("", "toolbatch-hidden-*.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hidden.Close()
+	t.Cleanup(func() { os.Remove(hidden.Name()) })
+	for _, c := range []struct{ isolation, command, mounts, want string }{
+		{"none", "[/nonexistent/tool]", "", `sandbox: tool "x": program /nonexistent/tool does not exist`},
+		{"bubblewrap", "[no-such-program-toolbatch]", "", `sandbox: tool "x": program "no-such-program-toolbatch" not found in PATH /usr/local/bin:/usr/bin:/bin`},
+		{"bubblewrap", "[./no-such-script.sh]", "", `sandbox: tool "x": program ` + filepath.Join(dir, "no-such-script.sh") + ` does not exist`},
+		{"bubblewrap", "[/bin/sh, " + hidden.Name() + "]", "", `sandbox: tool "x": ` + hidden.Name() +
+			` is under /tmp, which the sandbox replaces with an empty directory: add it (or its directory) to the tool's mounts, or keep it elsewhere`},
+		{"bubblewrap", "[/bin/sh, " + hidden.Name() + "]", "[{path: " + hidden.Name() + "}]", ""},
+		{"none", "[/bin/sh, " + hidden.Name() + "]", "", ""}, // nothing is hidden without a sandbox
+	} {
+		yaml := fmt.Sprintf("isolation: %s\ntools:\n  - id: x\n    command: %s\n", c.isolation, c.command)
+		if c.mounts != "" {
+			yaml += "    mounts: " + c.mounts + "\n"
+		}
+		r := &Runner{cfg: load(t, dir, yaml).WithDefaults(), workRoot: worldDir(t, false)}
+		err := r.checkPrograms()
+		if got := fmt.Sprint(err); c.want == "" && err != nil || c.want != "" && got != c.want {
+			t.Errorf("%s %s: %v, want %q", c.isolation, c.command, err, c.want)
+		}
+	}
 }
 
 func TestNonZeroExitReportsStderrTail(t *testing.T) {

@@ -58,7 +58,7 @@ tools:
   - {id: slow_rs, target: sandbox, recovery: {mode: replay_safe, max_attempts: 3}, dispatch_deadline: 20s}
   - {id: nothing_serves_it, target: sandbox, recovery: {max_attempts: 1}, dispatch_deadline: 1s}
   - {id: nothing_serves_it_rs, target: sandbox, recovery: {mode: replay_safe}}
-  - {id: missing_binary, target: sandbox, dispatch_deadline: 20s}
+  - {id: failing, target: sandbox, dispatch_deadline: 20s}
 `
 
 // workerYAML: every tool records "<worker> <operation id>" in the effects
@@ -82,8 +82,8 @@ tools:` +
 		tool("append", "replay_safe", "20s", "echo ok") +
 		tool("slow_nr", "non_recoverable", "60s", "sleep 30; echo late") +
 		tool("slow_rs", "replay_safe", "60s", `if [ "$TOOLBATCH_ATTEMPT" = 1 ]; then sleep 30; fi; echo "done by $WORKER"`) + `
-  - id: missing_binary
-    command: ["/nonexistent/tool"]
+  - id: failing
+    command: ["/bin/sh", "-c", "echo no >&2; exit 3"]
 `
 }
 
@@ -306,9 +306,9 @@ func TestKilledWorker(t *testing.T) {
 		t.Fatalf("replay_safe after the kill: %s", got)
 	}
 
-	// A missing binary is an error output; a tool no worker serves is
+	// A failing tool is an error output; a tool no worker serves is
 	// unavailable before dispatch; the worker still serves.
-	if err := c.client.Submit(ctx, batch("misc", 1, "missing_binary", "nothing_serves_it", "append", "nothing_serves_it_rs")); err != nil {
+	if err := c.client.Submit(ctx, batch("misc", 1, "failing", "nothing_serves_it", "append", "nothing_serves_it_rs")); err != nil {
 		t.Fatal(err)
 	}
 	if res, err = c.client.WaitResults(ctx, "misc", "misc/1"); err != nil {
@@ -368,8 +368,8 @@ func TestDrainTearsDownPrestartedSandboxes(t *testing.T) {
 	if got := fmt.Sprint(texts(res)); got != `[ok "ok\n"]` {
 		t.Fatalf("results: %s", got)
 	}
-	// append, slow_nr and slow_rs: 2 each (missing_binary never starts).
-	const want = 3 * 2
+	// append, slow_nr, slow_rs and failing: 2 each.
+	const want = 4 * 2
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -514,5 +514,20 @@ func TestPrivateTMPDIR(t *testing.T) {
 	}
 	if got := fmt.Sprint(texts(res)); got != `[ok "{\"i\":0}"]` {
 		t.Fatalf("results %s", got)
+	}
+}
+
+// TestMissingProgramRefusedAtStart: a worker whose config names a program
+// that does not exist does not start (before it connects anywhere): one
+// line names the tool and the program.
+func TestMissingProgramRefusedAtStart(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "worker.yaml")
+	if err := os.WriteFile(cfg, []byte("pools: [default]\nisolation: bubblewrap\ntools:\n  - {id: gone, command: [/nonexistent/tool]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(workerBin, "--nats-url", "nats://127.0.0.1:1", "--config", cfg).CombinedOutput()
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if err == nil || len(lines) != 1 || !strings.Contains(lines[0], `tool "gone": program /nonexistent/tool does not exist`) {
+		t.Fatalf("a missing program: %v:\n%s", err, out)
 	}
 }
