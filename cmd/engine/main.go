@@ -115,6 +115,13 @@ func run(args []string, stderr io.Writer) error {
 	}
 	cfg := engine.Config{Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Lease: o.lease, CacheRuns: o.cacheRuns, CacheBytes: o.cacheBytes, Limits: o.limits,
 		ClientMaxRuns: o.clientMaxRuns, ClientSubmitRate: o.clientRate, ClientSubmitBurst: o.clientBurst, Catalog: cat, Logger: log, CheckpointEvery: o.checkpointEvery}
+	// what the engine cannot serve, before anything starts
+	if err := cfg.Validate(); err != nil {
+		if o.catalogPath != "" {
+			return fmt.Errorf("--catalog %s: %w", o.catalogPath, err)
+		}
+		return err
+	}
 
 	var reg *prometheus.Registry
 	if o.metricsListen != "" {

@@ -114,6 +114,19 @@ func TestBadFlagsAndCatalog(t *testing.T) {
 		t.Fatal(err)
 	}
 	noAuth := filepath.Join(t.TempDir(), "none.yaml")
+	unknownBuiltin := filepath.Join(t.TempDir(), "builtin.yaml")
+	if err := os.WriteFile(unknownBuiltin, []byte("tools:\n  - {id: x, builtin: rm}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// refused before anything starts: the store stays empty
+	store := t.TempDir()
+	if out, err := exec.Command(binary, "--catalog", unknownBuiltin, "--store", store).CombinedOutput(); err == nil ||
+		strings.TrimSpace(string(out)) != "engine: --catalog "+unknownBuiltin+": tool x: unknown builtin rm (the engine has echo, sleep and fail)" {
+		t.Errorf("an unknown builtin: %v: %s", err, out)
+	}
+	if entries, _ := os.ReadDir(store); len(entries) != 0 {
+		t.Errorf("a refused start wrote %d entries into the store", len(entries))
+	}
 	for _, c := range []struct {
 		args []string
 		want string // in the line
