@@ -30,7 +30,7 @@ func (e *Engine) openBuckets(ctx context.Context) error {
 	e.ownersKV = open(e.names.OwnersBucket())
 	e.catalogKV = open(e.names.CatalogBucket())
 	e.state.kv = open(e.names.StateBucket())
-	e.live = &liveCapabilities{workers: open(e.names.WorkersBucket()), registry: open(e.names.RegistryBucket())}
+	e.live = &liveCapabilities{workers: open(e.names.WorkersBucket()), registry: open(e.names.RegistryBucket()), noticed: e.checkAdvert}
 	if e.cfg.Signer != nil {
 		e.trust = &trust{e: e, kv: open(e.names.KeysBucket())}
 		e.events.trust = e.trust
@@ -59,6 +59,10 @@ func (e *Engine) openBuckets(ctx context.Context) error {
 // still on its way to the watch) is read from the bucket itself.
 type liveCapabilities struct {
 	workers, registry jetstream.KeyValue
+
+	// noticed, when set, is told of each advertisement new to the mirror
+	// or changed ("<pool>.<tool_id>", worker id, capability).
+	noticed func(poolTool, worker string, c events.Capability)
 
 	mu       sync.Mutex
 	adverts  map[string]map[string]advert // "<pool>.<tool_id>" -> worker id -> advertisement
@@ -142,7 +146,24 @@ func (l *liveCapabilities) apply(entry jetstream.KeyValueEntry) {
 	if l.adverts[tool] == nil {
 		l.adverts[tool] = map[string]advert{}
 	}
-	l.adverts[tool][worker] = advert{capability: events.Capability(entry.Value()), written: entry.Created()}
+	c := events.Capability(entry.Value())
+	if old, had := l.adverts[tool][worker]; (!had || old.capability != c) && l.noticed != nil {
+		l.noticed(tool, worker, c) // new or changed, not a renewal
+	}
+	l.adverts[tool][worker] = advert{capability: c, written: entry.Created()}
+}
+
+// checkAdvert warns when a worker advertises a catalog tool with a
+// capability that does not support the tool's recovery mode: every call
+// of it would complete with an error until the worker says otherwise.
+func (e *Engine) checkAdvert(poolTool, worker string, c events.Capability) {
+	pool, toolID, _ := strings.Cut(poolTool, ".")
+	t, ok := e.cfg.Catalog.Tool(toolID)
+	if !ok || t.Target != events.TargetSandbox || t.Pool != pool || t.Policy.Mode.SupportedBy(c) {
+		return
+	}
+	e.log.Warn().Str("worker", worker).Str("pool", pool).Str("tool", toolID).Str("capability", string(c)).Str("mode", string(t.Policy.Mode)).
+		Msg("a worker advertises a capability that does not support the catalog's recovery mode of the tool: its calls complete with an error; set the worker's capability (docs/workers.md) or the catalog's recovery.mode")
 }
 
 func (l *liveCapabilities) stop() {

@@ -235,3 +235,39 @@ tools:
 		t.Fatalf("results: %s", got)
 	}
 }
+
+// TestUnsupportedAdvertisementIsLogged: a worker that advertises a
+// capability the catalog's recovery mode of the tool cannot use is named
+// in a warning when it appears (not at each renewal).
+func TestUnsupportedAdvertisementIsLogged(t *testing.T) {
+	cat := mustCatalog(t, `
+tools:
+  - {id: build, target: sandbox, recovery: {mode: replay_safe}}
+`)
+	url := testnats.Start(t, t.TempDir())
+	js := testnats.JetStream(t, testnats.Connect(t, url))
+	ctx := ctxT(t, 30*time.Second)
+	var logs testproc.Buffer
+	eng, err := engine.New(testnats.Connect(t, url), engine.Config{Catalog: cat, Logger: zerolog.New(&logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- eng.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	<-eng.Ready()
+	warnings := func(worker string) int {
+		return strings.Count(logs.String(), `"worker":"`+worker+`","pool":"default","tool":"build","capability":"non_recoverable","mode":"replay_safe"`)
+	}
+	putKey(t, ctx, js, "TOOLBATCH_WORKERS", "sandbox.default.build.w1", "non_recoverable")
+	testwait.Until(t, ctx, "a warning naming w1", func() bool { return warnings("w1") == 1 })
+	putKey(t, ctx, js, "TOOLBATCH_WORKERS", "sandbox.default.build.w1", "non_recoverable") // a renewal
+	putKey(t, ctx, js, "TOOLBATCH_WORKERS", "sandbox.default.build.w2", "replay_safe")     // fits: nothing
+	putKey(t, ctx, js, "TOOLBATCH_WORKERS", "sandbox.default.build.w3", "non_recoverable")
+	// the watch delivers in order: once w3 is warned of, w1's renewal was seen
+	testwait.Until(t, ctx, "a warning naming w3", func() bool { return warnings("w3") == 1 })
+	if n, n2 := warnings("w1"), strings.Count(logs.String(), `"worker":"w2"`); n != 1 || n2 != 0 {
+		t.Errorf("warnings: w1 %d (want 1: a renewal is not news), w2 %d (want 0)", n, n2)
+	}
+}
