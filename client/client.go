@@ -79,6 +79,7 @@ var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 // Client talks to the toolbatch engine over NATS JetStream only. It is safe
 // for concurrent use.
 type Client struct {
+	nc        *nats.Conn
 	js        jetstream.JetStream
 	names     protocol.Names
 	limits    events.Limits
@@ -138,7 +139,7 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	return &Client{js: js, names: protocol.Names{Prefix: o.prefix}, limits: o.limits, submitter: o.submitter}, nil
+	return &Client{nc: nc, js: js, names: protocol.Names{Prefix: o.prefix}, limits: o.limits, submitter: o.submitter}, nil
 }
 
 // Prefix returns the subject prefix the client uses.
@@ -328,6 +329,10 @@ func (c *Client) publish(ctx context.Context, subject, msgID string, body []byte
 }
 
 func (c *Client) publishMsg(ctx context.Context, m *nats.Msg, msgID string) error {
+	if max := c.nc.MaxPayload(); max > 0 && int64(len(m.Data)) > max {
+		return events.Refuse(events.CodeLimitExceeded, "%s: the message is %d bytes, and the NATS server takes at most %d (its max_payload): make the batch smaller, or raise the server's max_payload",
+			m.Subject, len(m.Data), max)
+	}
 	if _, err := c.js.PublishMsg(ctx, m, jetstream.WithMsgID(msgID)); err != nil {
 		return fmt.Errorf("%w %s: %w", ErrPublish, m.Subject, err)
 	}

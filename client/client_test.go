@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -210,6 +211,18 @@ func TestSubmitRefusedLocally(t *testing.T) {
 	badInput.Assistant.Content[1].Input = events.MustJSON(`[1,2]`)
 	badNarrowing := submission("run-1", 0, "call-1")
 	badNarrowing.Narrowing = "everything"
+	// within the client's limits, beyond what the server takes
+	nc := mustConn(t, e)
+	roomy, err := client.New(nc, client.WithLimits(events.Limits{MaxCalls: 8, MaxArgumentBytes: 1024, MaxOutputBytes: 1024, MaxSubmitBytes: 64 << 20, MaxBlockBytes: 64 << 20}))
+	if err != nil {
+		t.Fatalf("new client: %v", err)
+	}
+	huge := submission("run-1", 0, "call-1")
+	huge.Assistant.Content = append(huge.Assistant.Content, events.TextBlock(strings.Repeat("x", int(nc.MaxPayload())+1)))
+	err = roomy.Submit(ctx, huge)
+	if want := fmt.Sprintf("and the NATS server takes at most %d (its max_payload)", nc.MaxPayload()); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("a submission over the server's max_payload: %v, want it to say %q", err, want)
+	}
 
 	cases := []struct {
 		name string
@@ -223,6 +236,7 @@ func TestSubmitRefusedLocally(t *testing.T) {
 		{"too many calls", small, submission("run-1", 0, "call-1", "call-2"), events.CodeLimitExceeded},
 		{"input not an object", e.c, badInput, events.CodeUndecodable},
 		{"bad narrowing", e.c, badNarrowing, events.CodeUndecodable},
+		{"over the server's max_payload", roomy, huge, events.CodeLimitExceeded},
 		{"nil", e.c, nil, events.CodeUndecodable},
 	}
 	for _, tc := range cases {
