@@ -17,5 +17,5 @@
 //
 // Imports: access, internal/cli, metrics, protocol, sandbox, tracing, worker,
 // github.com/nats-io/nats.go, github.com/prometheus/client_golang,
-// github.com/rs/zerolog.
+// github.com/rs/zerolog, golang.org/x/sys/unix.
 package main

@@ -82,11 +82,32 @@ func run(args []string, stderr io.Writer) error {
 		host, _ := os.Hostname()
 		*workerID = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
-	if *workRoot == "" {
-		*workRoot = filepath.Join(sandbox.DefaultWorkParent(), "toolbatch-worker-"+*workerID)
+	defaultRoot := *workRoot == ""
+	if defaultRoot {
+		*workRoot = filepath.Join(sandbox.DefaultWorkParent(), defaultRootPrefix+*workerID)
 	}
+	_, statErr := os.Stat(*workRoot)
 	if err := os.MkdirAll(*workRoot, 0o755); err != nil {
 		return fmt.Errorf("--work-root %s: %w", *workRoot, err)
+	}
+	// A root this worker made goes when it exits: always a default one
+	// (named by its worker id, no later worker reuses it), and any when its
+	// start failed (a start that fails leaves nothing behind).
+	started, created := false, errors.Is(statErr, os.ErrNotExist)
+	defer func() {
+		if created && (!started || defaultRoot) {
+			os.RemoveAll(*workRoot)
+		}
+	}()
+	release, err := holdRoot(*workRoot)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if defaultRoot {
+		if n := sweepGoneRoots(filepath.Dir(*workRoot), *workRoot); n > 0 {
+			log.Info().Int("removed", n).Msg("removed the work roots of workers that are gone")
+		}
 	}
 	// Working directories left by a worker that was killed are removed here
 	// (only the sandbox's own, never anything else in the directory).
@@ -166,5 +187,6 @@ func run(args []string, stderr io.Writer) error {
 		<-sigs
 		stopAbort()
 	}()
+	started = true
 	return w.Run(drain, abort)
 }

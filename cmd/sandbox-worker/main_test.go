@@ -531,3 +531,60 @@ func TestMissingProgramRefusedAtStart(t *testing.T) {
 		t.Fatalf("a missing program: %v:\n%s", err, out)
 	}
 }
+
+// TestGoneWorkersRootsAreRemoved: workers started without --work-root get
+// a root named by their id; a killed worker's root is removed by the next
+// worker on the machine, a drained worker removes its own, and a start
+// that fails leaves none.
+func TestGoneWorkersRootsAreRemoved(t *testing.T) {
+	dir := t.TempDir()
+	tmp := reachableDir(t, "toolbatch-tmpdir-", 0o755) // the workers' TMPDIR
+	cfg, cat := filepath.Join(dir, "worker.yaml"), filepath.Join(dir, "catalog.yaml")
+	if err := os.WriteFile(cfg, []byte(metricsWorker), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cat, []byte(metricsCatalog), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port := testproc.FreePort(t)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	testproc.Start(t, "engine", `"engine ready"`, engineBin, "--store", filepath.Join(dir, "store"), "--listen", fmt.Sprintf("127.0.0.1:%d", port),
+		"--catalog", cat, "--log-format", "json")
+	worker := func(id string) *testproc.Proc {
+		return testproc.Start(t, id, `"ready"`, "/usr/bin/env", "TMPDIR="+tmp, workerBin, "--nats-url", url, "--config", cfg,
+			"--worker-id", id, "--log-format", "json")
+	}
+	exists := func(id string) bool {
+		_, err := os.Stat(filepath.Join(tmp, "toolbatch-worker-"+id))
+		return err == nil
+	}
+	a := worker("a")
+	if !exists("a") {
+		t.Fatal("worker a has no root")
+	}
+	a.Kill()
+	if !exists("a") {
+		t.Fatal("a killed worker's root went by itself")
+	}
+	b := worker("b")
+	if exists("a") || !exists("b") {
+		t.Fatalf("after b started: a's root exists %v, b's %v", exists("a"), exists("b"))
+	}
+	if err := b.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	<-b.Exited()
+	if exists("b") {
+		t.Error("a drained worker left its root")
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("pools: [default]\nisolation: none\ntools:\n  - {id: gone, command: [/nonexistent/tool]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("/usr/bin/env", "TMPDIR="+tmp, workerBin, "--nats-url", url, "--config", bad, "--worker-id", "c").CombinedOutput(); err == nil {
+		t.Fatalf("a worker with a missing program started:\n%s", out)
+	}
+	if exists("c") {
+		t.Error("a failed start left its root")
+	}
+}
