@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -82,6 +83,9 @@ func (d Decision) String() string {
 	s := d.Label + " (" + d.Stage
 	if d.Rule != "" {
 		s += " " + d.Rule
+	}
+	if d.Reason != "" {
+		s += ": " + strconv.Quote(d.Reason)
 	}
 	if d.Note != "" {
 		s += ", " + d.Note
