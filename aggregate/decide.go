@@ -687,8 +687,13 @@ func (d *decider) end(cause events.EndCause, reason string, at time.Time) error 
 				e = &events.CallCompleted{BatchID: b.ID, CallID: c.CallID, Attempt: c.Attempt,
 					Output: events.ErrorOutput(c.CallID, events.InterruptedText), At: at}
 			} else {
+				why := "run " + string(cause)
+				if c.Attempt == 0 {
+					// nothing of it ran: say so (a call awaiting approval, say)
+					why += " before the call ran (it was " + string(c.Phase) + ")"
+				}
 				e = &events.CallIndeterminate{BatchID: b.ID, CallID: c.CallID, Attempt: c.Attempt,
-					Reason: "run " + string(cause) + endDetail(reason), At: at}
+					Reason: why + endDetail(reason), At: at}
 			}
 			if err := d.emit(e); err != nil {
 				return err

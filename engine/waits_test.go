@@ -499,7 +499,7 @@ gate:
 		t.Fatal(err)
 	}
 	_, res = w.results("the results of the cancelled batch")
-	if got := fmt.Sprint(resultTexts(res)); got != `[c1=error "tool outcome is indeterminate: run cancelled: enough"]` {
+	if got := fmt.Sprint(resultTexts(res)); got != `[c1=error "tool outcome is indeterminate: run cancelled before the call ran (it was awaiting): enough"]` {
 		t.Fatalf("results: %s", got)
 	}
 	if m := w.next("the end"); m.Ended == nil || m.Ended.Cause != events.EndCancelled || m.Ended.Reason != "enough" {

@@ -515,7 +515,8 @@ func TestCancel(t *testing.T) {
 	if !strings.HasPrefix(lost, "tool outcome is indeterminate: ") {
 		t.Fatalf("indeterminate text %q", lost)
 	}
-	wantResults(t, out[3], batch, 9, []string{"one", lost, lost}, []bool{false, true, true})
+	never := aggregate.IndeterminatePrefix + "run cancelled before the call ran (it was requested): user pressed stop"
+	wantResults(t, out[3], batch, 9, []string{"one", lost, never}, []bool{false, true, true})
 	if e := out[4].Ended; e.Cause != events.EndCancelled || e.Reason != "user pressed stop" {
 		t.Fatalf("ended: got %+v", e)
 	}
@@ -536,7 +537,7 @@ func TestCancelWhileParked(t *testing.T) {
 	out := h.do(aggregate.End{Cause: events.EndCancelled, At: h.tick()})
 	wantKinds(t, out, "disposition", "results", "ended")
 	wantDispositions(t, out, batch, disp{"c1", events.DispositionExecuted, events.PhaseIndeterminate, 0})
-	wantResults(t, out[1], batch, 1, []string{aggregate.IndeterminatePrefix + "run cancelled"}, []bool{true})
+	wantResults(t, out[1], batch, 1, []string{aggregate.IndeterminatePrefix + "run cancelled before the call ran (it was awaiting)"}, []bool{true})
 }
 
 // TestProjectIsPure: Project never changes the model it is given, and an

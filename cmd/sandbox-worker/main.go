@@ -104,11 +104,6 @@ func run(args []string, stderr io.Writer) error {
 		return err
 	}
 	defer release()
-	if defaultRoot {
-		if n := sweepGoneRoots(filepath.Dir(*workRoot), *workRoot); n > 0 {
-			log.Info().Int("removed", n).Msg("removed the work roots of workers that are gone")
-		}
-	}
 	// Working directories left by a worker that was killed are removed here
 	// (only the sandbox's own, never anything else in the directory).
 	left, _ := filepath.Glob(filepath.Join(*workRoot, "toolbatch-call-*"))
@@ -136,6 +131,11 @@ func run(args []string, stderr io.Writer) error {
 	defer runner.Close()
 	if w := runner.Warning(); w != "" {
 		log.Warn().Msg(w)
+	}
+	if defaultRoot { // once this worker's own start has passed its checks
+		if n := sweepGoneRoots(filepath.Dir(*workRoot), *workRoot); n > 0 {
+			log.Info().Int("removed", n).Msg("removed the work roots of workers that are gone")
+		}
 	}
 	if os.Geteuid() == 0 && sc.Isolation == sandbox.IsolationBubblewrap {
 		// What a writable mount's files must let in.
