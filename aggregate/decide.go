@@ -573,7 +573,11 @@ func (d *decider) leaseExpired(l LeaseExpired) error {
 			return ErrStaleClaim
 		}
 	}
-	return d.emit(recoverCall(b, c, l.Capability, l.At))
+	lost := ReasonOwnerLost
+	if c.Tool.Target == events.TargetSandbox {
+		lost = ReasonWorkerLost
+	}
+	return d.emit(recoverCall(b, c, l.Capability, l.At, lost))
 }
 
 func (d *decider) recover(rc Recover) error {
@@ -594,7 +598,7 @@ func (d *decider) recover(rc Recover) error {
 			capability = events.CapNonRecoverable // unknown, or no live executor
 		}
 		delegation := c.Tool.Kind == events.KindDelegation
-		ev := recoverCall(b, c, capability, rc.At)
+		ev := recoverCall(b, c, capability, rc.At, ReasonOwnerLost)
 		if err := d.emit(ev); err != nil {
 			return err
 		}
@@ -610,20 +614,22 @@ func (d *decider) recover(rc Recover) error {
 // Indeterminate reasons of the recovery table.
 const (
 	ReasonOwnerLost       = "owner lost after the executor was entered"
+	ReasonWorkerLost      = "the worker running it was lost (no heartbeat before its lease ran out) after it claimed the call"
 	ReasonBudgetExhausted = "recovery attempt budget exhausted"
 )
 
 // recoverCall is the recovery table of contract.md §4 for an executing call
 // whose dispatch boundary was crossed. The live engine (lease expiry) and
-// replay's audit use it alike.
-func recoverCall(b *Batch, c *Call, capability events.Capability, at time.Time) events.Event {
+// replay's audit use it alike. lost is the reason of a never_replay call:
+// who was lost.
+func recoverCall(b *Batch, c *Call, capability events.Capability, at time.Time, lost string) events.Event {
 	mode := c.Tool.Policy.Mode
 	indeterminate := func(reason string) events.Event {
 		return &events.CallIndeterminate{BatchID: b.ID, CallID: c.CallID, Attempt: c.Attempt, Reason: reason, At: at}
 	}
 	switch {
 	case mode == events.ModeNeverReplay:
-		return indeterminate(ReasonOwnerLost)
+		return indeterminate(lost)
 	case !mode.SupportedBy(capability):
 		return indeterminate(fmt.Sprintf("recovery mode %s is no longer supported (capability %s)", mode, capability))
 	case c.Attempt >= c.Tool.Policy.MaxAttempts:
@@ -657,7 +663,7 @@ func RecoveryAction(r *Run, callID string, capability events.Capability) string 
 	case !c.Crossed:
 		return "dispatch again: boundary not crossed"
 	}
-	switch e := recoverCall(b, c, capability, time.Time{}).(type) {
+	switch e := recoverCall(b, c, capability, time.Time{}, ReasonOwnerLost).(type) {
 	case *events.CallExecuting:
 		return fmt.Sprintf("re-invoke attempt %d", e.Attempt)
 	case *events.CallIndeterminate:

@@ -273,7 +273,7 @@ func TestKilledWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := fmt.Sprint(texts(res)); got != `[error "tool outcome is indeterminate: owner lost after the executor was entered"]` {
+	if got := fmt.Sprint(texts(res)); got != `[error "tool outcome is indeterminate: the worker running it was lost (no heartbeat before its lease ran out) after it claimed the call"]` {
 		t.Fatalf("never_replay after the kill: %s", got)
 	}
 	if n := len(c.effectLines(t)["nr/1/c1"]); n != 1 {
