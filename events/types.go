@@ -15,10 +15,11 @@ const DefaultPool = "default"
 const (
 	TargetBrain   Target = "brain"   // beside the engine, in-process or as a host service
 	TargetSandbox Target = "sandbox" // on a sandbox worker
-	// TargetNone is how metrics and traces name the target of a call of a
-	// tool the catalog lacks (never a descriptor's).
-	TargetNone Target = "none"
 )
+
+// NoTarget is how metrics and traces name the target of a call of a tool
+// the catalog lacks (never a descriptor's: not a Target).
+const NoTarget = "none"
 
 // ToolKind says how a call is carried out.
 type ToolKind string

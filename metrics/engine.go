@@ -212,7 +212,7 @@ func (m *Engine) observe(runID string, e events.Event) {
 		for _, c := range ev.Calls {
 			tool, target := c.ToolID, string(c.Tool.Target)
 			if c.Tool.Kind == events.KindUnknown {
-				tool, target = UnknownTool, string(events.TargetNone)
+				tool, target = UnknownTool, events.NoTarget
 			}
 			b.calls[c.CallID] = &callSeen{tool: tool, target: target, stages: m.stagesOf(tool, target)}
 		}

@@ -193,7 +193,7 @@ func newBatch(runID, traceparent string, s *events.BatchSubmitted) *batchTrace {
 	for _, c := range s.Calls {
 		target := string(c.Tool.Target)
 		if c.Tool.Kind == events.KindUnknown {
-			target = string(events.TargetNone)
+			target = events.NoTarget
 		}
 		b.calls[c.CallID] = &callTrace{id: c.CallID, tool: c.ToolID, target: target}
 		b.order = append(b.order, c.CallID)
