@@ -2,7 +2,6 @@ package tracing
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
@@ -38,6 +37,10 @@ const (
 type Provider struct {
 	tp     *sdktrace.TracerProvider
 	tracer trace.Tracer
+	// sp and res are where the engine hands the spans it makes whole,
+	// from events (Engine.span), and the resource they carry.
+	sp  sdktrace.SpanProcessor
+	res *resource.Resource
 }
 
 // FromEnv returns the provider the environment asks for: nil (tracing off)
@@ -78,9 +81,12 @@ func FromEnv(ctx context.Context, service string) (*Provider, error) {
 	return newProvider(sdktrace.NewBatchSpanProcessor(exporter), res), nil
 }
 
+// scope names the spans' instrumentation.
+const scope = "github.com/toolbatch/toolbatch"
+
 func newProvider(sp sdktrace.SpanProcessor, res *resource.Resource) *Provider {
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sp), sdktrace.WithResource(res), sdktrace.WithIDGenerator(ids{}))
-	return &Provider{tp: tp, tracer: tp.Tracer("github.com/toolbatch/toolbatch")}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sp), sdktrace.WithResource(res))
+	return &Provider{tp: tp, tracer: tp.Tracer(scope), sp: sp, res: res}
 }
 
 // Shutdown exports what is buffered and stops.
@@ -116,41 +122,6 @@ func Format(sc trace.SpanContext) string {
 	b[52] = '-'
 	hex.Encode(b[53:55], []byte{byte(sc.TraceFlags() & trace.FlagsSampled)})
 	return string(b[:])
-}
-
-// ids draws span ids at random unless the context names the one a span
-// must have (withIDs): the engine's spans' ids are derived.
-type ids struct{}
-
-type fixedKey struct{}
-
-type fixed struct {
-	trace trace.TraceID
-	span  trace.SpanID
-}
-
-func withIDs(ctx context.Context, t trace.TraceID, s trace.SpanID) context.Context {
-	return context.WithValue(ctx, fixedKey{}, fixed{t, s})
-}
-
-func (ids) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
-	if f, ok := ctx.Value(fixedKey{}).(fixed); ok {
-		return f.trace, f.span
-	}
-	var t trace.TraceID
-	var s trace.SpanID
-	_, _ = rand.Read(t[:])
-	_, _ = rand.Read(s[:])
-	return t, s
-}
-
-func (ids) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID {
-	if f, ok := ctx.Value(fixedKey{}).(fixed); ok {
-		return f.span
-	}
-	var s trace.SpanID
-	_, _ = rand.Read(s[:])
-	return s
 }
 
 // hash is a 64-bit hash of parts, each followed by a zero byte: xxhash,
