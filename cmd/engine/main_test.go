@@ -3,6 +3,7 @@ package main_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -399,4 +400,42 @@ func TestSecondEngineOnAStoreExits(t *testing.T) {
 	}
 	first.Kill()
 	startEngine(t, store, testproc.FreePort(t))
+}
+
+// TestConsoleLogsArePlainOffATerminal: the console format written to a
+// pipe or a file carries no colour codes.
+func TestConsoleLogsArePlainOffATerminal(t *testing.T) {
+	p := testproc.Start(t, "engine", "engine ready", binary, "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", testproc.FreePort(t)))
+	if logs := p.Logs(); strings.Contains(logs, "\x1b[") || !strings.Contains(logs, "INF") {
+		t.Fatalf("console logs on a pipe:\n%q", logs)
+	}
+}
+
+// TestMakeRunStopsOnSIGTERM: make run execs the engine it built, so that
+// kill -TERM of make reaches it: it exits and frees its port.
+func TestMakeRunStopsOnSIGTERM(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Fatalf("make is not installed: %v", err) // the README's commands need it
+	}
+	port := testproc.FreePort(t)
+	args := fmt.Sprintf("ARGS=--store %s --listen 127.0.0.1:%d --log-format json", t.TempDir(), port)
+	p := testproc.Start(t, "make run", `"engine ready"`, "make", "-s", "-C", "../..", "run", args)
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Exited():
+	case <-time.After(30 * time.Second):
+		t.Fatal("make run did not exit on SIGTERM")
+	}
+	// the engine is gone with make: its port is free again
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	testwait.Until(t, ctx, "the engine's port free", func() bool {
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			ln.Close()
+		}
+		return err == nil
+	})
 }
