@@ -242,7 +242,7 @@ func cmdSubmit(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		})
 	}
 	// --timeout bounds the wait for the engine, not for the people who
-	// answer the batch's tickets: it runs while no ticket is open.
+	// answer the batch's tickets: it runs until the batch first parks.
 	timeout := c.timeout
 	c.timeout = 0
 	return c.withClient(func(ctx context.Context, nc *nats.Conn, cl *client.Client) error {

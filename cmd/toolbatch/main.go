@@ -18,7 +18,8 @@ const usage = `usage:
       publish one JSON submit body read from stdin; with --wait, print the
       batch's results as one JSON object on stdout, and on stderr each
       ticket the batch waits on with the command that answers it
-      (--timeout counts only while no ticket is open)
+      (--timeout bounds the wait until the batch first parks on a ticket;
+      then it waits without a limit)
   toolbatch watch RUN_ID [flags]
       print every out message of the run as one JSON line
       {"kind":...,"subject":...,"body":{...}} until interrupted

@@ -86,9 +86,10 @@ func nextReadable(ctx context.Context, w *client.Watch) (client.Message, error) 
 
 // watchBatch prints on stderr each ticket the batch opens, with the
 // command that answers it, until ctx ends. With timeout > 0 it also bounds
-// the wait: expire is called after timeout without an out message of the
-// batch, except while one of its tickets is open (a person may answer
-// hours later; the engine is not late).
+// the wait until the batch first parks: expire is called after timeout
+// without a disposition of the batch. Once a ticket opens it waits without
+// a limit (a person may answer hours later, and the engine publishes
+// nothing more until the batch parks again or clears its barrier).
 func watchBatch(ctx context.Context, cl *client.Client, runID, batchID string, timeout time.Duration, stderr io.Writer, expire func()) {
 	var timer *time.Timer
 	if timeout > 0 {
@@ -115,7 +116,7 @@ func watchBatch(ctx context.Context, cl *client.Client, runID, batchID string, t
 			if timer != nil {
 				timer.Stop() // parked: waiting for an answer, not for the engine
 			}
-		case m.Disposition != nil && m.Disposition.BatchID == batchID:
+		case m.Disposition != nil && m.Disposition.BatchID == batchID && len(shown) == 0:
 			if timer != nil {
 				timer.Reset(timeout)
 			}
