@@ -28,6 +28,7 @@ var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // descriptors and gate rules, pinned by its snapshot id. It is immutable and
 // safe for concurrent use.
 type Catalog struct {
+	path     string // the file Load read it from; empty for Parse
 	raw      []byte
 	snapshot string
 	tools    []Tool
@@ -102,7 +103,24 @@ func Load(path string) (*Catalog, error) {
 		}
 		return nil, err
 	}
+	c.path = path
 	return c, nil
+}
+
+// ToolProblem is a problem a program finds with one tool's field (a
+// builtin it does not have, say), located in the catalog's text as the
+// catalog's own problems are: file, line, tool.
+func (c *Catalog) ToolProblem(id, field, msg string) *ProblemError {
+	i := c.byID[id]
+	p := &ProblemError{Path: c.path, Where: located.ToolWhere(i, id), Msg: msg}
+	var doc yaml.Node
+	if yaml.Unmarshal(c.raw, &doc) == nil {
+		x := newIndex(&doc)
+		if j, ok := x.byPath[fmt.Sprintf("tools[%d].%s", i, field)]; ok {
+			p.Line = x.entries[j].keyLine
+		}
+	}
+	return p
 }
 
 // DefaultYAML is the built-in catalog the engine uses without --catalog: the

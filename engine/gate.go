@@ -157,7 +157,7 @@ func supported(c *catalog.Catalog) error {
 	var errs []error
 	for _, t := range c.Tools() {
 		if _, ok := Builtins[t.Builtin]; t.Builtin != "" && !ok {
-			errs = append(errs, errors.New("tool "+t.ID+": unknown builtin "+t.Builtin+" (the engine has echo, sleep and fail)"))
+			errs = append(errs, c.ToolProblem(t.ID, "builtin", "unknown builtin "+t.Builtin+" (the engine has echo, sleep and fail)"))
 		}
 	}
 	return errors.Join(errs...)

@@ -117,10 +117,7 @@ func run(args []string, stderr io.Writer) error {
 		ClientMaxRuns: o.clientMaxRuns, ClientSubmitRate: o.clientRate, ClientSubmitBurst: o.clientBurst, Catalog: cat, Logger: log, CheckpointEvery: o.checkpointEvery}
 	// what the engine cannot serve, before anything starts
 	if err := cfg.Validate(); err != nil {
-		if o.catalogPath != "" {
-			return fmt.Errorf("--catalog %s: %w", o.catalogPath, err)
-		}
-		return err
+		return err // a catalog's problem names its file and line
 	}
 
 	var reg *prometheus.Registry

@@ -122,7 +122,7 @@ func TestBadFlagsAndCatalog(t *testing.T) {
 	// refused before anything starts: the store stays empty
 	store := t.TempDir()
 	if out, err := exec.Command(binary, "--catalog", unknownBuiltin, "--store", store).CombinedOutput(); err == nil ||
-		strings.TrimSpace(string(out)) != "engine: --catalog "+unknownBuiltin+": tool x: unknown builtin rm (the engine has echo, sleep and fail)" {
+		strings.TrimSpace(string(out)) != "engine: "+unknownBuiltin+":2: tools[0] (id \"x\"): unknown builtin rm (the engine has echo, sleep and fail)" {
 		t.Errorf("an unknown builtin: %v: %s", err, out)
 	}
 	if entries, _ := os.ReadDir(store); len(entries) != 0 {
