@@ -215,7 +215,11 @@ func decode(data []byte) (*Config, *index, []*ProblemError) {
 		if errors.Is(err, io.EOF) {
 			return nil, nil, []*ProblemError{{Msg: "the catalog is empty (want a mapping with tools and gate)"}}
 		}
-		return nil, nil, yamlProblems(err, nil, nil)
+		ps := yamlProblems(err, nil, nil)
+		for _, p := range ps {
+			p.Line = located.SyntaxLine(data, p.Line, p.Msg)
+		}
+		return nil, nil, ps
 	}
 	var next yaml.Node
 	if err := nd.Decode(&next); !errors.Is(err, io.EOF) {

@@ -222,7 +222,11 @@ func ParseConfig(data []byte) (Config, error) {
 		if errors.Is(err, io.EOF) {
 			return Config{}, &ConfigError{Msg: "the config is empty (want a mapping with pools, isolation and tools)"}
 		}
-		return Config{}, joinProblems(decodeProblems(err, nil, nil))
+		ps := decodeProblems(err, nil, nil)
+		for _, p := range ps {
+			p.Line = located.SyntaxLine(data, p.Line, p.Msg)
+		}
+		return Config{}, joinProblems(ps)
 	}
 	var next yaml.Node
 	if err := nd.Decode(&next); !errors.Is(err, io.EOF) {

@@ -1,6 +1,7 @@
 package located
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -189,4 +190,35 @@ func TagWords(tag, value string) string {
 	default:
 		return strings.TrimPrefix(tag, "!!") + " " + value
 	}
+}
+
+// blockComplaints are the syntax errors go.yaml.in/yaml/v3 reports at the
+// line where the enclosing block begins rather than where the problem is
+// (a line indented too little or too much, say).
+var blockComplaints = []string{"did not find expected key", "did not find expected '-' indicator"}
+
+// maxRelineLines bounds the documents SyntaxLine searches (it parses each
+// prefix: quadratic).
+const maxRelineLines = 4000
+
+// SyntaxLine returns the line a syntax complaint is about: for the
+// complaints the decoder places at the start of the enclosing block, the
+// first line after it whose addition makes the document's prefix fail to
+// parse; line itself otherwise (or when no prefix fails).
+func SyntaxLine(data []byte, line int, text string) int {
+	block := false
+	for _, c := range blockComplaints {
+		block = block || strings.Contains(text, c)
+	}
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	if !block || line <= 0 || len(lines) > maxRelineLines {
+		return line
+	}
+	for n := line + 1; n <= len(lines); n++ {
+		var doc yaml.Node
+		if err := yaml.Unmarshal(bytes.Join(lines[:n], nil), &doc); err != nil {
+			return n
+		}
+	}
+	return line
 }

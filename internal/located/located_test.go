@@ -82,3 +82,30 @@ func TestMessages(t *testing.T) {
 		t.Fatalf("a complaint without a line: %+v", msgs)
 	}
 }
+
+// TestSyntaxLine: an indentation mistake is placed on its own line, not
+// on the line where the block it breaks begins (where the decoder puts it).
+func TestSyntaxLine(t *testing.T) {
+	for _, c := range []struct {
+		doc  string
+		want int
+	}{
+		{"tools:\n  - id: a\n    builtin: echo\n   recovery: {mode: replay_safe}\n  - id: b\n", 4},
+		{"pools: [default]\ntools:\n  - id: a\n    command: [/bin/true]\n     timeout: 5s\n", 5},
+		{"a: 1\nb:\n  c: 2\n d: 3\n", 4},
+	} {
+		var doc yaml.Node
+		err := yaml.Unmarshal([]byte(c.doc), &doc)
+		msgs, _ := Messages(err)
+		if len(msgs) != 1 {
+			t.Fatalf("%q: %v", c.doc, err)
+		}
+		if got := SyntaxLine([]byte(c.doc), msgs[0].Line, msgs[0].Text); got != c.want {
+			t.Errorf("%q: %q at line %d placed at %d, want %d", c.doc, msgs[0].Text, msgs[0].Line, got, c.want)
+		}
+	}
+	// other complaints keep their line
+	if got := SyntaxLine([]byte("a: [1,\n"), 1, "did not find expected node content"); got != 1 {
+		t.Errorf("an unclosed list: line %d", got)
+	}
+}
