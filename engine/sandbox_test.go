@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/testnats"
@@ -177,16 +178,7 @@ tools:
 	nc := testnats.Connect(t, url)
 	js := testnats.JetStream(t, nc)
 	ctx := ctxT(t, 60*time.Second)
-	var logs testproc.Buffer
-	eng, err := engine.New(testnats.Connect(t, url), engine.Config{Catalog: cat, Logger: zerolog.New(&logs)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- eng.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
-	<-eng.Ready()
+	eng, logs := runLogged(t, url, cat)
 	putKey(t, ctx, js, "TOOLBATCH_WORKERS", "sandbox.default.build.w", "replay_safe")
 	if err := js.DeleteStream(ctx, "TOOLBATCH_DISPATCH"); err != nil {
 		t.Fatal(err)
@@ -247,16 +239,7 @@ tools:
 	url := testnats.Start(t, t.TempDir())
 	js := testnats.JetStream(t, testnats.Connect(t, url))
 	ctx := ctxT(t, 30*time.Second)
-	var logs testproc.Buffer
-	eng, err := engine.New(testnats.Connect(t, url), engine.Config{Catalog: cat, Logger: zerolog.New(&logs)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- eng.Run(runCtx) }()
-	t.Cleanup(func() { stop(); <-done })
-	<-eng.Ready()
+	_, logs := runLogged(t, url, cat)
 	warnings := func(worker string) int {
 		return strings.Count(logs.String(), `"worker":"`+worker+`","pool":"default","tool":"build","capability":"non_recoverable","mode":"replay_safe"`)
 	}
@@ -270,4 +253,20 @@ tools:
 	if n, n2 := warnings("w1"), strings.Count(logs.String(), `"worker":"w2"`); n != 1 || n2 != 0 {
 		t.Errorf("warnings: w1 %d (want 1: a renewal is not news), w2 %d (want 0)", n, n2)
 	}
+}
+
+// runLogged runs an engine with cat on url, its logs (JSON) kept.
+func runLogged(t *testing.T, url string, cat *catalog.Catalog) (*engine.Engine, *testproc.Buffer) {
+	t.Helper()
+	logs := &testproc.Buffer{}
+	eng, err := engine.New(testnats.Connect(t, url), engine.Config{Catalog: cat, Logger: zerolog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- eng.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	<-eng.Ready()
+	return eng, logs
 }
