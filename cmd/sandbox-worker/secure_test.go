@@ -176,6 +176,17 @@ func TestSecuredDeployment(t *testing.T) {
 	}
 	w.Stop()
 
+	// an approver lists the open tickets with its own credentials; the
+	// status of the deployment is the admin's only
+	list := exec.Command(toolbatchBin, append([]string{"tickets", "--nats-url", url, "--creds", creds("alice"), "--timeout", "20s"}, tlsFlags...)...)
+	if out, err := list.CombinedOutput(); err != nil || !strings.Contains(string(out), "ticket "+ticket.CorrelationID+" of run sec: permission") {
+		t.Fatalf("alice listing the tickets: %v: %s", err, out)
+	}
+	status := exec.Command(toolbatchBin, append([]string{"status", "--nats-url", url, "--creds", creds("alice"), "--timeout", "10s"}, tlsFlags...)...)
+	if out, err := status.CombinedOutput(); err == nil || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 || !strings.Contains(string(out), "NATS refused it") {
+		t.Fatalf("an approver reading the status: %v: %s", err, out)
+	}
+
 	// bob cannot answer as alice: NATS refuses the publish, the command
 	// says so in one line, and the ticket stays open. alice can, with the
 	// shell client and her credentials.
