@@ -570,6 +570,11 @@ func TestGoneWorkersRootsAreRemoved(t *testing.T) {
 	if exists("a") || !exists("b") {
 		t.Fatalf("after b started: a's root exists %v, b's %v", exists("a"), exists("b"))
 	}
+	// a second worker on b's root is refused, and b's root stays
+	out, err := exec.Command("/usr/bin/env", "TMPDIR="+tmp, workerBin, "--nats-url", url, "--config", cfg, "--worker-id", "b").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "is in use by another worker") || !exists("b") {
+		t.Fatalf("a second worker on b's root: %v:\n%s", err, out)
+	}
 	if err := b.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

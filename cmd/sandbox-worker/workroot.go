@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -20,9 +21,17 @@ const (
 	rootLock          = ".toolbatch-worker.lock"
 )
 
-// holdRoot locks a work root for this process (the lock ends with it).
+// holdRoot locks a work root for this process (the lock ends with it). A
+// new lock file is locked under a name of its own first and then renamed,
+// so that another worker's sweep never finds it unlocked.
 func holdRoot(root string) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(root, rootLock), os.O_RDWR|os.O_CREATE, 0o600)
+	final := filepath.Join(root, rootLock)
+	f, err := os.OpenFile(final, os.O_RDWR, 0)
+	created := ""
+	if errors.Is(err, os.ErrNotExist) {
+		created = final + "." + strconv.Itoa(os.Getpid())
+		f, err = os.OpenFile(created, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("--work-root %s: %w", root, err)
 	}
@@ -32,6 +41,13 @@ func holdRoot(root string) (func(), error) {
 			return nil, fmt.Errorf("--work-root %s is in use by another worker: give each worker its own --worker-id or --work-root", root)
 		}
 		return nil, fmt.Errorf("--work-root %s: lock: %w", root, err)
+	}
+	if created != "" {
+		if err := os.Rename(created, final); err != nil {
+			f.Close()
+			os.Remove(created)
+			return nil, fmt.Errorf("--work-root %s: %w", root, err)
+		}
 	}
 	return func() { f.Close() }, nil
 }
