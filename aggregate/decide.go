@@ -594,9 +594,6 @@ func (d *decider) recover(rc Recover) error {
 			continue // terminal, awaiting, requested, never dispatched, or still leased
 		}
 		capability := rc.Capabilities[c.ToolID]
-		if capability == "" {
-			capability = events.CapNonRecoverable // unknown, or no live executor
-		}
 		delegation := c.Tool.Kind == events.KindDelegation
 		ev := recoverCall(b, c, capability, rc.At, ReasonOwnerLost)
 		if err := d.emit(ev); err != nil {
@@ -623,6 +620,9 @@ const (
 // replay's audit use it alike. lost is the reason of a never_replay call:
 // who was lost.
 func recoverCall(b *Batch, c *Call, capability events.Capability, at time.Time, lost string) events.Event {
+	if capability == "" {
+		capability = events.CapNonRecoverable // unknown, or no live executor
+	}
 	mode := c.Tool.Policy.Mode
 	indeterminate := func(reason string) events.Event {
 		return &events.CallIndeterminate{BatchID: b.ID, CallID: c.CallID, Attempt: c.Attempt, Reason: reason, At: at}
