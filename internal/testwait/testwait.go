@@ -20,3 +20,23 @@ func Until(t testing.TB, ctx context.Context, what string, cond func() bool) {
 		}
 	}
 }
+
+// Holds checks cond every 10ms until ctx's deadline and fails the test,
+// with what, at the first check it does not hold: for a property over a
+// span of time (a wait that must outlast a timeout), where the passing of
+// time is what is tested.
+func Holds(t testing.TB, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if !cond() {
+			t.Fatalf("%s: no longer so", what)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
