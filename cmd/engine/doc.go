@@ -6,7 +6,7 @@
 // clients can connect. With --nats-url it uses an existing server or
 // cluster instead.
 //
-// Imports: access, catalog, embedded, engine, events, internal/cli, metrics, proof, protocol, tracing,
+// Imports: access, catalog, embedded, engine, events, internal/cli, internal/lockfile, metrics, proof, protocol, tracing,
 // github.com/nats-io/nats.go, github.com/nats-io/nuid,
-// github.com/prometheus/client_golang, github.com/rs/zerolog, golang.org/x/sys/unix.
+// github.com/prometheus/client_golang, github.com/rs/zerolog.
 package main

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"golang.org/x/sys/unix"
+	"github.com/toolbatch/toolbatch/internal/lockfile"
 )
 
 // lockFile is the file in the store directory an engine holds locked
@@ -16,29 +16,25 @@ import (
 // JetStream store corrupt it.
 const lockFile = "toolbatch.lock"
 
-// lockStore locks the store directory for this process (the lock is the
-// kernel's: it ends with the process, whatever kills it). It fails with
-// one line naming the process that holds it.
+// lockStore locks the store directory for this process (the lock ends
+// with it, whatever kills it). It fails with one line naming the process
+// that holds it.
 func lockStore(store string) (func(), error) {
 	if err := os.MkdirAll(store, 0o700); err != nil {
 		return nil, fmt.Errorf("--store: %w", err)
 	}
 	path := filepath.Join(store, lockFile)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("--store: %w", err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	f, err := lockfile.Open(path, os.O_CREATE)
+	if errors.Is(err, lockfile.ErrHeld) {
 		holder := "another process"
 		if data, rerr := os.ReadFile(path); rerr == nil {
 			if pid, perr := strconv.Atoi(strings.TrimSpace(string(data))); perr == nil {
 				holder = "process " + strconv.Itoa(pid)
 			}
 		}
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("--store %s is in use by %s (an engine with its embedded server): stop it, or give this engine another --store", store, holder)
-		}
+		return nil, fmt.Errorf("--store %s is in use by %s (an engine with its embedded server): stop it, or give this engine another --store", store, holder)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("--store: lock %s: %w", path, err)
 	}
 	if err := f.Truncate(0); err == nil {

@@ -6,9 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 
-	"golang.org/x/sys/unix"
+	"github.com/toolbatch/toolbatch/internal/lockfile"
 )
 
 // The default work roots: <parent>/toolbatch-worker-<worker id>, each
@@ -26,20 +25,16 @@ const (
 // so that another worker's sweep never finds it unlocked.
 func holdRoot(root string) (func(), error) {
 	final := filepath.Join(root, rootLock)
-	f, err := os.OpenFile(final, os.O_RDWR, 0)
+	f, err := lockfile.Open(final, 0)
 	created := ""
 	if errors.Is(err, os.ErrNotExist) {
 		created = final + "." + strconv.Itoa(os.Getpid())
-		f, err = os.OpenFile(created, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+		f, err = lockfile.Open(created, os.O_CREATE|os.O_TRUNC)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("--work-root %s: %w", root, err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("--work-root %s is in use by another worker: give each worker its own --worker-id or --work-root", root)
-		}
+	switch {
+	case errors.Is(err, lockfile.ErrHeld):
+		return nil, fmt.Errorf("--work-root %s is in use by another worker: give each worker its own --worker-id or --work-root", root)
+	case err != nil:
 		return nil, fmt.Errorf("--work-root %s: lock: %w", root, err)
 	}
 	if created != "" {
@@ -53,20 +48,19 @@ func holdRoot(root string) (func(), error) {
 }
 
 // sweepGoneRoots removes the default work roots under parent whose
-// worker is gone; it returns how many.
+// worker is gone (their lock is free); it returns how many.
 func sweepGoneRoots(parent, own string) int {
 	dirs, _ := filepath.Glob(filepath.Join(parent, defaultRootPrefix+"*"))
 	n := 0
 	for _, dir := range dirs {
-		if dir == own || !strings.HasPrefix(filepath.Base(dir), defaultRootPrefix) {
+		if dir == own {
 			continue
 		}
-		f, err := os.OpenFile(filepath.Join(dir, rootLock), os.O_RDWR, 0)
+		f, err := lockfile.Open(filepath.Join(dir, rootLock), 0)
 		if err != nil {
-			continue // not a root a worker made (or not ours to open)
+			continue // held (a live worker), or not a root a worker made
 		}
-		free := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil
-		if free && os.RemoveAll(dir) == nil {
+		if os.RemoveAll(dir) == nil {
 			n++
 		}
 		f.Close()
