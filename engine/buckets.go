@@ -75,6 +75,10 @@ type advert struct {
 	written    time.Time // the server's time of the put
 }
 
+// live reports whether the advertisement still counts: the bucket forgets
+// a key WorkerTTL after its last write.
+func (a advert) live() bool { return time.Since(a.written) < WorkerTTL }
+
 // start watches both buckets and returns once the mirror holds their
 // current contents.
 func (l *liveCapabilities) start(ctx context.Context) error {
@@ -182,7 +186,7 @@ func (l *liveCapabilities) sandbox(ctx context.Context, pool, toolID string) eve
 	l.mu.Lock()
 	var live []events.Capability
 	for _, a := range l.adverts[pool+"."+toolID] {
-		if time.Since(a.written) < WorkerTTL {
+		if a.live() {
 			live = append(live, a.capability)
 		}
 	}
@@ -200,16 +204,27 @@ func (e *Engine) poolWorkers() map[string]int {
 	for pool := range e.cfg.Catalog.PoolTools() {
 		out[pool] = 0
 	}
-	l := e.live
-	if l == nil {
+	if e.live == nil {
 		return out
 	}
-	seen := map[string]map[string]bool{} // pool -> worker ids
+	for pool, ids := range e.live.workersByPool() {
+		if _, ok := out[pool]; ok {
+			out[pool] = len(ids)
+		}
+	}
+	return out
+}
+
+// workersByPool returns the ids of the workers whose advertisements live,
+// by pool.
+func (l *liveCapabilities) workersByPool() map[string]map[string]bool {
+	seen := map[string]map[string]bool{}
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	for poolTool, workers := range l.adverts {
 		pool, _, _ := strings.Cut(poolTool, ".")
 		for id, a := range workers {
-			if time.Since(a.written) >= WorkerTTL {
+			if !a.live() {
 				continue
 			}
 			if seen[pool] == nil {
@@ -218,13 +233,7 @@ func (e *Engine) poolWorkers() map[string]int {
 			seen[pool][id] = true
 		}
 	}
-	l.mu.Unlock()
-	for pool, ids := range seen {
-		if _, ok := out[pool]; ok {
-			out[pool] = len(ids)
-		}
-	}
-	return out
+	return seen
 }
 
 // agreed is the capability every advertisement gives, or non_recoverable.
