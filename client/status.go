@@ -111,12 +111,10 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 
 	workers := map[string]*WorkerStatus{}
 	if err := c.eachEntry(ctx, n.WorkersBucket(), func(key string, value []byte) error {
-		// sandbox.<pool>.<tool_id>.<worker_id>
-		parts := strings.Split(strings.TrimPrefix(key, protocol.WorkerKeyPrefix), ".")
-		if !strings.HasPrefix(key, protocol.WorkerKeyPrefix) || len(parts) != 3 {
+		pool, tool, id, ok := protocol.ParseWorkerKey(key)
+		if !ok {
 			return nil // not an advertisement
 		}
-		pool, tool, id := parts[0], parts[1], parts[2]
 		w := workers[id]
 		if w == nil {
 			w = &WorkerStatus{ID: id}

@@ -61,8 +61,8 @@ type liveCapabilities struct {
 	workers, registry jetstream.KeyValue
 
 	// noticed, when set, is told of each advertisement new to the mirror
-	// or changed ("<pool>.<tool_id>", worker id, capability).
-	noticed func(poolTool, worker string, c events.Capability)
+	// or changed.
+	noticed func(pool, toolID, worker string, c events.Capability)
 
 	mu       sync.Mutex
 	adverts  map[string]map[string]advert // "<pool>.<tool_id>" -> worker id -> advertisement
@@ -138,11 +138,11 @@ func (l *liveCapabilities) apply(entry jetstream.KeyValueEntry) {
 		}
 		return
 	}
-	i := strings.LastIndexByte(key, '.')
-	if i < 0 || !strings.HasPrefix(key, protocol.WorkerKeyPrefix) {
+	pool, toolID, worker, ok := protocol.ParseWorkerKey(key)
+	if !ok {
 		return
 	}
-	tool, worker := key[len(protocol.WorkerKeyPrefix):i], key[i+1:]
+	tool := pool + "." + toolID
 	if !put {
 		delete(l.adverts[tool], worker)
 		return
@@ -152,7 +152,7 @@ func (l *liveCapabilities) apply(entry jetstream.KeyValueEntry) {
 	}
 	c := events.Capability(entry.Value())
 	if old, had := l.adverts[tool][worker]; (!had || old.capability != c) && l.noticed != nil {
-		l.noticed(tool, worker, c) // new or changed, not a renewal
+		l.noticed(pool, toolID, worker, c) // new or changed, not a renewal
 	}
 	l.adverts[tool][worker] = advert{capability: c, written: entry.Created()}
 }
@@ -160,8 +160,7 @@ func (l *liveCapabilities) apply(entry jetstream.KeyValueEntry) {
 // checkAdvert warns when a worker advertises a catalog tool with a
 // capability that does not support the tool's recovery mode: every call
 // of it would complete with an error until the worker says otherwise.
-func (e *Engine) checkAdvert(poolTool, worker string, c events.Capability) {
-	pool, toolID, _ := strings.Cut(poolTool, ".")
+func (e *Engine) checkAdvert(pool, toolID, worker string, c events.Capability) {
 	t, ok := e.cfg.Catalog.Tool(toolID)
 	if !ok || t.Target != events.TargetSandbox || t.Pool != pool || t.Policy.Mode.SupportedBy(c) {
 		return

@@ -414,6 +414,16 @@ func WorkerKey(pool, toolID, workerID string) string {
 	return WorkerKeyPrefix + pool + "." + toolID + "." + workerID
 }
 
+// ParseWorkerKey reads a worker's advertisement key (WorkerKey); ok is
+// false for any other key.
+func ParseWorkerKey(key string) (pool, toolID, workerID string, ok bool) {
+	parts := strings.Split(strings.TrimPrefix(key, WorkerKeyPrefix), ".")
+	if !strings.HasPrefix(key, WorkerKeyPrefix) || len(parts) != 3 {
+		return "", "", "", false
+	}
+	return parts[0], parts[1], parts[2], true
+}
+
 // WorkerFilter matches every worker's advertisement of a pool's tool.
 func WorkerFilter(pool, toolID string) string { return WorkerKey(pool, toolID, "*") }
 

@@ -107,3 +107,15 @@ func TestMatch(t *testing.T) {
 		}
 	}
 }
+
+func TestParseWorkerKey(t *testing.T) {
+	pool, tool, worker, ok := ParseWorkerKey(WorkerKey("gpu", "render", "w-1"))
+	if !ok || pool != "gpu" || tool != "render" || worker != "w-1" {
+		t.Errorf("round trip: %q %q %q %v", pool, tool, worker, ok)
+	}
+	for _, k := range []string{RegistryKey("render"), "sandbox.gpu.render", "sandbox.a.b.c.d", "other.a.b.c"} {
+		if _, _, _, ok := ParseWorkerKey(k); ok {
+			t.Errorf("%q read as a worker key", k)
+		}
+	}
+}
