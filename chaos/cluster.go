@@ -171,7 +171,7 @@ func startCluster(ctx context.Context, bins Binaries, dir, shared string, server
 
 	engineArgs := []string{"--catalog", catPath, "--log-format", "json"}
 	if servers == 1 {
-		engineArgs = append(engineArgs, "--ack-wait", "1s", "--lease", "1s")
+		engineArgs = append(engineArgs, "--ack-wait", "1s", "--inbox-ack-wait", "1s", "--lease", "1s")
 		port, err := testproc.Port()
 		if err != nil {
 			return nil, err

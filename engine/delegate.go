@@ -78,7 +78,7 @@ func (e *Engine) cancelChild(ctx context.Context, m jetstream.Msg, req protocol.
 	go func() {
 		defer e.wg.Done()
 		// Answered well within the fire's ack wait, or given back.
-		rctx, cancel := context.WithTimeout(ctx, max(e.cfg.AckWait/2, time.Second))
+		rctx, cancel := context.WithTimeout(ctx, max(e.cfg.InboxAckWait/2, time.Second))
 		reply, err := e.brain.request(rctx, e.names.Delegate(req.ToolID), req)
 		cancel()
 		log := e.log.With().Str(fieldRunID, req.RunID).Str(fieldCallID, req.CallID).Logger()

@@ -28,6 +28,8 @@ import (
 const (
 	DefaultOutMaxAge = 168 * time.Hour
 	DefaultAckWait   = 30 * time.Second
+	// DefaultInboxAckWait is Config.InboxAckWait's default.
+	DefaultInboxAckWait = 5 * time.Second
 	DefaultShards    = 64
 	// DefaultCheckpointEvery is Config.CheckpointEvery's default.
 	DefaultCheckpointEvery = time.Minute
@@ -45,13 +47,19 @@ type Config struct {
 	Replicas int
 	// OutMaxAge is how long out messages are kept (default 168h).
 	OutMaxAge time.Duration
-	// AckWait is how long an inbox message may go without an
-	// acknowledgement or progress before JetStream redelivers it (what a
-	// crashed engine had taken and not yet committed waits this long), and
-	// how long an engine's presence lives unrenewed: a process paused or cut
-	// off, which answers no probe, is declared dead after it (default 30s).
-	// A killed engine is declared dead in seconds (liveness.go).
+	// AckWait is how long an engine's presence lives unrenewed: a process
+	// paused or cut off, which answers no probe, is declared dead after it
+	// (default 30s; longer than a leader election, during which no
+	// presence can be renewed). A killed engine is declared dead in
+	// seconds (liveness.go).
 	AckWait time.Duration
+	// InboxAckWait is how long an inbox or timer message delivered to an
+	// engine may go without an acknowledgement or progress before
+	// JetStream delivers it again (default 5s): a delivery lost with a
+	// server or a connection, or taken by an engine that died before
+	// committing it, comes back after it. The engine keeps the messages it
+	// works on in progress more often than that.
+	InboxAckWait time.Duration
 	// Shards is how many runs are worked on at once at most (default 64);
 	// the work of one run is always serialized.
 	Shards int
@@ -132,6 +140,9 @@ func (c *Config) defaults() {
 	}
 	if c.AckWait <= 0 {
 		c.AckWait = DefaultAckWait
+	}
+	if c.InboxAckWait <= 0 {
+		c.InboxAckWait = DefaultInboxAckWait
 	}
 	if c.Shards <= 0 {
 		c.Shards = DefaultShards
@@ -380,7 +391,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	err = e.untilDone(ctx, "create the engine's consumers", func(ctx context.Context) error {
 		var err error
 		intake, err = e.js.CreateOrUpdateConsumer(ctx, e.names.InboxStream(), jetstream.ConsumerConfig{
-			Durable: protocol.ConsumerEngine, AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
+			Durable: protocol.ConsumerEngine, AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.InboxAckWait,
 			MaxAckPending: e.cfg.MaxPending, MaxDeliver: -1, Description: "toolbatch engine intake",
 		})
 		if err != nil {
@@ -388,7 +399,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 		e.intake.Store(&intake)
 		timers, err = e.js.CreateOrUpdateConsumer(ctx, e.names.TimersStream(), jetstream.ConsumerConfig{
-			Durable: protocol.ConsumerEngine, AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.AckWait,
+			Durable: protocol.ConsumerEngine, AckPolicy: jetstream.AckExplicitPolicy, AckWait: e.cfg.InboxAckWait,
 			MaxAckPending: e.cfg.MaxPending, MaxDeliver: -1, FilterSubjects: []string{e.names.TimerFire("*")},
 			Description: "toolbatch engine: fired ticket timers",
 		})

@@ -34,6 +34,9 @@ func startEngine(t *testing.T, url string, cfg engine.Config) *runningEngine {
 	if cfg.AckWait == 0 {
 		cfg.AckWait = 2 * time.Second
 	}
+	if cfg.InboxAckWait == 0 {
+		cfg.InboxAckWait = cfg.AckWait
+	}
 	if testing.Verbose() {
 		cfg.Logger = zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.DebugLevel)
 	}
@@ -1144,7 +1147,7 @@ func TestFloodIsThrottled(t *testing.T) {
 // arrive well within the test's minute.
 func TestAGoneOwnersRunIsTakenOver(t *testing.T) {
 	url := testnats.Start(t, t.TempDir())
-	startEngine(t, url, engine.Config{AckWait: 10 * time.Minute})
+	startEngine(t, url, engine.Config{AckWait: 10 * time.Minute, InboxAckWait: 10 * time.Minute})
 	nc := testnats.Connect(t, url)
 	js := testnats.JetStream(t, nc)
 	ctx := ctxT(t, time.Minute)

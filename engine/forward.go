@@ -29,7 +29,7 @@ import (
 // is gone, and not yet declared dead) is answered "no responders" by the
 // server and given back to the stream at once; the owner sends nothing
 // there. One lost otherwise (the owner died with it) is redelivered after
-// the ack wait, as any unacknowledged message is.
+// the inbox ack wait, as any unacknowledged message is.
 
 // ownedElsewhere is ErrNotOwner with the owner's engine id.
 type ownedElsewhere struct{ owner string }
@@ -114,7 +114,7 @@ func (e *Engine) serveForwardReplies() (*nats.Subscription, error) {
 			return
 		}
 		if m := e.fwd.take(r.Subject); m != nil {
-			_ = m.NakWithDelay(busyDelay(m, e.cfg.AckWait))
+			_ = m.NakWithDelay(busyDelay(m, e.cfg.InboxAckWait))
 		}
 	})
 }

@@ -164,7 +164,7 @@ func (s *shard) postCtx(ctx context.Context, it item) bool {
 
 func (s *shard) loop(ctx context.Context) {
 	s.runCtx = ctx
-	tick := time.NewTicker(s.e.cfg.AckWait / 3)
+	tick := time.NewTicker(s.e.cfg.InboxAckWait / 3)
 	defer tick.Stop()
 	leaseTick := time.NewTicker(max(s.e.cfg.Lease/10, 50*time.Millisecond))
 	defer leaseTick.Stop()
@@ -321,7 +321,7 @@ func (s *shard) busy(it item, err error) {
 		// The owner handles it, and counts it against its client.
 	case in != nil:
 		// Back soon: the owner may release the run in a moment.
-		_ = in.msg.NakWithDelay(busyDelay(in.msg, s.e.cfg.AckWait))
+		_ = in.msg.NakWithDelay(busyDelay(in.msg, s.e.cfg.InboxAckWait))
 	case it.request() != nil && !errors.Is(err, ErrNotOwner):
 		respond(it.request(), protocol.ClaimReply{Reason: protocol.ReasonBusy})
 	}

@@ -32,20 +32,20 @@ import (
 )
 
 type options struct {
-	store, listen, natsURL, prefix, catalogPath string
-	auth, tlsCert, tlsKey, tlsClientCA          string
-	engineID                                    string
-	metricsListen                               string
-	conn                                        access.Conn
-	replicas, cacheRuns                         int
-	cacheBytes                                  int64
-	clientMaxRuns, clientBurst                  int
-	clientRate                                  float64
-	limits                                      events.Limits
-	log                                         cli.LogFlags
-	outMaxAge, ackWait, lease, checkpointEvery  time.Duration
-	syncAlways, unsigned                        bool
-	signingKey                                  string
+	store, listen, natsURL, prefix, catalogPath              string
+	auth, tlsCert, tlsKey, tlsClientCA                       string
+	engineID                                                 string
+	metricsListen                                            string
+	conn                                                     access.Conn
+	replicas, cacheRuns                                      int
+	cacheBytes                                               int64
+	clientMaxRuns, clientBurst                               int
+	clientRate                                               float64
+	limits                                                   events.Limits
+	log                                                      cli.LogFlags
+	outMaxAge, ackWait, inboxAckWait, lease, checkpointEvery time.Duration
+	syncAlways, unsigned                                     bool
+	signingKey                                               string
 }
 
 func main() {
@@ -67,7 +67,8 @@ func run(args []string, stderr io.Writer) error {
 	fs.IntVar(&o.replicas, "replicas", 1, "replicas of every stream (a clustered JetStream)")
 	o.log.Flags(fs)
 	fs.DurationVar(&o.outMaxAge, "out-max-age", engine.DefaultOutMaxAge, "how long out messages are kept")
-	fs.DurationVar(&o.ackWait, "ack-wait", engine.DefaultAckWait, "how long a crashed engine's runs wait before they are taken over")
+	fs.DurationVar(&o.ackWait, "ack-wait", engine.DefaultAckWait, "how long an engine that answers nothing (paused, cut off) keeps its runs before it is declared dead; longer than a leader election")
+	fs.DurationVar(&o.inboxAckWait, "inbox-ack-wait", engine.DefaultInboxAckWait, "how long an inbox message delivered to an engine may go unacknowledged before it is delivered again (a delivery lost with a server, a submission a killed engine had taken)")
 	fs.DurationVar(&o.lease, "lease", engine.DefaultLease, "how long a sandbox worker's claim lasts without a heartbeat")
 	fs.IntVar(&o.cacheRuns, "cache-runs", engine.DefaultCacheRuns, "runs whose folded state is kept in memory (the rest are folded from the log when touched)")
 	o.limits = events.DefaultLimits()
@@ -113,7 +114,7 @@ func run(args []string, stderr io.Writer) error {
 			return err
 		}
 	}
-	cfg := engine.Config{Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, Lease: o.lease, CacheRuns: o.cacheRuns, CacheBytes: o.cacheBytes, Limits: o.limits,
+	cfg := engine.Config{Prefix: o.prefix, Replicas: o.replicas, OutMaxAge: o.outMaxAge, AckWait: o.ackWait, InboxAckWait: o.inboxAckWait, Lease: o.lease, CacheRuns: o.cacheRuns, CacheBytes: o.cacheBytes, Limits: o.limits,
 		ClientMaxRuns: o.clientMaxRuns, ClientSubmitRate: o.clientRate, ClientSubmitBurst: o.clientBurst, Catalog: cat, Logger: log, CheckpointEvery: o.checkpointEvery}
 	// what the engine cannot serve, before anything starts
 	if err := cfg.Validate(); err != nil {

@@ -57,7 +57,7 @@ type proc struct {
 // startEngine starts the binary and waits for its "engine ready" log line.
 func startEngine(t *testing.T, store string, port int, args ...string) *proc {
 	t.Helper()
-	all := append([]string{"--store", store, "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-format", "json", "--ack-wait", "1s"}, args...)
+	all := append([]string{"--store", store, "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-format", "json", "--ack-wait", "1s", "--inbox-ack-wait", "1s"}, args...)
 	return &proc{Proc: testproc.Start(t, "engine", `"engine ready"`, binary, all...), url: fmt.Sprintf("nats://127.0.0.1:%d", port)}
 }
 
@@ -295,7 +295,7 @@ func TestKillNineLosesNothing(t *testing.T) {
 // well before that.
 func TestRestartTakesItsRunsBack(t *testing.T) {
 	store, port := t.TempDir(), testproc.FreePort(t)
-	p := startEngine(t, store, port, "--ack-wait", "2m")
+	p := startEngine(t, store, port, "--ack-wait", "2m", "--inbox-ack-wait", "2m")
 	nc := testnats.Connect(t, p.url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	c, err := client.New(nc)
 	if err != nil {
@@ -317,7 +317,7 @@ func TestRestartTakesItsRunsBack(t *testing.T) {
 		return err == nil && slices.Contains(m.Header.Values(protocol.HeaderEvent), string(events.TypeCallExecuting))
 	})
 	p.Kill()
-	p = startEngine(t, store, port, "--ack-wait", "2m")
+	p = startEngine(t, store, port, "--ack-wait", "2m", "--inbox-ack-wait", "2m")
 	c2, err := client.New(testnats.Connect(t, p.url)) // a connection to the restarted server
 	if err != nil {
 		t.Fatal(err)
@@ -341,7 +341,7 @@ func TestRestartTakesItsRunsBack(t *testing.T) {
 func TestAnotherEngineTakesAKilledEnginesRuns(t *testing.T) {
 	url := testnats.Start(t, t.TempDir())
 	engineAt := func(name string) *testproc.Proc {
-		return testproc.Start(t, name, `"engine ready"`, binary, "--nats-url", url, "--log-format", "json", "--ack-wait", "2m")
+		return testproc.Start(t, name, `"engine ready"`, binary, "--nats-url", url, "--log-format", "json", "--ack-wait", "2m", "--inbox-ack-wait", "2m")
 	}
 	doomed := engineAt("doomed")
 	nc := testnats.Connect(t, url)

@@ -125,7 +125,7 @@ func startCluster(t *testing.T, workers ...string) *cluster {
 	}
 	c := &cluster{url: fmt.Sprintf("nats://127.0.0.1:%d", port), effects: effects, workers: map[string]*testproc.Proc{}}
 	testproc.Start(t, "engine", `"engine ready"`, engineBin, "--store", filepath.Join(dir, "store"), "--listen", fmt.Sprintf("127.0.0.1:%d", port),
-		"--catalog", cat, "--log-format", "json", "--lease", "1s", "--ack-wait", "2s")
+		"--catalog", cat, "--log-format", "json", "--lease", "1s", "--ack-wait", "2s", "--inbox-ack-wait", "2s")
 	for _, name := range workers {
 		cfg := filepath.Join(dir, name+".yaml")
 		if err := os.WriteFile(cfg, []byte(workerYAML(name, c.effects)), 0o644); err != nil {
