@@ -30,7 +30,7 @@ const (
 	DefaultAckWait   = 30 * time.Second
 	// DefaultInboxAckWait is Config.InboxAckWait's default.
 	DefaultInboxAckWait = 5 * time.Second
-	DefaultShards    = 64
+	DefaultShards       = 64
 	// DefaultCheckpointEvery is Config.CheckpointEvery's default.
 	DefaultCheckpointEvery = time.Minute
 	DefaultMaxPending      = 10000
