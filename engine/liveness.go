@@ -49,7 +49,11 @@ import (
 const (
 	presenceEvery = time.Second            // renewal of an engine's presence key
 	probeEvery    = 500 * time.Millisecond // probe of every other engine
-	probeTimeout  = time.Second            // a probe's wait for an answer
+	// probeTimeout is a probe's wait for an answer: one probe period, so
+	// that a probe in flight when its engine dies (it times out, which
+	// says nothing) delays the first definite "no responders" by a period
+	// at most.
+	probeTimeout = probeEvery
 	// deadAfter is how long an engine's probes must meet no responders
 	// before it is declared dead: longer than a client's reconnection to
 	// another server, during which its subscriptions are briefly gone.
