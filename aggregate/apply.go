@@ -368,7 +368,7 @@ func blocksEqual(a, b []events.ContentBlock) bool {
 		x, y := &a[i], &b[i]
 		if x.Type != y.Type || x.Text != y.Text || x.ID != y.ID || x.Name != y.Name || x.ToolUseID != y.ToolUseID ||
 			x.IsError != y.IsError || !rawEqual(x.Input, y.Input) || !rawEqual(x.Value, y.Value) ||
-			!sourceEqual(x.Source, y.Source) || !blocksEqual(x.Content, y.Content) {
+			!rawEqual(x.Extra, y.Extra) || !sourceEqual(x.Source, y.Source) || !blocksEqual(x.Content, y.Content) {
 			return false
 		}
 	}

@@ -20,7 +20,9 @@ import (
 // is not the current claim is recorded as ResultRefused (see Result).
 //
 // The returned events include every follow-up that needs no IO: calls of a
-// tool the catalog lacks complete with "unknown tool", a batch whose calls
+// tool the catalog lacks (or of a name that is no tool id) complete with
+// "unknown tool", calls whose input is not a JSON object with
+// invalid_arguments, a batch whose calls
 // are all terminal is finalized (the barrier), and an indeterminate
 // delegation ends the run. So a commit always leaves the run waiting for
 // the engine (a gate, an executor, a ticket) or done.
@@ -177,7 +179,11 @@ func (d *decider) submit(c Submit) error {
 	}
 	pinned := make([]events.Call, len(calls))
 	for i, call := range calls {
-		pinned[i] = events.Call{CallID: call.CallID, ToolID: call.ToolID, Arguments: call.Arguments, Tool: Pin(c.Tools[i])}
+		tool := c.Tools[i]
+		if !events.ValidToolID(call.ToolID) {
+			tool = events.Descriptor{Kind: events.KindUnknown} // no catalog can name it
+		}
+		pinned[i] = events.Call{CallID: call.CallID, ToolID: call.ToolID, Arguments: call.Arguments, Tool: Pin(tool)}
 	}
 	ev := &events.BatchSubmitted{
 		RunID: s.RunID, ThreadID: s.ThreadID, BatchID: events.BatchID(s.RunID, s.Step), Step: s.Step,
@@ -745,13 +751,35 @@ func (d *decider) advance(at time.Time) error {
 			return nil
 		}
 		next := Next(r)
-		if next.Kind != NextCompleteUnknown {
+		if next.Kind != NextCompleteUnrunnable {
 			return nil
 		}
 		c, _ := b.Call(next.CallIDs[0])
-		if err := d.emit(&events.CallCompleted{BatchID: b.ID, CallID: c.CallID, ErrorKind: events.ErrorUnknown,
-			Output: events.ErrorOutput(c.CallID, "unknown tool: "+c.ToolID), At: at}); err != nil {
+		done := &events.CallCompleted{BatchID: b.ID, CallID: c.CallID, ErrorKind: events.ErrorUnknown,
+			Output: events.ErrorOutput(c.CallID, "unknown tool: "+c.ToolID), At: at}
+		if c.Tool.Kind != events.KindUnknown {
+			done.ErrorKind = events.ErrorInvalidArguments
+			done.Output = events.ErrorOutput(c.CallID, errorText(&events.ToolError{Kind: events.ErrorInvalidArguments,
+				Message: "the input must be a JSON object, got " + jsonKind(c.Arguments)}))
+		}
+		if err := d.emit(done); err != nil {
 			return err
 		}
+	}
+}
+
+// jsonKind names the kind of a JSON value for a model-visible error.
+func jsonKind(r events.RawJSON) string {
+	switch {
+	case len(r) == 0:
+		return "null"
+	case r[0] == '"':
+		return "a string"
+	case r[0] == '[':
+		return "an array"
+	case r[0] == 't' || r[0] == 'f':
+		return "a boolean"
+	default:
+		return "a number"
 	}
 }

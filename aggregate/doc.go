@@ -28,7 +28,9 @@
 // Next(run) says what the run needs from the engine: gate a call, park a
 // client call, wait for executors, wait on a ticket, or nothing. Decide
 // appends on its own every follow-up that needs no IO: a call of a tool the
-// catalog lacks completes with "unknown tool: <id>", a batch whose calls are
+// catalog lacks (or of a name that is no tool id) completes with "unknown
+// tool: <id>", a call whose input is not a JSON object with
+// invalid_arguments, a batch whose calls are
 // all terminal is finalized in the same commit (the barrier), an exclusive
 // state conflict or an indeterminate delegation ends the run.
 //

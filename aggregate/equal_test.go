@@ -28,7 +28,7 @@ func TestEqualFields(t *testing.T) {
 	for _, c := range []struct {
 		v    any
 		want int
-	}{{events.ContentBlock{}, 10}, {events.ImageSource{}, 4}, {events.Command{}, 5}} {
+	}{{events.ContentBlock{}, 11}, {events.ImageSource{}, 4}, {events.Command{}, 5}} {
 		if n := reflect.TypeOf(c.v).NumField(); n != c.want {
 			t.Errorf("%T has %d fields, resultsEqual and commandsEqual compare %d: compare the new ones", c.v, n, c.want)
 		}
@@ -64,7 +64,7 @@ func (g equalGen) blocks(depth int) []events.ContentBlock {
 	for i := range out {
 		b := events.ContentBlock{Type: []events.BlockType{events.BlockText, events.BlockToolResult}[g.r.Intn(2)],
 			Text: g.str(), ID: g.str(), Name: g.str(), ToolUseID: g.str(), IsError: g.r.Intn(2) == 0,
-			Input: g.raw(), Value: g.raw()}
+			Input: g.raw(), Value: g.raw(), Extra: g.raw()}
 		if g.r.Intn(3) == 0 {
 			b.Source = &events.ImageSource{Type: g.str(), MediaType: g.str(), Data: g.str(), URL: g.str()}
 		}
@@ -93,10 +93,10 @@ func (g equalGen) near(bs []events.ContentBlock, depth int) []events.ContentBloc
 			s := *b.Source
 			b.Source = &s
 		}
-		b.Input, b.Value = clone(b.Input), clone(b.Value)
+		b.Input, b.Value, b.Extra = clone(b.Input), clone(b.Value), clone(b.Extra)
 		b.Content = g.near(b.Content, depth+1)
 		if g.r.Intn(4) == 0 {
-			switch g.r.Intn(9) {
+			switch g.r.Intn(10) {
 			case 0:
 				b.Text = g.str()
 			case 1:
@@ -122,6 +122,8 @@ func (g equalGen) near(bs []events.ContentBlock, depth int) []events.ContentBloc
 				b.Type = events.BlockJSON
 			case 8:
 				b.Content = g.blocks(depth + 1)
+			case 9:
+				b.Extra = g.raw()
 			}
 		}
 		out[i] = b

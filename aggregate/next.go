@@ -19,7 +19,7 @@ const (
 	NextParkClient      NextKind = "park_client"      // park the client-executed call on an external_result ticket
 	NextExecuting       NextKind = "executing"        // CallIDs are executing: their executors report
 	NextAwaiting        NextKind = "awaiting"         // parked on Ticket
-	NextCompleteUnknown NextKind = "complete_unknown" // Decide completes it on its own; the engine never sees it
+	NextCompleteUnrunnable NextKind = "complete_unrunnable" // an unknown tool or input that is not an object: Decide completes it with an error on its own; the engine never sees it
 )
 
 // Work is what a run needs next.
@@ -61,8 +61,8 @@ func Next(r *Run) Work {
 			continue
 		}
 		switch {
-		case c.Tool.Kind == events.KindUnknown:
-			return Work{Kind: NextCompleteUnknown, CallIDs: []string{c.CallID}}
+		case c.Tool.Kind == events.KindUnknown || !c.Arguments.IsObjectOrNull():
+			return Work{Kind: NextCompleteUnrunnable, CallIDs: []string{c.CallID}}
 		case c.Tool.Kind == events.KindClient:
 			return Work{Kind: NextParkClient, CallIDs: []string{c.CallID}}
 		case i == 0 && b.ParallelEligible() && allRequested(b):

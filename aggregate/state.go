@@ -244,13 +244,14 @@ func (b *Batch) AllTerminal() bool {
 
 // ParallelEligible reports whether the batch may take the parallel branch:
 // it has at least two calls and every call is a delegation whose descriptor
-// supports parallel completion.
+// supports parallel completion and whose input is an object (a call the
+// aggregate completes on its own is not gated).
 func (b *Batch) ParallelEligible() bool {
 	if len(b.Calls) < 2 {
 		return false
 	}
 	for _, c := range b.Calls {
-		if c.Tool.Kind != events.KindDelegation || !c.Tool.ParallelCompletion {
+		if c.Tool.Kind != events.KindDelegation || !c.Tool.ParallelCompletion || !c.Arguments.IsObjectOrNull() {
 			return false
 		}
 	}

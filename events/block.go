@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -14,8 +15,17 @@ type field struct {
 	val any
 }
 
-// fields returns the keys a block of this type carries, in a fixed order.
+// fields returns the keys a block carries: those of its type in a fixed
+// order, then its uninterpreted ones in key order.
 func (b ContentBlock) fields() []field {
+	fs := b.typedFields()
+	if len(b.Extra) == 0 {
+		return fs
+	}
+	return append(fs, b.extraFields()...)
+}
+
+func (b ContentBlock) typedFields() []field {
 	switch b.Type {
 	case BlockText:
 		return []field{{"type", string(b.Type)}, {"text", b.Text}}
@@ -42,6 +52,95 @@ func (b ContentBlock) fields() []field {
 	default:
 		return []field{{"type", string(b.Type)}}
 	}
+}
+
+// extraFields returns the uninterpreted keys in key order, each value as
+// canonical JSON (CheckBlocks has made sure Extra is an object).
+func (b ContentBlock) extraFields() []field {
+	v, err := jsonToValue(b.Extra)
+	m, ok := v.(map[string]any)
+	if err != nil || !ok {
+		return nil
+	}
+	fs := make([]field, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		raw, _ := valueToJSON(m[k]) // parsed from JSON: always writes
+		fs = append(fs, field{k, raw})
+	}
+	return fs
+}
+
+// blockKeys are the keys the engine interprets in a block of type t
+// (unknown types: only "type").
+func blockKeys(t BlockType) []string {
+	switch t {
+	case BlockText:
+		return []string{"type", "text"}
+	case BlockImage:
+		return []string{"type", "source"}
+	case BlockToolUse:
+		return []string{"type", "id", "name", "input"}
+	case BlockToolResult:
+		return []string{"type", "tool_use_id", "content", "is_error"}
+	case BlockJSON:
+		return []string{"type", "value"}
+	default:
+		return []string{"type"}
+	}
+}
+
+// ForbiddenCallFields may never be in a submission or in one of its
+// tool_use blocks: placement and recovery are the operator's, not the
+// model's.
+var ForbiddenCallFields = []string{"target", "kind", "pool", "recovery", "capability"}
+
+// StrictBlocks refuses a block of a type the engine does not interpret, or
+// one that carries keys it does not interpret, at any depth: for what the
+// operator's own programs write (a sandbox tool's JSON output), where such
+// a block is a mistake to report, not a provider's content to keep.
+func StrictBlocks(bs []ContentBlock) error {
+	for i, b := range bs {
+		if len(blockKeys(b.Type)) == 1 {
+			return fmt.Errorf("content[%d]: unknown content block type %q", i, b.Type)
+		}
+		if len(b.Extra) > 0 {
+			var extra map[string]json.RawMessage
+			_ = json.Unmarshal(b.Extra, &extra)
+			keys := make([]string, 0, len(extra))
+			for k := range extra {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			return fmt.Errorf("content[%d]: unknown field %s in a %s block", i, quoteAll(keys), b.Type)
+		}
+		if err := StrictBlocks(b.Content); err != nil {
+			return fmt.Errorf("content[%d].%v", i, err)
+		}
+	}
+	return nil
+}
+
+// extraOf returns the keys of m outside the type's as a JSON object (nil:
+// none); a forbidden key of a tool_use block is refused.
+func extraOf(m map[string]any, t BlockType, path string) (RawJSON, error) {
+	known := blockKeys(t)
+	var extra map[string]any
+	for k, v := range m {
+		if slices.Contains(known, k) {
+			continue
+		}
+		if t == BlockToolUse && slices.Contains(ForbiddenCallFields, k) {
+			return nil, Refuse(CodeForbiddenField, "%s.%s: a call cannot choose placement or recovery", path, k)
+		}
+		if extra == nil {
+			extra = map[string]any{}
+		}
+		extra[k] = v
+	}
+	if extra == nil {
+		return nil, nil
+	}
+	return valueToJSON(extra)
 }
 
 func (s *ImageSource) fields() []field {
@@ -159,8 +258,9 @@ func (s *ImageSource) set(v any, err error) error {
 	return nil
 }
 
-// parseBlock reads a content block from a generic value, strictly: a block
-// carries exactly the keys of its type.
+// parseBlock reads a content block from a generic value: the keys of its
+// type strictly (each of the right kind), every other key and every block
+// of a type the engine does not interpret into Extra, as it came.
 func parseBlock(v any, path string) (ContentBlock, error) {
 	m, err := object(v, path)
 	if err != nil {
@@ -170,22 +270,19 @@ func parseBlock(v any, path string) (ContentBlock, error) {
 	if err != nil {
 		return ContentBlock{}, err
 	}
+	if typ == "" {
+		return ContentBlock{}, undecodablef("%s.type: empty", path)
+	}
 	b := ContentBlock{Type: BlockType(typ)}
+	if b.Extra, err = extraOf(m, b.Type, path); err != nil {
+		return b, err
+	}
 	switch b.Type {
 	case BlockText:
-		if err := only(m, path, "type", "text"); err != nil {
-			return b, err
-		}
 		b.Text, err = str(m, "text", path, true)
 	case BlockImage:
-		if err := only(m, path, "type", "source"); err != nil {
-			return b, err
-		}
 		b.Source, err = parseImageSource(m["source"], path+".source")
 	case BlockToolUse:
-		if err := only(m, path, "type", "id", "name", "input"); err != nil {
-			return b, err
-		}
 		if b.ID, err = str(m, "id", path, true); err != nil {
 			return b, err
 		}
@@ -194,9 +291,6 @@ func parseBlock(v any, path string) (ContentBlock, error) {
 		}
 		b.Input, err = valueToJSON(m["input"])
 	case BlockToolResult:
-		if err := only(m, path, "type", "tool_use_id", "content", "is_error"); err != nil {
-			return b, err
-		}
 		if b.ToolUseID, err = str(m, "tool_use_id", path, true); err != nil {
 			return b, err
 		}
@@ -205,12 +299,7 @@ func parseBlock(v any, path string) (ContentBlock, error) {
 		}
 		b.IsError, err = boolean(m, "is_error", path)
 	case BlockJSON:
-		if err := only(m, path, "type", "value"); err != nil {
-			return b, err
-		}
 		b.Value, err = valueToJSON(m["value"])
-	default:
-		return b, undecodablef("%s.type: unknown content block type %q", path, typ)
 	}
 	return b, err
 }

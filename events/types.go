@@ -188,7 +188,14 @@ type ImageSource struct {
 }
 
 // ContentBlock is one block of a message or a tool output, tagged by Type.
-// Only the fields of its type are set and encoded.
+// Only the fields of its type are set and encoded, and Extra.
+//
+// The engine interprets the types above and, of each, the keys its fields
+// name; every other key of a block (a provider's citations or
+// cache_control) and every block of another type (thinking,
+// redacted_thinking, server_tool_use, ...) is kept as it came, in Extra,
+// and written back after the interpreted keys: a provider's message is
+// stored verbatim. Only tool_use blocks are calls.
 type ContentBlock struct {
 	Type      BlockType
 	Text      string         // text
@@ -200,14 +207,17 @@ type ContentBlock struct {
 	Content   []ContentBlock // tool_result
 	IsError   bool           // tool_result
 	Value     RawJSON        // json
+	// Extra is a JSON object of the block's keys the engine does not
+	// interpret (empty: none); never "type" or a key of the type's fields.
+	Extra RawJSON
 }
 
 // Bytes is the size of what the block carries: its text, image data or
-// URL, arguments, JSON value and nested blocks (ids and names are bounded
-// by their patterns). A submission's blocks are bounded by
+// URL, ids, name, arguments, JSON value, the keys it keeps uninterpreted
+// and nested blocks. A submission's blocks are bounded by
 // Limits.MaxBlockBytes.
 func (b ContentBlock) Bytes() int {
-	n := len(b.Text) + len(b.Input) + len(b.Value)
+	n := len(b.Text) + len(b.ID) + len(b.Name) + len(b.Input) + len(b.ToolUseID) + len(b.Value) + len(b.Extra)
 	if b.Source != nil {
 		n += len(b.Source.Data) + len(b.Source.URL) + len(b.Source.MediaType)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -291,8 +292,33 @@ func CheckBlocks(bs []ContentBlock) error {
 			if err := CheckBlocks(b.Content); err != nil {
 				return err
 			}
-		default:
-			return fmt.Errorf("%w: content[%d]: block type %q", ErrMalformed, i, b.Type)
+		case "":
+			return fmt.Errorf("%w: content[%d]: a block without a type", ErrMalformed, i)
+		}
+		if err := checkExtra(b); err != nil {
+			return fmt.Errorf("%w: content[%d]: %v", ErrMalformed, i, err)
+		}
+	}
+	return nil
+}
+
+// checkExtra checks that a block's uninterpreted keys are a JSON object
+// whose keys are not the type's own or, in a call, forbidden.
+func checkExtra(b ContentBlock) error {
+	if len(b.Extra) == 0 {
+		return nil
+	}
+	v, err := jsonToValue(b.Extra)
+	if err != nil {
+		return err
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		return fmt.Errorf("extra keys must be a JSON object, got %s", kindOf(v))
+	}
+	for k := range m {
+		if slices.Contains(blockKeys(b.Type), k) || (b.Type == BlockToolUse && slices.Contains(ForbiddenCallFields, k)) {
+			return fmt.Errorf("extra key %q is not free in a %s block", k, b.Type)
 		}
 	}
 	return nil

@@ -51,10 +51,6 @@ func (s *Submit) Digest() string {
 	return hex.EncodeToString(sum[:])
 }
 
-// forbiddenFields may never be in a submission: placement and recovery are
-// the operator's, not the model's.
-var forbiddenFields = []string{"target", "kind", "pool", "recovery", "capability"}
-
 // DecodeSubmit decodes a submission from msgpack, or JSON when isJSON, and
 // validates it against the limits. Every failure is a *events.Refusal with
 // its protocol code; when the body decoded but is not valid, the
@@ -65,7 +61,7 @@ func DecodeSubmit(body []byte, isJSON bool, lim events.Limits) (*Submit, error) 
 	if err != nil {
 		return nil, err
 	}
-	for _, f := range forbiddenFields {
+	for _, f := range events.ForbiddenCallFields {
 		if m.Has(f) {
 			return nil, events.Refuse(events.CodeForbiddenField, "submit.%s: a submission cannot choose placement or recovery", f)
 		}
@@ -108,8 +104,11 @@ func DecodeSubmit(body []byte, isJSON bool, lim events.Limits) (*Submit, error) 
 	return s, nil
 }
 
-// Validate checks ids, limits, call id uniqueness and arguments. It returns
-// the first problem as a *events.Refusal.
+// Validate checks what is wrong with the batch itself: ids, limits and call
+// id uniqueness. It returns the first problem as a *events.Refusal. A call
+// whose tool name is not a tool id, or whose input is not an object, is
+// not the batch's problem: the aggregate completes that call with an error
+// and the others run.
 func (s *Submit) Validate(lim events.Limits) error {
 	if !events.ValidRunID(s.RunID) {
 		return events.Refuse(events.CodeInvalidID, "run_id %q must match [A-Za-z0-9_-]{1,64}", s.RunID)
@@ -139,18 +138,12 @@ func (s *Submit) Validate(lim events.Limits) error {
 		if !events.ValidCallID(c.CallID) {
 			return events.Refuse(events.CodeInvalidID, "call %d: call_id %q must match [A-Za-z0-9_-]{1,128}", i, c.CallID)
 		}
-		if !events.ValidToolID(c.ToolID) {
-			return events.Refuse(events.CodeInvalidID, "call %s: tool name %q must match [A-Za-z0-9_-]{1,64}", c.CallID, c.ToolID)
-		}
 		if seen[c.CallID] {
 			return events.Refuse(events.CodeDuplicateCallID, "call_id %q appears twice", c.CallID)
 		}
 		seen[c.CallID] = true
 		if len(c.Arguments) > lim.MaxArgumentBytes {
 			return events.Refuse(events.CodeLimitExceeded, "call %s: arguments are %d bytes, at most %d", c.CallID, len(c.Arguments), lim.MaxArgumentBytes)
-		}
-		if !c.Arguments.IsObjectOrNull() {
-			return events.Refuse(events.CodeUndecodable, "call %s: input must be a JSON object or null", c.CallID)
 		}
 	}
 	return nil

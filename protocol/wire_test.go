@@ -181,6 +181,16 @@ func TestDecodeSubmit(t *testing.T) {
 		{name: "valid 128 calls", body: calls(128)},
 		{name: "valid arguments at the limit", body: body{doc: submitDoc()}, lim: exact},
 		{name: "valid step 0", body: with(func(d doc) { d["step"] = 0 })},
+		// What the engine does not interpret is kept, and a malformed call
+		// is that call's error (the aggregate's), not the batch's.
+		{name: "valid block of another type", body: withBlock(doc{"type": "thinking", "thinking": "x", "signature": "s"})},
+		{name: "valid text with citations and cache_control", body: withBlock(doc{"type": "text", "text": "x", "citations": nil, "cache_control": doc{"type": "ephemeral"}})},
+		{name: "valid tool_use with cache_control", body: withBlock(doc{"type": "tool_use", "id": "call_2", "name": "t", "input": doc{}, "cache_control": "x"})},
+		{name: "valid input that is an array", body: withBlock(toolUse("call_2", "t", []any{1, 2}))},
+		{name: "valid input that is a string", body: withBlock(toolUse("call_2", "t", "x"))},
+		{name: "valid tool name with a space", body: withBlock(toolUse("call_2", "read file", doc{}))},
+		{name: "valid tool name of 65 chars", body: withBlock(toolUse("call_2", long(65), doc{}))},
+		{name: "valid tool name with a dot", body: withBlock(toolUse("call_2", "fs.read", doc{}))},
 
 		// undecodable
 		{name: "bad msgpack bytes", body: body{raw: []byte{0xc1}}, want: events.CodeUndecodable},
@@ -206,13 +216,12 @@ func TestDecodeSubmit(t *testing.T) {
 		{name: "block is a string", body: with(func(d doc) { setBlocks(d, []any{"text"}) }), want: events.CodeUndecodable},
 		{name: "block is null", body: with(func(d doc) { setBlocks(d, []any{nil}) }), want: events.CodeUndecodable},
 		{name: "block without type", body: withBlock(doc{"text": "x"}), want: events.CodeUndecodable},
-		{name: "unknown block type", body: withBlock(doc{"type": "video"}), want: events.CodeUndecodable},
+		{name: "block type empty", body: withBlock(doc{"type": ""}), want: events.CodeUndecodable},
+		{name: "block type a number", body: withBlock(doc{"type": 3}), want: events.CodeUndecodable},
 		{name: "text is a number", body: withBlock(doc{"type": "text", "text": 1}), want: events.CodeUndecodable},
 		{name: "image without source", body: withBlock(doc{"type": "image"}), want: events.CodeUndecodable},
 		{name: "image source of unknown type", body: withBlock(doc{"type": "image", "source": doc{"type": "file"}}), want: events.CodeUndecodable},
 		{name: "tool_use id is a number", body: withBlock(doc{"type": "tool_use", "id": 1, "name": "t"}), want: events.CodeUndecodable},
-		{name: "input is an array", body: withBlock(toolUse("call_2", "t", []any{1, 2})), want: events.CodeUndecodable},
-		{name: "input is a string", body: withBlock(toolUse("call_2", "t", "x")), want: events.CodeUndecodable},
 		{name: "is_error is a string", body: withBlock(doc{"type": "tool_result", "tool_use_id": "x", "is_error": "yes"}), want: events.CodeUndecodable},
 
 		// forbidden_field
@@ -223,9 +232,8 @@ func TestDecodeSubmit(t *testing.T) {
 		{name: "capability", body: with(func(d doc) { d["capability"] = "idempotent" }), want: events.CodeForbiddenField},
 		{name: "unknown top-level field", body: with(func(d doc) { d["priority"] = 1 }), want: events.CodeForbiddenField},
 		{name: "unknown assistant field", body: with(func(d doc) { d["assistant"].(doc)["role"] = "assistant" }), want: events.CodeForbiddenField},
-		{name: "unknown tool_use key", body: withBlock(doc{"type": "tool_use", "id": "call_2", "name": "t", "input": doc{}, "cache_control": "x"}), want: events.CodeForbiddenField},
 		{name: "target in a tool_use block", body: withBlock(doc{"type": "tool_use", "id": "call_2", "name": "t", "target": "brain"}), want: events.CodeForbiddenField},
-		{name: "unknown text key", body: withBlock(doc{"type": "text", "text": "x", "citations": []any{}}), want: events.CodeForbiddenField},
+		{name: "capability in a tool_use block", body: withBlock(doc{"type": "tool_use", "id": "call_2", "name": "t", "capability": "replay_safe"}), want: events.CodeForbiddenField},
 
 		// invalid_id
 		{name: "run_id with a slash", body: with(func(d doc) { d["run_id"] = "run/1" }), want: events.CodeInvalidID},
@@ -236,9 +244,6 @@ func TestDecodeSubmit(t *testing.T) {
 		{name: "call id with a space", body: withBlock(toolUse("call 2", "t", doc{})), want: events.CodeInvalidID},
 		{name: "call id empty", body: withBlock(toolUse("", "t", doc{})), want: events.CodeInvalidID},
 		{name: "call id of 129 chars", body: withBlock(toolUse(long(129), "t", doc{})), want: events.CodeInvalidID},
-		{name: "tool name with a space", body: withBlock(toolUse("call_2", "read file", doc{})), want: events.CodeInvalidID},
-		{name: "tool name of 65 chars", body: withBlock(toolUse("call_2", long(65), doc{})), want: events.CodeInvalidID},
-		{name: "tool name with a dot", body: withBlock(toolUse("call_2", "fs.read", doc{})), want: events.CodeInvalidID},
 
 		// limit_exceeded
 		{name: "129 calls", body: calls(129), want: events.CodeLimitExceeded},
@@ -379,7 +384,8 @@ func TestDecodeResume(t *testing.T) {
 		{name: "tool_result without output", body: top(func(d doc) { d["result"] = doc{"kind": "tool_result"} }), want: events.CodeUndecodable},
 		{name: "output without call_id", body: out(func(o doc) { delete(o, "call_id") }), want: events.CodeUndecodable},
 		{name: "output content is an object", body: out(func(o doc) { o["content"] = doc{} }), want: events.CodeUndecodable},
-		{name: "output block unknown", body: out(func(o doc) { o["content"] = []any{doc{"type": "video"}} }), want: events.CodeUndecodable},
+		{name: "output block of another type, kept", body: out(func(o doc) { o["content"] = []any{doc{"type": "video", "url": "u"}} })},
+		{name: "output block without a type", body: out(func(o doc) { o["content"] = []any{doc{"url": "u"}} }), want: events.CodeUndecodable},
 		{name: "output block null", body: out(func(o doc) { o["content"] = []any{nil} }), want: events.CodeUndecodable},
 		{name: "state is an object", body: out(func(o doc) { o["state"] = doc{} }), want: events.CodeUndecodable},
 		{name: "command scope unknown", body: cmd(func(c doc) { c["scope"] = "global" }), want: events.CodeUndecodable},
@@ -502,7 +508,8 @@ func TestDecodeResult(t *testing.T) {
 		{name: "trailing byte", body: append(base(func(d doc) { d["error"] = doc{"kind": "execution"} }), 0), wantErr: events.ErrMalformed},
 		{name: "attempt is a string", body: base(func(d doc) { d["attempt"] = "1"; d["error"] = doc{} }), wantErr: events.ErrMalformed},
 		{name: "null content block", body: base(func(d doc) { o := outputDoc(); o["content"] = []any{nil}; d["output"] = o }), wantErr: events.ErrMalformed},
-		{name: "unknown content block", body: base(func(d doc) { o := outputDoc(); o["content"] = []any{doc{"type": "video"}}; d["output"] = o }), wantErr: events.ErrMalformed},
+		{name: "content block of another type, kept", body: base(func(d doc) { o := outputDoc(); o["content"] = []any{doc{"type": "video"}}; d["output"] = o })},
+		{name: "content block without a type", body: base(func(d doc) { o := outputDoc(); o["content"] = []any{doc{"text": "x"}}; d["output"] = o }), wantErr: events.ErrMalformed},
 		{name: "output over the limit", body: base(func(d doc) { d["output"] = outputDoc() }), lim: small, wantErr: &events.Refusal{Code: events.CodeLimitExceeded}},
 	}
 	for _, tt := range tests {

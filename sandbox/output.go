@@ -121,6 +121,9 @@ func decodeToolOutput(stdout []byte) (events.Output, error) {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return events.Output{}, errors.New("more than one JSON value on stdout")
 	}
+	if err := events.StrictBlocks(to.Content); err != nil {
+		return events.Output{}, err
+	}
 	for i, c := range to.State {
 		if err := c.Validate(); err != nil {
 			return events.Output{}, fmt.Errorf("state[%d]: %v", i, cleanJSONError(err))
