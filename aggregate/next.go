@@ -14,11 +14,11 @@ type NextKind string
 
 // What a run can need.
 const (
-	NextNone            NextKind = "none"             // no open batch, or the run ended
-	NextGate            NextKind = "gate"             // run the gate chain for CallIDs (all of them: the parallel branch)
-	NextParkClient      NextKind = "park_client"      // park the client-executed call on an external_result ticket
-	NextExecuting       NextKind = "executing"        // CallIDs are executing: their executors report
-	NextAwaiting        NextKind = "awaiting"         // parked on Ticket
+	NextNone               NextKind = "none"                // no open batch, or the run ended
+	NextGate               NextKind = "gate"                // run the gate chain for CallIDs (all of them: the parallel branch)
+	NextParkClient         NextKind = "park_client"         // park the client-executed call on an external_result ticket
+	NextExecuting          NextKind = "executing"           // CallIDs are executing: their executors report
+	NextAwaiting           NextKind = "awaiting"            // parked on Ticket
 	NextCompleteUnrunnable NextKind = "complete_unrunnable" // an unknown tool or input that is not an object: Decide completes it with an error on its own; the engine never sees it
 )
 
