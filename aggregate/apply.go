@@ -279,6 +279,7 @@ func (r *Run) applySubmitted(ev *events.BatchSubmitted) error {
 	r.Batch = &Batch{
 		ID: ev.BatchID, Step: ev.Step, ThreadID: ev.ThreadID, SnapshotID: ev.SnapshotID,
 		Narrowing: ev.Narrowing, Assistant: ev.Assistant, Calls: calls,
+		Digest: ev.Digest, MsgID: ev.MsgID, InboxSeq: ev.InboxSeq,
 	}
 	return nil
 }

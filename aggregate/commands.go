@@ -24,7 +24,12 @@ type Submit struct {
 	// a batch whose commit would not fit one message is refused.
 	MaxPayload      int
 	SubmissionBytes int
-	At              time.Time
+	// MsgID and InboxSeq name the inbox message the submission came in
+	// (its Nats-Msg-Id and stream sequence), recorded so that the answer
+	// names them.
+	MsgID    string
+	InboxSeq uint64
+	At       time.Time
 }
 
 // CommitHeaderRoom is what a commit's headers take at most, beyond its
@@ -39,7 +44,12 @@ type Reject struct {
 	Step    int64
 	HasStep bool
 	Refusal *events.Refusal
-	At      time.Time
+	// MsgID, InboxSeq and Digest name the submission, as Submit's do
+	// (Digest: when its body decoded).
+	MsgID    string
+	InboxSeq uint64
+	Digest   string
+	At       time.Time
 }
 
 // Gate applies gate decisions. Normally it holds one decision, for the call

@@ -34,7 +34,8 @@ func Decide(r *Run, cmd Command) (*Run, []events.Event, error) {
 		err = d.submit(c)
 		if ref := refusal(err); ref != nil {
 			d = &decider{run: r.Clone()}
-			err = d.reject(Reject{Step: c.Submission.Step, HasStep: true, Refusal: ref, At: c.At})
+			err = d.reject(Reject{Step: c.Submission.Step, HasStep: true, Refusal: ref,
+				MsgID: c.MsgID, InboxSeq: c.InboxSeq, Digest: c.Submission.Digest, At: c.At})
 		}
 	case Reject:
 		err = d.reject(c)
@@ -146,7 +147,8 @@ func (d *decider) reject(c Reject) error {
 	if ref == nil {
 		return fmt.Errorf("%w: a rejection without a refusal", ErrMalformedCommand)
 	}
-	ev := &events.BatchRejected{RunID: d.run.RunID, Code: ref.Code, Reason: ref.Reason, At: c.At}
+	ev := &events.BatchRejected{RunID: d.run.RunID, Code: ref.Code, Reason: ref.Reason,
+		MsgID: c.MsgID, InboxSeq: c.InboxSeq, Digest: c.Digest, At: c.At}
 	if c.HasStep {
 		ev.BatchID = events.BatchID(d.run.RunID, c.Step)
 		ev.Step = c.Step
@@ -188,7 +190,7 @@ func (d *decider) submit(c Submit) error {
 	ev := &events.BatchSubmitted{
 		RunID: s.RunID, ThreadID: s.ThreadID, BatchID: events.BatchID(s.RunID, s.Step), Step: s.Step,
 		Assistant: s.Assistant, Calls: pinned, SnapshotID: c.SnapshotID, Narrowing: s.Narrowing,
-		Digest: digest, At: c.At,
+		Digest: digest, MsgID: c.MsgID, InboxSeq: c.InboxSeq, At: c.At,
 	}
 	// A large batch may fit the limits but not one commit. (A smaller one
 	// always fits: its event is at most about twice its submission.)

@@ -116,6 +116,11 @@ type Batch struct {
 	Results   []events.ContentBlock `msgpack:"results"`
 	State     []events.Command      `msgpack:"state"`
 	Conflict  string                `msgpack:"conflict"`
+	// Digest, MsgID and InboxSeq name the submission accepted as the
+	// batch (BatchSubmitted's), what its results name.
+	Digest   string `msgpack:"digest"`
+	MsgID    string `msgpack:"msg_id"`
+	InboxSeq uint64 `msgpack:"inbox_seq"`
 }
 
 // Call is one call and its durable phase.

@@ -159,7 +159,35 @@ func (c *Client) Limits() events.Limits { return c.limits }
 // it: acceptance shows as dispositions and results, refusal on .rejected
 // (see WaitResults).
 func (c *Client) Submit(ctx context.Context, s *protocol.Submit) error {
+	_, err := c.submit(ctx, s, "")
+	return err
+}
+
+// Sent is a submission as the inbox stream acknowledged it: what its
+// answer names (Answer).
+type Sent struct {
+	RunID, BatchID string
+	MsgID          string // its Nats-Msg-Id
+	InboxSeq       uint64 // its sequence in the inbox stream
+	Digest         string // protocol.Submit.Digest
+	// Duplicate: the stream held it already (a retry within the duplicate
+	// window): InboxSeq is the first one's.
+	Duplicate bool
+}
+
+// Send publishes a submission as Submit does and returns what names it, so
+// that Answer finds the answer to exactly this submission.
+func (c *Client) Send(ctx context.Context, s *protocol.Submit) (Sent, error) {
 	return c.submit(ctx, s, "")
+}
+
+// SubmitAndWait sends a submission and waits for its answer (Answer).
+func (c *Client) SubmitAndWait(ctx context.Context, s *protocol.Submit) (*protocol.ResultsOut, error) {
+	sent, err := c.Send(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	return c.Answer(ctx, sent)
 }
 
 // Resubmit publishes the submission again under a message id of its own
@@ -168,25 +196,27 @@ func (c *Client) Submit(ctx context.Context, s *protocol.Submit) error {
 // minutes) the stream would drop an identical Submit as a duplicate. An
 // identical batch the engine did take is harmless: it is ignored.
 func (c *Client) Resubmit(ctx context.Context, s *protocol.Submit, n int) error {
-	return c.submit(ctx, s, fmt.Sprintf("/retry-%d", n))
+	_, err := c.submit(ctx, s, fmt.Sprintf("/retry-%d", n))
+	return err
 }
 
-func (c *Client) submit(ctx context.Context, s *protocol.Submit, retry string) error {
+func (c *Client) submit(ctx context.Context, s *protocol.Submit, retry string) (Sent, error) {
 	if s == nil {
-		return events.Refuse(events.CodeUndecodable, "submit: nil submission")
+		return Sent{}, events.Refuse(events.CodeUndecodable, "submit: nil submission")
 	}
 	if err := s.Validate(c.limits); err != nil {
-		return err
+		return Sent{}, err
 	}
 	body, err := events.Marshal(s)
 	if err != nil {
-		return events.Refuse(events.CodeUndecodable, "submit: encode: %v", err)
+		return Sent{}, events.Refuse(events.CodeUndecodable, "submit: encode: %v", err)
 	}
 	// The engine's own decoder is the final word on what it will accept.
 	if _, err := protocol.DecodeSubmit(body, false, c.limits); err != nil {
-		return err
+		return Sent{}, err
 	}
-	msgID := fmt.Sprintf("%s/%d/%s%s", s.RunID, s.Step, s.Digest()[:16], retry)
+	digest := s.Digest()
+	msgID := fmt.Sprintf("%s/%d/%s%s", s.RunID, s.Step, digest[:16], retry)
 	subject := c.names.Submit(s.RunID)
 	if c.submitter != "" {
 		subject = c.names.SubmitAs(s.RunID, c.submitter)
@@ -196,7 +226,11 @@ func (c *Client) submit(ctx context.Context, s *protocol.Submit, retry string) e
 	if tp, _ := ctx.Value(traceParentKey{}).(string); tp != "" {
 		m.Header.Set(protocol.HeaderTraceParent, tp)
 	}
-	return c.publishMsg(ctx, m, msgID)
+	ack, err := c.publishAck(ctx, m, msgID)
+	if err != nil {
+		return Sent{}, err
+	}
+	return Sent{RunID: s.RunID, BatchID: s.BatchID(), MsgID: msgID, InboxSeq: ack.Sequence, Digest: digest, Duplicate: ack.Duplicate}, nil
 }
 
 type traceParentKey struct{}
@@ -329,14 +363,20 @@ func (c *Client) publish(ctx context.Context, subject, msgID string, body []byte
 }
 
 func (c *Client) publishMsg(ctx context.Context, m *nats.Msg, msgID string) error {
+	_, err := c.publishAck(ctx, m, msgID)
+	return err
+}
+
+func (c *Client) publishAck(ctx context.Context, m *nats.Msg, msgID string) (*jetstream.PubAck, error) {
 	if max := c.nc.MaxPayload(); max > 0 && int64(len(m.Data)) > max {
-		return events.Refuse(events.CodeLimitExceeded, "%s: the message is %d bytes, and the NATS server takes at most %d (its max_payload): make the batch smaller, or raise the server's max_payload",
+		return nil, events.Refuse(events.CodeLimitExceeded, "%s: the message is %d bytes, and the NATS server takes at most %d (its max_payload): make the batch smaller, or raise the server's max_payload",
 			m.Subject, len(m.Data), max)
 	}
-	if _, err := c.js.PublishMsg(ctx, m, jetstream.WithMsgID(msgID)); err != nil {
-		return fmt.Errorf("%w %s: %w", ErrPublish, m.Subject, err)
+	ack, err := c.js.PublishMsg(ctx, m, jetstream.WithMsgID(msgID))
+	if err != nil {
+		return nil, fmt.Errorf("%w %s: %w", ErrPublish, m.Subject, err)
 	}
-	return nil
+	return ack, nil
 }
 
 // shortHash returns the first 16 hex digits of a SHA-256 over the subject

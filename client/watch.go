@@ -238,6 +238,40 @@ func (w *Watch) decode(m jetstream.Msg) (Message, error) {
 // no batch and is ignored; an unreadable message is returned as its
 // *DecodeError. It waits until ctx is done.
 func (c *Client) WaitResults(ctx context.Context, runID, batchID string) (*protocol.ResultsOut, error) {
+	return c.await(ctx, runID, batchID,
+		func(r *protocol.ResultsOut) bool { return r.BatchID == batchID },
+		func(r *protocol.RejectedOut) bool { return r.BatchID == batchID })
+}
+
+// Answer waits for the answer to a sent submission, matched by what names
+// it rather than by its batch id:
+//
+//   - the results of its batch when they name it (its message id or inbox
+//     sequence), or name a submission of the same batch with the same
+//     digest (an identical one the engine took first: this one changed
+//     nothing);
+//   - its own rejection (one that names it, whatever was accepted at that
+//     step before): an error wrapping ErrRejected and the *events.Refusal;
+//   - the run's end: an *EndedError.
+//
+// A rejection or an end is the answer once the watch has caught up with
+// the stream and no results naming the submission followed it.
+//
+// It waits until ctx is done.
+func (c *Client) Answer(ctx context.Context, sent Sent) (*protocol.ResultsOut, error) {
+	return c.await(ctx, sent.RunID, sent.BatchID,
+		func(r *protocol.ResultsOut) bool {
+			return r.Submission.Names(sent.MsgID, sent.InboxSeq) ||
+				(r.BatchID == sent.BatchID && r.Submission != nil && r.Submission.Digest == sent.Digest)
+		},
+		func(r *protocol.RejectedOut) bool { return r.Submission.Names(sent.MsgID, sent.InboxSeq) })
+}
+
+// await reads the run's results, rejected and ended messages from the
+// first one the stream holds until results match; a matching rejection or
+// the run's end is the answer once the watch has caught up.
+func (c *Client) await(ctx context.Context, runID, batchID string,
+	results func(*protocol.ResultsOut) bool, rejected func(*protocol.RejectedOut) bool) (*protocol.ResultsOut, error) {
 	w, err := c.watch(ctx, runID,
 		c.outSubject(runID, KindResults), c.outSubject(runID, KindRejected), c.outSubject(runID, KindEnded))
 	if err != nil {
@@ -251,9 +285,9 @@ func (c *Client) WaitResults(ctx context.Context, runID, batchID string) (*proto
 			return nil, err
 		}
 		switch {
-		case m.Results != nil && m.Results.BatchID == batchID:
+		case m.Results != nil && results(m.Results):
 			return m.Results, nil
-		case m.Rejected != nil && m.Rejected.BatchID == batchID:
+		case m.Rejected != nil && rejected(m.Rejected):
 			verdict = fmt.Errorf("%w: %s: %w", ErrRejected, batchID,
 				&events.Refusal{Code: m.Rejected.Code, Reason: m.Rejected.Reason})
 		case m.Ended != nil:

@@ -171,6 +171,9 @@ func (e *Engine) throttle(m jetstream.Msg, runID, attributed string) bool {
 	ref := err.(*events.Refusal)
 	e.metrics.Rejected(string(ref.Code))
 	out := protocol.RejectedOut{Code: ref.Code, Reason: ref.Reason}
+	if msgID, seq := origin(m); msgID != "" || seq != 0 {
+		out.Submission = &protocol.SubmissionOut{MsgID: msgID, InboxSeq: seq}
+	}
 	var head struct {
 		Step *int64 `msgpack:"step" json:"step"`
 	}

@@ -33,9 +33,10 @@ func (s *shard) onSubmit(ctx context.Context, rs *runState, in *inboxMsg) error 
 	if err == nil && sub.RunID != rs.id {
 		err = events.Refuse(events.CodeInvalidID, "body run_id %q differs from the subject's %q", sub.RunID, rs.id)
 	}
+	msgID, inboxSeq := origin(in.msg)
 	var cmd aggregate.Command
 	if err != nil {
-		rej := aggregate.Reject{Refusal: asRefusal(err), At: now}
+		rej := aggregate.Reject{Refusal: asRefusal(err), MsgID: msgID, InboxSeq: inboxSeq, At: now}
 		if sub != nil {
 			rej.Step, rej.HasStep = sub.Step, true
 		}
@@ -52,7 +53,7 @@ func (s *shard) onSubmit(ctx context.Context, rs *runState, in *inboxMsg) error 
 			tools[i] = d
 		}
 		cmd = aggregate.Submit{Submission: sub.Submission(), Tools: tools, SnapshotID: cat.SnapshotID(),
-			MaxPayload: int(s.e.nc.MaxPayload()), SubmissionBytes: len(in.msg.Data()), At: now}
+			MaxPayload: int(s.e.nc.MaxPayload()), SubmissionBytes: len(in.msg.Data()), MsgID: msgID, InboxSeq: inboxSeq, At: now}
 	}
 	evs, err := s.decide(ctx, rs, cmd)
 	if err != nil {
@@ -70,6 +71,16 @@ func (s *shard) onSubmit(ctx context.Context, rs *runState, in *inboxMsg) error 
 	}
 	rs.held = append(rs.held, in.msg)
 	return nil // handle drives the run
+}
+
+// origin returns what names an inbox message to its publisher: its
+// Nats-Msg-Id and its inbox stream sequence (0 when unknown).
+func origin(m jetstream.Msg) (string, uint64) {
+	var seq uint64
+	if md, err := m.Metadata(); err == nil {
+		seq = md.Sequence.Stream
+	}
+	return m.Headers().Get(jetstream.MsgIDHeader), seq
 }
 
 // asRefusal returns err as a refusal: a decoding failure without a protocol

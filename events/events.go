@@ -49,26 +49,37 @@ const (
 // BatchSubmitted persists a whole batch, every call requested, with the
 // assistant message verbatim. Nothing runs before it is committed.
 type BatchSubmitted struct {
-	RunID      string    `msgpack:"run_id" json:"run_id"`
-	ThreadID   string    `msgpack:"thread_id" json:"thread_id"`
-	BatchID    string    `msgpack:"batch_id" json:"batch_id"`
-	Step       int64     `msgpack:"step" json:"step"`
-	Assistant  Message   `msgpack:"assistant" json:"assistant"`
-	Calls      []Call    `msgpack:"calls" json:"calls"`
-	SnapshotID string    `msgpack:"snapshot_id" json:"snapshot_id"`
-	Narrowing  string    `msgpack:"narrowing,omitempty" json:"narrowing,omitempty"`
-	Digest     string    `msgpack:"digest" json:"digest"` // Submit.Digest: recognises an identical resubmission
-	At         time.Time `msgpack:"at" json:"at"`
+	RunID      string  `msgpack:"run_id" json:"run_id"`
+	ThreadID   string  `msgpack:"thread_id" json:"thread_id"`
+	BatchID    string  `msgpack:"batch_id" json:"batch_id"`
+	Step       int64   `msgpack:"step" json:"step"`
+	Assistant  Message `msgpack:"assistant" json:"assistant"`
+	Calls      []Call  `msgpack:"calls" json:"calls"`
+	SnapshotID string  `msgpack:"snapshot_id" json:"snapshot_id"`
+	Narrowing  string  `msgpack:"narrowing,omitempty" json:"narrowing,omitempty"`
+	Digest     string  `msgpack:"digest" json:"digest"` // Submit.Digest: recognises an identical resubmission
+	// MsgID and InboxSeq name the inbox message the batch came in (its
+	// Nats-Msg-Id and its inbox stream sequence; empty and 0 in a log
+	// written before they were recorded): the answer to a submission names
+	// them, so that a client matches it to what it sent.
+	MsgID    string    `msgpack:"msg_id,omitempty" json:"msg_id,omitempty"`
+	InboxSeq uint64    `msgpack:"inbox_seq,omitempty" json:"inbox_seq,omitempty"`
+	At       time.Time `msgpack:"at" json:"at"`
 }
 
 // BatchRejected records a refused submission. It does not use up the step.
 type BatchRejected struct {
-	RunID   string    `msgpack:"run_id" json:"run_id"`
-	BatchID string    `msgpack:"batch_id,omitempty" json:"batch_id,omitempty"`
-	Step    int64     `msgpack:"step,omitempty" json:"step,omitempty"`
-	Code    Code      `msgpack:"code" json:"code"`
-	Reason  string    `msgpack:"reason" json:"reason"`
-	At      time.Time `msgpack:"at" json:"at"`
+	RunID   string `msgpack:"run_id" json:"run_id"`
+	BatchID string `msgpack:"batch_id,omitempty" json:"batch_id,omitempty"`
+	Step    int64  `msgpack:"step,omitempty" json:"step,omitempty"`
+	Code    Code   `msgpack:"code" json:"code"`
+	Reason  string `msgpack:"reason" json:"reason"`
+	// MsgID, InboxSeq and Digest name the refused submission as
+	// BatchSubmitted's do (Digest: when its body decoded).
+	MsgID    string    `msgpack:"msg_id,omitempty" json:"msg_id,omitempty"`
+	InboxSeq uint64    `msgpack:"inbox_seq,omitempty" json:"inbox_seq,omitempty"`
+	Digest   string    `msgpack:"digest,omitempty" json:"digest,omitempty"`
+	At       time.Time `msgpack:"at" json:"at"`
 }
 
 // Gate stages, in the order the chain runs them.

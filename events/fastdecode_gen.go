@@ -59,8 +59,12 @@ func (d *mp) batchSubmitted() Event {
 			v.Narrowing, set = d.sym(), d.once(set, 7)
 		case "digest":
 			v.Digest, set = d.str(), d.once(set, 8)
+		case "msg_id":
+			v.MsgID, set = d.str(), d.once(set, 9)
+		case "inbox_seq":
+			v.InboxSeq, set = uint64(d.int64()), d.once(set, 10)
 		case "at":
-			v.At, set = d.time(), d.once(set, 9)
+			v.At, set = d.time(), d.once(set, 11)
 		default:
 			d.bad = true
 		}
@@ -83,8 +87,14 @@ func (d *mp) batchRejected() Event {
 			v.Code, set = Code(d.sym()), d.once(set, 3)
 		case "reason":
 			v.Reason, set = d.str(), d.once(set, 4)
+		case "msg_id":
+			v.MsgID, set = d.str(), d.once(set, 5)
+		case "inbox_seq":
+			v.InboxSeq, set = uint64(d.int64()), d.once(set, 6)
+		case "digest":
+			v.Digest, set = d.str(), d.once(set, 7)
 		case "at":
-			v.At, set = d.time(), d.once(set, 5)
+			v.At, set = d.time(), d.once(set, 8)
 		default:
 			d.bad = true
 		}

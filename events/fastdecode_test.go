@@ -176,6 +176,9 @@ func TestFastDecodeOddEncodings(t *testing.T) {
 		"version 2":        mustMsgpack(t, []any{doc{"type": "RunEnded", "schema_version": 2, "data": doc{}}}),
 		"unknown type":     mustMsgpack(t, []any{doc{"type": "RunPaused", "schema_version": 1, "data": doc{}}}),
 		"empty commit":     mustMsgpack(t, []any{}),
+		"inbox seq":        envelope("BatchSubmitted", doc{"msg_id": "r/1/x", "inbox_seq": uint64(1)<<63 + 5}),
+		"negative seq":     envelope("BatchRejected", doc{"inbox_seq": -3, "digest": "d"}),
+		"thinking block":   envelope("BatchSubmitted", doc{"assistant": doc{"content": []any{doc{"type": "thinking", "thinking": "x", "signature": "s"}, doc{"type": "text", "text": "y", "citations": nil}}}}),
 	}
 	for name, b := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -137,14 +137,27 @@ func outputs(r *aggregate.Run, e events.Event) []Output {
 			Results: append([]events.ContentBlock{}, ev.Results...),
 			State:   append([]events.Command{}, ev.State...),
 		}
+		if b := r.Batch; b != nil && b.ID == ev.BatchID {
+			res.Submission = submissionOut(b.MsgID, b.InboxSeq, b.Digest)
+		}
 		return append(out, Output{Kind: KindResults, Results: res})
 	case *events.RunEnded:
 		return []Output{{Kind: KindEnded, Ended: &protocol.EndedOut{Cause: ev.Cause, Reason: ev.Reason}}}
 	case *events.BatchRejected:
-		return []Output{{Kind: KindRejected, Rejected: &protocol.RejectedOut{BatchID: ev.BatchID, Code: ev.Code, Reason: ev.Reason}}}
+		return []Output{{Kind: KindRejected, Rejected: &protocol.RejectedOut{BatchID: ev.BatchID, Code: ev.Code, Reason: ev.Reason,
+			Submission: submissionOut(ev.MsgID, ev.InboxSeq, ev.Digest)}}}
 	default:
 		return nil
 	}
+}
+
+// submissionOut names a submission; nil when the log recorded nothing of
+// it (written before submissions were named).
+func submissionOut(msgID string, inboxSeq uint64, digest string) *protocol.SubmissionOut {
+	if msgID == "" && inboxSeq == 0 && digest == "" {
+		return nil
+	}
+	return &protocol.SubmissionOut{MsgID: msgID, InboxSeq: inboxSeq, Digest: digest}
 }
 
 func dispositionOutputs(r *aggregate.Run) []Output {

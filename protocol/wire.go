@@ -371,6 +371,27 @@ type ResultsOut struct {
 	Step    int64                 `msgpack:"step" json:"step"`
 	Results []events.ContentBlock `msgpack:"results" json:"results"`
 	State   []events.Command      `msgpack:"state" json:"state"`
+	// Submission is the submission accepted as the batch (absent for a
+	// batch recorded before submissions were named).
+	Submission *SubmissionOut `msgpack:"submission,omitempty" json:"submission,omitempty"`
+}
+
+// SubmissionOut names a submission in its answer (.results, .rejected):
+// the Nats-Msg-Id it was published with, its sequence in the inbox stream
+// (what the stream's acknowledgement of the publish said), and the
+// engine's digest of it (Submit.Digest; absent when the body did not
+// decode). A client matches an answer to what it sent by the message id
+// or the sequence (docs/protocol.md, "Waiting for the answer").
+type SubmissionOut struct {
+	MsgID    string `msgpack:"msg_id,omitempty" json:"msg_id,omitempty"`
+	InboxSeq uint64 `msgpack:"inbox_seq,omitempty" json:"inbox_seq,omitempty"`
+	Digest   string `msgpack:"digest,omitempty" json:"digest,omitempty"`
+}
+
+// Names reports whether the answer names the submission published with
+// msgID (when not empty) or stored at inboxSeq (when not 0).
+func (s *SubmissionOut) Names(msgID string, inboxSeq uint64) bool {
+	return s != nil && ((msgID != "" && s.MsgID == msgID) || (inboxSeq != 0 && s.InboxSeq == inboxSeq))
 }
 
 // CheckBlocks checks that every result block has a known type
@@ -415,6 +436,9 @@ type RejectedOut struct {
 	BatchID string      `msgpack:"batch_id,omitempty" json:"batch_id,omitempty"`
 	Code    events.Code `msgpack:"code" json:"code"`
 	Reason  string      `msgpack:"reason" json:"reason"`
+	// Submission is the refused submission (absent in a log written before
+	// submissions were named).
+	Submission *SubmissionOut `msgpack:"submission,omitempty" json:"submission,omitempty"`
 }
 
 // RefusedOut is published on <prefix>.out.<run_id>.refused.

@@ -27,6 +27,7 @@ var reads = map[string]string{
 	"string":         "d.str()",
 	"int64":          "d.int64()",
 	"int":            "int(d.int64())",
+	"uint64":         "uint64(d.int64())", // as the library's DecodeUint64: the same bits
 	"bool":           "d.boolean()",
 	"time.Time":      "d.time()",
 	"*time.Time":     "d.timePtr()",

@@ -1,0 +1,195 @@
+package engine_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/client"
+	"github.com/toolbatch/toolbatch/engine"
+	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testnats"
+	"github.com/toolbatch/toolbatch/protocol"
+)
+
+// anthropicTurn is a submission whose assistant message is as the
+// Anthropic Messages API returns it (extended thinking, citations,
+// cache_control, a server tool), with four calls: two good ones, one
+// whose input is a string (an adapter's arguments that did not parse) and
+// one whose name is no tool id.
+const anthropicTurn = `{"run_id":"prov","thread_id":"t1","step":1,"assistant":{"id":"msg_01","content":[
+ {"type":"thinking","thinking":"Echo twice.","signature":"EqQBCkYIBxgCKkA="},
+ {"type":"redacted_thinking","data":"EmwKAhgBEgy3va3p"},
+ {"type":"text","text":"Sure.","citations":null},
+ {"type":"text","text":"Per the page,","citations":[{"type":"web_search_result_location","url":"https://example.com","title":"t","encrypted_index":"x","cited_text":"y"}],"cache_control":{"type":"ephemeral"}},
+ {"type":"server_tool_use","id":"srvtoolu_01","name":"web_search","input":{"query":"q"}},
+ {"type":"web_search_tool_result","tool_use_id":"srvtoolu_01","content":[{"type":"web_search_result","url":"https://example.com","title":"t","encrypted_content":"e","page_age":null}]},
+ {"type":"tool_use","id":"toolu_01","name":"echo","input":{"text":"one"}},
+ {"type":"tool_use","id":"toolu_02","name":"echo","input":"{\"text\": \"tw","cache_control":{"type":"ephemeral"}},
+ {"type":"tool_use","id":"toolu_03","name":"fs.read","input":{"path":"a"}},
+ {"type":"tool_use","id":"toolu_04","name":"echo","input":{"text":"four"}}
+]}}`
+
+// canonicalJSON is b with object keys sorted, to compare two texts of one
+// value.
+func canonicalJSON(t *testing.T, b []byte) string {
+	t.Helper()
+	var v any
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	if err := d.Decode(&v); err != nil {
+		t.Fatalf("%v: %s", err, b)
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// TestProviderMessageAsItIs: a real provider message goes through the
+// engine unchanged (the assistant message in the log is the one sent), and
+// gets one result per call in model order, the malformed calls' errors
+// among them, while the others ran.
+func TestProviderMessageAsItIs(t *testing.T) {
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{})
+	c := newClient(t, url)
+	ctx := ctxT(t, 30*time.Second)
+
+	sub, err := protocol.DecodeSubmit([]byte(anthropicTurn), true, c.Limits())
+	if err != nil {
+		t.Fatalf("the provider's message is refused: %v", err)
+	}
+	res, err := c.SubmitAndWait(ctx, sub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := resultTexts(res)
+	want := []string{
+		`toolu_01=ok "{\"text\":\"one\"}"`,
+		`toolu_02=error "invalid arguments: the input must be a JSON object, got a string"`,
+		`toolu_03=error "unknown tool: fs.read"`,
+		`toolu_04=ok "{\"text\":\"four\"}"`,
+	}
+	if len(got) != len(want) {
+		t.Fatalf("results %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("results %v, want %v", got, want)
+		}
+	}
+
+	// The log holds the message as it was sent.
+	js := testnats.JetStream(t, testnats.Connect(t, url))
+	ev, err := js.Stream(ctx, protocol.Names{Prefix: protocol.DefaultPrefix}.EventsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := ev.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := events.DecodeCommit(m.Data, m.Header.Values(protocol.HeaderEvent))
+	if err != nil {
+		t.Fatal(err)
+	}
+	submitted, ok := evs[0].(*events.BatchSubmitted)
+	if !ok {
+		t.Fatalf("first commit %T", evs[0])
+	}
+	stored, err := json.Marshal(submitted.Assistant.Content)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent struct {
+		Assistant struct {
+			Content json.RawMessage `json:"content"`
+		} `json:"assistant"`
+	}
+	if err := json.Unmarshal([]byte(anthropicTurn), &sent); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := canonicalJSON(t, stored), canonicalJSON(t, sent.Assistant.Content); a != b {
+		t.Fatalf("the log's assistant message differs from the one sent:\n log %s\nsent %s", a, b)
+	}
+}
+
+// TestAnswerNamesTheSubmission: every answer names the submission it
+// answers, so that a client finds the answer to what it sent: a different
+// batch at an accepted step gets its own refusal (not the old results), and
+// an identical one, under its own message id, finds the results it
+// duplicates.
+func TestAnswerNamesTheSubmission(t *testing.T) {
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{})
+	c := newClient(t, url)
+	ctx := ctxT(t, 30*time.Second)
+
+	first := submitOf("ans", 1, "echo", `{"text":"one"}`)
+	sent, err := c.Send(ctx, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sent.InboxSeq == 0 || sent.MsgID == "" || sent.Duplicate {
+		t.Fatalf("sent %+v", sent)
+	}
+	res, err := c.Answer(ctx, sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := res.Submission; s == nil || s.MsgID != sent.MsgID || s.InboxSeq != sent.InboxSeq || s.Digest != first.Digest() {
+		t.Fatalf("results name %+v, want %+v", res.Submission, sent)
+	}
+
+	// A different batch for step 1: its answer is its own refusal, although
+	// results of step 1 are in the stream.
+	other := submitOf("ans", 1, "echo", `{"text":"other"}`)
+	osent, err := c.Send(ctx, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Answer(ctx, osent)
+	var ref *events.Refusal
+	if !errors.Is(err, client.ErrRejected) || !errors.As(err, &ref) || ref.Code != events.CodeStepNotAfterLast {
+		t.Fatalf("answer to a different batch at step 1: %v, want step_not_after_last", err)
+	}
+
+	// The same submission again within the duplicate window: the stream
+	// says so, and the answer is the first's results.
+	again, err := c.Send(ctx, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Duplicate || again.InboxSeq != sent.InboxSeq {
+		t.Fatalf("a repeat: %+v, want the first's sequence %d as a duplicate", again, sent.InboxSeq)
+	}
+	if r, err := c.Answer(ctx, again); err != nil || r.Submission.InboxSeq != sent.InboxSeq {
+		t.Fatalf("answer to a repeat: %+v, %v", r, err)
+	}
+
+	// The same body under another message id (a client that chose its own
+	// ids): the engine changes nothing and publishes nothing; its answer is
+	// the results of the identical batch, found by the digest.
+	body, err := events.Marshal(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := testnats.JetStream(t, testnats.Connect(t, url))
+	msg := nats.NewMsg(protocol.Names{Prefix: protocol.DefaultPrefix}.Submit("ans"))
+	msg.Data = body
+	ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID("my-own-id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := client.Sent{RunID: "ans", BatchID: first.BatchID(), MsgID: "my-own-id", InboxSeq: ack.Sequence, Digest: first.Digest()}
+	if r, err := c.Answer(ctx, own); err != nil || r.Submission.MsgID != sent.MsgID {
+		t.Fatalf("answer to an identical body: %+v, %v", r, err)
+	}
+}
