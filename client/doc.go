@@ -11,8 +11,9 @@
 //     Interrupt and Perform on <prefix>.control.<run_id>;
 //   - what the engine publishes for a run is read from TOOLBATCH_OUT on
 //     <prefix>.out.<run_id>.<kind> by Watch (every kind, in stream order,
-//     from the first message the stream holds) and WaitResults (until one
-//     batch's results).
+//     from the first message the stream holds), Answer (until the answer
+//     to one submission: results or refusal that name it, as Send returned
+//     it) and WaitResults (until one batch's results).
 //
 // The client never creates streams: the engine does. Every command is
 // checked before it is published with the engine's own decoder and the
@@ -39,10 +40,11 @@
 //			{Type: events.BlockToolUse, ID: "call-1", Name: "echo", Input: events.MustJSON(`{"text":"hi"}`)},
 //		}},
 //	}
-//	if err := c.Submit(ctx, s); err != nil {
+//	sent, err := c.Send(ctx, s)
+//	if err != nil {
 //		// a *events.Refusal (checked locally) or ErrPublish
 //	}
-//	res, err := c.WaitResults(ctx, s.RunID, s.BatchID())
+//	res, err := c.Answer(ctx, sent) // or both at once: c.SubmitAndWait(ctx, s)
 //	switch {
 //	case errors.Is(err, client.ErrRejected): // events.CodeOf(err) tells why
 //	case errors.Is(err, client.ErrRunEnded):

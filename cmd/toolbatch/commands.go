@@ -234,7 +234,7 @@ func cmdSubmit(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	}
 	if !*wait {
 		return c.withClient(func(ctx context.Context, nc *nats.Conn, cl *client.Client) error {
-			if err := submit(ctx, nc, cl, c.prefix, sub, false, stdout); err != nil {
+			if err := submit(ctx, cl, sub, false, stdout); err != nil {
 				return err
 			}
 			return report(stdout, *asJSON, done{Done: "submitted", RunID: sub.RunID, BatchID: sub.BatchID()},
@@ -249,23 +249,15 @@ func cmdSubmit(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		wctx, expire := context.WithCancelCause(ctx)
 		defer expire(nil)
 		go watchBatch(wctx, cl, sub.RunID, sub.BatchID(), timeout, stderr, func() { expire(context.DeadlineExceeded) })
-		return submit(wctx, nc, cl, c.prefix, sub, true, stdout)
+		return submit(wctx, cl, sub, true, stdout)
 	})
 }
 
-// submit publishes sub and, with wait, prints its results.
-func submit(ctx context.Context, nc *nats.Conn, cl *client.Client, prefix string, sub *protocol.Submit, wait bool, stdout io.Writer) error {
-	// A step that already holds a batch publishes no results for this
-	// submission: the engine is silent for the identical batch (its results
-	// are the answer) and rejects any other.
-	var accepted string
-	if wait {
-		var err error
-		if accepted, err = acceptedDigest(ctx, nc, prefix, sub.RunID, sub.Step); err != nil {
-			return explain(ctx, err, "reading the event log of run "+sub.RunID)
-		}
-	}
-	if err := cl.Submit(ctx, sub); err != nil {
+// submit publishes sub and, with wait, prints its answer: the results
+// that name it, or its own refusal (client.Answer).
+func submit(ctx context.Context, cl *client.Client, sub *protocol.Submit, wait bool, stdout io.Writer) error {
+	sent, err := cl.Send(ctx, sub)
+	if err != nil {
 		if _, ok := events.CodeOf(err); ok {
 			return rejected(err)
 		}
@@ -274,15 +266,7 @@ func submit(ctx context.Context, nc *nats.Conn, cl *client.Client, prefix string
 	if !wait {
 		return nil
 	}
-	var (
-		res *protocol.ResultsOut
-		err error
-	)
-	if accepted != "" && accepted != sub.Digest() {
-		err = waitRejection(ctx, cl, sub.RunID, sub.BatchID())
-	} else {
-		res, err = cl.WaitResults(ctx, sub.RunID, sub.BatchID())
-	}
+	res, err := cl.Answer(ctx, sent)
 	var ended *client.EndedError
 	switch {
 	case errors.Is(err, client.ErrRejected):
