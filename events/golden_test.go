@@ -251,10 +251,10 @@ func wireFixtures() []wireFixture {
 		{name: "disposition_out", newValue: newOf[protocol.DispositionOut](),
 			sample: &protocol.DispositionOut{BatchID: "run_7f3a/3", CallID: "toolu_01", ToolID: "read_file",
 				Disposition: events.DispositionPendingBuiltin, Phase: events.PhaseExecuting, Attempt: 2}},
-		{name: "results_out", newValue: newOf[protocol.ResultsOut](),
+		{name: "results_out", newValue: newOf[protocol.ResultsOut](), allowZero: []string{"Submission"}, // added later, omitted when nil: the fixture's bytes stand
 			sample: &protocol.ResultsOut{BatchID: "run_7f3a/3", Step: 3, Results: resultBlocks(), State: commands()}},
 		{name: "awaiting_out", newValue: newOf[protocol.AwaitingOut](), sample: ptr(protocol.Awaiting(tk))},
-		{name: "rejected_out", newValue: newOf[protocol.RejectedOut](),
+		{name: "rejected_out", newValue: newOf[protocol.RejectedOut](), allowZero: []string{"Submission"}, // the same
 			sample: &protocol.RejectedOut{BatchID: "run_7f3a/4", Code: events.CodeLimitExceeded, Reason: "129 calls in one batch, at most 128"}},
 		{name: "refused_out", newValue: newOf[protocol.RefusedOut](),
 			sample: &protocol.RefusedOut{CorrelationID: "corr_9b1", Code: events.CodeWrongSnapshot, Reason: "snapshot snap_0002 is not snap_0003"}},

@@ -151,10 +151,12 @@ func outputs(r *aggregate.Run, e events.Event) []Output {
 	}
 }
 
-// submissionOut names a submission; nil when the log recorded nothing of
-// it (written before submissions were named).
+// submissionOut names a submission; nil when the log did not record where
+// it came from (written before submissions were named: what the engine
+// published for it then named none, and the projection must derive the
+// same).
 func submissionOut(msgID string, inboxSeq uint64, digest string) *protocol.SubmissionOut {
-	if msgID == "" && inboxSeq == 0 && digest == "" {
+	if msgID == "" && inboxSeq == 0 {
 		return nil
 	}
 	return &protocol.SubmissionOut{MsgID: msgID, InboxSeq: inboxSeq, Digest: digest}

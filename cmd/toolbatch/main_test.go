@@ -211,7 +211,12 @@ type results struct {
 		} `json:"content"`
 		IsError bool `json:"is_error"`
 	} `json:"results"`
-	State []json.RawMessage `json:"state"`
+	State      []json.RawMessage `json:"state"`
+	Submission struct {
+		MsgID    string `json:"msg_id"`
+		InboxSeq uint64 `json:"inbox_seq"`
+		Digest   string `json:"digest"`
+	} `json:"submission"`
 }
 
 func (r results) summary() string {
@@ -261,6 +266,9 @@ func TestSubmitWaitPrintsResultsInModelOrder(t *testing.T) {
 	want := `tool_result:first:false:{"n":1} | tool_result:second:false:{"n":2,"s":"<b>"}`
 	if r.BatchID != "cli-1/1" || r.Step != 1 || r.summary() != want || r.State == nil || len(r.State) != 0 {
 		t.Fatalf("results %s (batch %s, step %d, state %v), want %s", r.summary(), r.BatchID, r.Step, r.State, want)
+	}
+	if r.Submission.InboxSeq == 0 || !strings.HasPrefix(r.Submission.MsgID, "cli-1/1/") || r.Submission.Digest == "" {
+		t.Fatalf("the results name no submission: %+v", r.Submission)
 	}
 
 	// The same body again is a retry: deduplicated, same results.

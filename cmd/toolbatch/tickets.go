@@ -115,7 +115,8 @@ func readAnswer(path string, stdin io.Reader) ([]byte, error) {
 
 // outputOf reads a client tool's output: text (one text block), or with
 // blocks JSON (an array of content blocks, or an output object with
-// content and is_error), checked by the engine's own decoder.
+// content and is_error), checked by the engine's own decoder and held to
+// the block types the engine interprets.
 func outputOf(t protocol.AwaitingOut, data []byte, blocks, isError bool, lim events.Limits) (events.Output, error) {
 	if !blocks {
 		out := events.TextOutput(t.CallID, string(data))
@@ -148,6 +149,11 @@ func outputOf(t protocol.AwaitingOut, data []byte, blocks, isError bool, lim eve
 	r, err := protocol.DecodeResume(body, true, lim)
 	if err != nil {
 		return events.Output{}, rejected(err)
+	}
+	// A person types these: a block type or key the engine does not
+	// interpret is a typo to report, not a provider's content to keep.
+	if err := events.StrictBlocks(r.Result.Output.Content); err != nil {
+		return events.Output{}, failf("rejected %s: %v", events.CodeUndecodable, err)
 	}
 	return *r.Result.Output, nil
 }
