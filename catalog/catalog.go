@@ -548,6 +548,11 @@ func outputOf(oc *OutputConfig) (*events.Output, error) {
 		}
 		out.Content = append(out.Content, b)
 	}
+	// The operator writes these: a type or key the engine does not
+	// interpret is a mistake.
+	if err := events.StrictBlocks(out.Content); err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 

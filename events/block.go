@@ -101,7 +101,7 @@ var ForbiddenCallFields = []string{"target", "kind", "pool", "recovery", "capabi
 func StrictBlocks(bs []ContentBlock) error {
 	for i, b := range bs {
 		if len(blockKeys(b.Type)) == 1 {
-			return fmt.Errorf("content[%d]: unknown content block type %q", i, b.Type)
+			return fmt.Errorf("content[%d].type: unknown content block type %q", i, b.Type)
 		}
 		if len(b.Extra) > 0 {
 			var extra map[string]json.RawMessage
