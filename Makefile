@@ -23,18 +23,30 @@ if [ -n "$$unformatted" ]; then \
 fi
 endef
 
-.PHONY: build test run bench lint fuzz chaos chaos-cluster sandbox-deps
+.PHONY: build test run bench lint fuzz chaos chaos-cluster sandbox-deps ts-deps ts-test
 
 # build: compile every package and program.
 build:
 	$(GO) build ./...
 
 # test: vet, check formatting, then run all tests with the race detector
-# (the race detector needs cgo, so a C compiler such as gcc must be installed).
-test: sandbox-deps
+# (the race detector needs cgo, so a C compiler such as gcc must be installed),
+# then the TypeScript client's tests against a real engine (ts-test).
+test: sandbox-deps ts-deps
 	$(GO) vet ./...
 	@$(GOFMT_CHECK)
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 15m ./...
+	$(MAKE) --no-print-directory ts-test
+
+# ts-deps: the TypeScript client's packages (package-lock.json), installed
+# with npm when node_modules is missing.
+ts-deps:
+	@cd clients/typescript && if [ ! -d node_modules ]; then npm ci --no-audit --no-fund; fi
+
+# ts-test: the TypeScript client's tests (node --test), each against an
+# engine built from this repository with go.
+ts-test: ts-deps
+	cd clients/typescript && PATH="$$(dirname "$$(command -v $(GO))"):$$PATH" node --test test/*.test.js
 
 # run: run the engine (embedded NATS unless ARGS say otherwise).
 # The engine is built first and exec'd, so that the signals make gets
