@@ -23,7 +23,7 @@ if [ -n "$$unformatted" ]; then \
 fi
 endef
 
-.PHONY: build test run bench lint fuzz chaos chaos-cluster sandbox-deps ts-deps ts-test
+.PHONY: build test run bench lint fuzz chaos chaos-cluster sandbox-deps ts-deps ts-test mcp-deps
 
 # build: compile every package and program.
 build:
@@ -32,7 +32,7 @@ build:
 # test: vet, check formatting, then run all tests with the race detector
 # (the race detector needs cgo, so a C compiler such as gcc must be installed),
 # then the TypeScript client's tests against a real engine (ts-test).
-test: sandbox-deps ts-deps
+test: sandbox-deps ts-deps mcp-deps
 	$(GO) vet ./...
 	@$(GOFMT_CHECK)
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 15m ./...
@@ -42,6 +42,11 @@ test: sandbox-deps ts-deps
 # with npm when node_modules is missing.
 ts-deps:
 	@cd clients/typescript && if [ ! -d node_modules ]; then npm ci --no-audit --no-fund; fi
+
+# mcp-deps: the MCP servers from npm that the sandbox tests run in
+# bubblewrap (testdata/mcp/package-lock.json), installed when missing.
+mcp-deps:
+	@cd testdata/mcp && if [ ! -d node_modules ]; then npm ci --no-audit --no-fund; fi
 
 # ts-test: the TypeScript client's tests (node --test), each against an
 # engine built from this repository with go.

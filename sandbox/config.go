@@ -145,6 +145,10 @@ type ToolConfig struct {
 	// Prestart overrides the config's Prestart for this tool; nil means
 	// the config's.
 	Prestart *int `yaml:"prestart"`
+	// MCP makes the tool a call of a stdio MCP server's tool: Command is
+	// the server's, which runs for one call inside the tool's sandbox
+	// (mcp.go). Its output is the MCP result; Output is not set.
+	MCP *MCPConfig `yaml:"mcp"`
 }
 
 // Limits are the resource limits of one call of a subprocess tool. Zero
@@ -171,6 +175,18 @@ type Mount struct {
 	Path string `yaml:"path"`
 	// Writable mounts it read-write; default read-only.
 	Writable bool `yaml:"writable"`
+
+	// at is where the sandbox shows it when not at Path: the worker's own
+	// mounts (the MCP call program), bound by descriptor at a fixed place.
+	at string
+}
+
+// dest is where the sandbox shows the mount.
+func (m Mount) dest() string {
+	if m.at != "" {
+		return m.at
+	}
+	return m.Path
 }
 
 // IsBuiltin reports whether the tool is a builtin.
@@ -251,6 +267,7 @@ func ParseConfig(data []byte) (Config, error) {
 		// reported at once.
 		problems = decodeProblems(err, lines, &cfg)
 	}
+	cfg = cfg.withDerivedIDs()
 	for _, p := range cfg.problems() {
 		p.Line = lineOf(lines, p.field)
 		problems = append(problems, p)
@@ -316,6 +333,18 @@ func (c Config) ResolvePaths(dir string) Config {
 	return c
 }
 
+// withDerivedIDs gives an MCP tool without an id the one derived from its
+// server and tool names (checked like any other id).
+func (c Config) withDerivedIDs() Config {
+	c.Tools = slices.Clone(c.Tools)
+	for i := range c.Tools {
+		if t := &c.Tools[i]; t.ID == "" && t.MCP != nil && t.MCP.Server != "" && t.MCP.Tool != "" {
+			t.ID = derivedID(t.MCP.Server, t.MCP.Tool)
+		}
+	}
+	return c
+}
+
 // WithDefaults returns the config with every default applied. Builtin tools
 // get a capability and a timeout only.
 func (c Config) WithDefaults() Config {
@@ -349,7 +378,7 @@ func (c Config) WithDefaults() Config {
 		if t.Prestart == nil {
 			t.Prestart = c.Prestart
 		}
-		if t.Output == "" {
+		if t.Output == "" && t.MCP == nil {
 			t.Output = DefaultOutput
 		}
 		l := &t.Limits
@@ -428,6 +457,8 @@ func (c Config) problems() []*ConfigError {
 		at := func(f string) string { return fmt.Sprintf("tools[%d].%s", i, f) }
 		addf := func(f, format string, args ...any) { add(where, at(f), format, args...) }
 		switch {
+		case t.ID == "" && t.MCP != nil:
+			addf("id", "id is required (or mcp.server, to derive it as <server>_<tool>)")
 		case t.ID == "":
 			addf("id", "id is required")
 		case !idPattern.MatchString(t.ID):
@@ -469,10 +500,21 @@ func (c Config) problems() []*ConfigError {
 				addf(fmt.Sprintf("command[%d]", j), "command[%d] holds a NUL byte", j)
 			}
 		}
-		switch t.Output {
-		case "", OutputText, OutputJSON:
+		switch {
+		case t.MCP != nil && t.Output != "":
+			addf("output", "output does not apply to an MCP tool: its output is the MCP result")
+		case t.MCP != nil:
+		case t.Output == "", t.Output == OutputText, t.Output == OutputJSON:
 		default:
 			addf("output", "output %q is not text or json", t.Output)
+		}
+		if m := t.MCP; m != nil {
+			if m.Tool == "" {
+				addf("mcp.tool", "mcp.tool, the name of the server's tool, is required")
+			}
+			if m.Server != "" && !idPattern.MatchString(m.Server) {
+				addf("mcp.server", "mcp.server %q does not match ^[A-Za-z0-9_-]{1,64}$", m.Server)
+			}
 		}
 		for _, l := range []struct {
 			name     string
@@ -547,6 +589,9 @@ func (t ToolConfig) subprocessFields() []string {
 	}
 	if t.Prestart != nil {
 		fs = append(fs, "prestart")
+	}
+	if t.MCP != nil {
+		fs = append(fs, "mcp")
 	}
 	return fs
 }

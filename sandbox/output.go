@@ -31,8 +31,20 @@ func interpret(t ToolConfig, call Call, o outcome) Result {
 	if o.exit != nil {
 		code = waitCode(*o.exit)
 	}
+	if code == mcpNotDispatched && t.MCP != nil {
+		// Nothing reached the server's tool: the attempt may be made again.
+		return failure(events.ErrorUnavailableBeforeDispatch, "%s", exitMessage(t, code, o.stderr, o.stderrCut))
+	}
 	if code != 0 {
 		return failure(events.ErrorExecution, "%s", exitMessage(t, code, o.stderr, o.stderrCut)).as(exitClass(code))
+	}
+	if t.MCP != nil {
+		out, err := decodeOutput(o.stdout, false)
+		if err != nil {
+			return failure(events.ErrorExecution, "the MCP result could not be read: %v", err)
+		}
+		out.CallID = call.CallID
+		return success(out)
 	}
 	if t.Output == OutputJSON {
 		out, err := decodeToolOutput(o.stdout)
@@ -104,7 +116,12 @@ type toolOutput struct {
 }
 
 // decodeToolOutput decodes stdout strictly as one ToolOutput object.
-func decodeToolOutput(stdout []byte) (events.Output, error) {
+func decodeToolOutput(stdout []byte) (events.Output, error) { return decodeOutput(stdout, true) }
+
+// decodeOutput decodes stdout as one ToolOutput object; strict holds its
+// blocks to the types the engine interprets (an MCP result's other kinds,
+// audio or resource links, are kept as they are).
+func decodeOutput(stdout []byte, strict bool) (events.Output, error) {
 	trimmed := bytes.TrimSpace(stdout)
 	switch {
 	case len(trimmed) == 0:
@@ -121,8 +138,10 @@ func decodeToolOutput(stdout []byte) (events.Output, error) {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return events.Output{}, errors.New("more than one JSON value on stdout")
 	}
-	if err := events.StrictBlocks(to.Content); err != nil {
-		return events.Output{}, err
+	if strict {
+		if err := events.StrictBlocks(to.Content); err != nil {
+			return events.Output{}, err
+		}
 	}
 	for i, c := range to.State {
 		if err := c.Validate(); err != nil {

@@ -242,7 +242,13 @@ func (r *Runner) limitArgs(t ToolConfig, prog string) []string {
 		"--fsize=" + strconv.FormatInt(fsize, 10),
 		"--core=0",
 		"--", prog}
-	return append(a, t.Command[1:]...)
+	a = append(a, t.Command[1:]...)
+	if t.MCP != nil {
+		// The call is this program's MCP client (trusted, outside the
+		// rlimits), which runs the server under them.
+		a = append([]string{r.shimPath(), mcpCallArg, t.MCP.Tool, "--"}, a...)
+	}
+	return a
 }
 
 // bwrapArgs returns bubblewrap and its flags for one call; the command
@@ -288,7 +294,7 @@ func (r *Runner) bwrapArgs(t ToolConfig, workdir string, extra int) []string {
 		if m.Writable {
 			flag = "--bind-fd"
 		}
-		a = append(a, flag, strconv.Itoa(fd+i), m.Path)
+		a = append(a, flag, strconv.Itoa(fd+i), m.dest())
 	}
 	a = append(a,
 		"--bind", workdir, workdir,

@@ -230,8 +230,13 @@ type Runner struct {
 
 	// Pre-started sandboxes (see prestart.go): a pool per tool that has
 	// them, and the stage program, opened once.
-	pools             map[string]*pool
-	stagePath         string // the stage program; default os.Executable()
+	pools     map[string]*pool
+	stagePath string // the stage program; default os.Executable()
+	// mcpShim is the program that makes an MCP tool's call inside its
+	// sandbox (MCPCallMain): this program, mounted read-only into the
+	// sandboxes of MCP tools.
+	mcpShim           string
+	shimCopy          string // the copy of it in the work root, removed by Close
 	stageExe          *os.File
 	stageVariant      string // the stage's argv[1] when not stageArg (tests)
 	onPrestartFailure func(toolID string, err error)
@@ -250,14 +255,21 @@ type Runner struct {
 // It marks every file descriptor of the process above 2 close-on-exec:
 // one the program inherited open across exec (from its parent) would
 // otherwise reach every sandbox and every tool.
-func NewRunner(cfg Config, opts ...Option) (*Runner, error) {
+func NewRunner(cfg Config, opts ...Option) (_ *Runner, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	var shimCopy *string
+	defer func() {
+		if err != nil && shimCopy != nil && *shimCopy != "" {
+			_ = os.Remove(*shimCopy) // a Runner that could not start leaves nothing
+		}
+	}()
 	if err := closeInheritedOnExec(); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	r := &Runner{cfg: cfg.WithDefaults()}
+	shimCopy = &r.shimCopy
 	for _, o := range opts {
 		o(r)
 	}
@@ -302,6 +314,9 @@ func NewRunner(cfg Config, opts ...Option) (*Runner, error) {
 		if err := r.checkReach(); err != nil {
 			return nil, err
 		}
+	}
+	if err := r.mountShim(); err != nil {
+		return nil, err
 	}
 	if r.cfg.Isolation == IsolationBubblewrap {
 		if err := r.pinMounts(); err != nil {
@@ -489,6 +504,9 @@ func (r *Runner) Close() error {
 		wg.Wait()
 		if r.stageExe != nil {
 			_ = r.stageExe.Close()
+		}
+		if r.shimCopy != "" {
+			_ = os.Remove(r.shimCopy)
 		}
 	})
 	return nil

@@ -731,11 +731,14 @@ tools:
 // TestSandboxDiesWithTheWorker).
 func TestMain(m *testing.M) {
 	StageMain()
+	MCPCallMain()
 	if cfgPath := os.Getenv("TOOLBATCH_SANDBOX_TEST_WORKER"); cfgPath != "" {
 		countUID, _ = strconv.Atoi(os.Getenv("TOOLBATCH_SANDBOX_TEST_UID"))
 		os.Exit(helperWorker(cfgPath, os.Getenv("TOOLBATCH_SANDBOX_TEST_WORK_ROOT"), mode(os.Getenv("TOOLBATCH_SANDBOX_TEST_MODE"))))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	removeMCPServers()
+	os.Exit(code)
 }
 
 func helperWorker(cfgPath, workRoot string, m mode) int {

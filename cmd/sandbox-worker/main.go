@@ -26,6 +26,7 @@ import (
 
 func main() {
 	sandbox.StageMain()
+	sandbox.MCPCallMain()
 	if err := run(os.Args[1:], os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox-worker:", err)
 		os.Exit(2)

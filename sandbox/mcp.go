@@ -1,0 +1,258 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// MCP tools: a tool whose command is a stdio MCP server. Each call runs,
+// inside the tool's sandbox, the worker program itself as a small MCP
+// client (MCPCallMain): it starts the server as its child, initializes a
+// session, sends one tools/call with the call's arguments and its
+// operation id in _meta, prints the result as a ToolOutput and exits, so
+// that the server lives exactly as long as the call, under the call's
+// limits, mounts, network setting and timeout, and nothing passes from
+// one call to the next.
+
+// MCPConfig makes a subprocess tool an MCP tool: its command is a stdio
+// MCP server and Tool the server's tool that a call calls.
+type MCPConfig struct {
+	// Server names the server (^[A-Za-z0-9_-]{1,64}$), to derive the tool's
+	// id when it has none: <server>_<tool>, every character outside
+	// [A-Za-z0-9_-] made "_".
+	Server string `yaml:"server"`
+	// Tool is the name of the server's tool, as its tools/list says.
+	Tool string `yaml:"tool"`
+}
+
+// MetaOperationID is the _meta key of a tools/call that carries the call's
+// operation id (<run_id>/<step>/<call_id>), which a server may use to
+// recognise a call it has seen.
+const MetaOperationID = "io.toolbatch/operation_id"
+
+// mcpCallArg is the worker program's argv[1] that runs one MCP call.
+const mcpCallArg = "__toolbatch_mcp_call__"
+
+// mcpNotDispatched is the exit status of an MCP call whose request was
+// never written to the server (it did not start, or died before the
+// session was up): the call's attempt is unavailable_before_dispatch.
+const mcpNotDispatched = 75
+
+var notToolID = regexp.MustCompile(`[^A-Za-z0-9_-]`)
+
+// derivedID is the id of an MCP tool that has none.
+func derivedID(server, tool string) string {
+	return notToolID.ReplaceAllString(server+"_"+tool, "_")
+}
+
+// MCPCallMain runs one MCP call and exits when the program was started to
+// make one (by a Runner, inside a sandbox); otherwise it returns at once.
+// A worker program calls it first thing in main, with StageMain.
+func MCPCallMain() {
+	if len(os.Args) < 2 || os.Args[1] != mcpCallArg {
+		return
+	}
+	os.Exit(mcpCall(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+// mcpCall is one call: args are <tool> -- <server argv...>, the call's
+// arguments come on stdin, the ToolOutput goes to stdout.
+func mcpCall(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) < 3 || args[1] != "--" {
+		fmt.Fprintln(stderr, "mcp call: want <tool> -- <server command>")
+		return 2
+	}
+	tool, server := args[0], args[2:]
+	in, err := io.ReadAll(stdin)
+	if err != nil {
+		fmt.Fprintf(stderr, "mcp call: read the arguments: %v\n", err)
+		return mcpNotDispatched
+	}
+	var arguments any // absent for no arguments
+	if len(strings.TrimSpace(string(in))) > 0 {
+		arguments = json.RawMessage(in)
+	}
+	ctx := context.Background() // the sandbox's timeout bounds the call
+	client := mcp.NewClient(&mcp.Implementation{Name: "toolbatch-sandbox-worker", Version: "1"}, nil)
+	cmd := exec.Command(server[0], server[1:]...)
+	cmd.Stderr = stderr
+	session, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "the MCP server %s did not start a session: %v\n", server[0], err)
+		return mcpNotDispatched
+	}
+	// The session is not closed: closing waits for the server to exit on
+	// its own (up to 5 s), and the call's end kills the sandbox, the
+	// server with it.
+	res, err := session.CallTool(ctx, &mcp.CallToolParams{
+		Name: tool, Arguments: arguments,
+		Meta: mcp.Meta{MetaOperationID: os.Getenv("TOOLBATCH_OPERATION_ID")},
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "tools/call %s: %v\n", tool, err)
+		return 1
+	}
+	out, err := json.Marshal(mcpOutput(res))
+	if err != nil {
+		fmt.Fprintf(stderr, "tools/call %s: the result cannot be written: %v\n", tool, err)
+		return 1
+	}
+	if _, err := stdout.Write(out); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// block is a content block as the worker's JSON output carries it.
+type block = map[string]any
+
+// mcpOutput maps a CallToolResult to a ToolOutput: text and images become
+// the engine's text and image blocks, structuredContent a json block, and
+// the other kinds (audio, resource_link, resource) blocks of their own
+// type, kept as they are; isError is is_error.
+func mcpOutput(res *mcp.CallToolResult) map[string]any {
+	content := make([]block, 0, len(res.Content)+1)
+	for _, c := range res.Content {
+		content = append(content, mcpBlock(c))
+	}
+	if res.StructuredContent != nil {
+		content = append(content, block{"type": string(events.BlockJSON), "value": res.StructuredContent})
+	}
+	return map[string]any{"content": content, "is_error": res.IsError}
+}
+
+func mcpBlock(c mcp.Content) block {
+	switch c := c.(type) {
+	case *mcp.TextContent:
+		return block{"type": string(events.BlockText), "text": c.Text}
+	case *mcp.ImageContent:
+		return block{"type": string(events.BlockImage), "source": block{"type": "base64", "media_type": c.MIMEType,
+			"data": base64.StdEncoding.EncodeToString(c.Data)}}
+	case *mcp.AudioContent:
+		return block{"type": "audio", "source": block{"type": "base64", "media_type": c.MIMEType,
+			"data": base64.StdEncoding.EncodeToString(c.Data)}}
+	case *mcp.ResourceLink:
+		b := block{"type": "resource_link", "uri": c.URI, "name": c.Name}
+		for k, v := range map[string]string{"title": c.Title, "description": c.Description, "mime_type": c.MIMEType} {
+			if v != "" {
+				b[k] = v
+			}
+		}
+		if c.Size != nil {
+			b["size"] = *c.Size
+		}
+		return b
+	case *mcp.EmbeddedResource:
+		r := block{}
+		if c.Resource != nil {
+			r["uri"] = c.Resource.URI
+			if c.Resource.MIMEType != "" {
+				r["mime_type"] = c.Resource.MIMEType
+			}
+			if c.Resource.Blob != nil {
+				r["blob"] = base64.StdEncoding.EncodeToString(c.Resource.Blob)
+			} else {
+				r["text"] = c.Resource.Text
+			}
+		}
+		return block{"type": "resource", "resource": r}
+	default:
+		// A kind this worker does not know: its own wire form, as it is.
+		var b block
+		if raw, err := json.Marshal(c); err == nil && json.Unmarshal(raw, &b) == nil && b["type"] != nil {
+			return b
+		}
+		return block{"type": string(events.BlockText), "text": fmt.Sprintf("[MCP content of type %T]", c)}
+	}
+}
+
+// WithMCPShim sets the program that makes the calls of MCP tools inside
+// their sandboxes (it must call MCPCallMain first thing); default this
+// program.
+func WithMCPShim(path string) Option { return func(r *Runner) { r.mcpShim = path } }
+
+// mountShim finds the MCP call program and, with isolation bubblewrap,
+// mounts it read-only into the sandbox of every MCP tool.
+func (r *Runner) mountShim() error {
+	var mcpTools []int
+	for i, t := range r.cfg.Tools {
+		if t.MCP != nil {
+			mcpTools = append(mcpTools, i)
+		}
+	}
+	if len(mcpTools) == 0 {
+		return nil
+	}
+	if r.mcpShim == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("sandbox: MCP tools need this program inside their sandboxes: %w", err)
+		}
+		r.mcpShim = exe
+	}
+	shim, err := filepath.EvalSymlinks(r.mcpShim)
+	if err != nil {
+		return fmt.Errorf("sandbox: MCP tools: the MCP call program: %w", err)
+	}
+	r.mcpShim = shim
+	if r.cfg.Isolation != IsolationBubblewrap {
+		return nil // run from where it is
+	}
+	// bubblewrap, as the tool's user, must reach what it binds: a copy in
+	// the work root (which that user can enter) serves wherever the
+	// program lies, however private its directory.
+	r.shimCopy = filepath.Join(r.workRoot, fmt.Sprintf(".toolbatch-mcp-call-%d", os.Getpid()))
+	if err := copyExecutable(shim, r.shimCopy); err != nil {
+		return fmt.Errorf("sandbox: MCP tools: copy the MCP call program into the work root: %w", err)
+	}
+	r.cfg.Tools = slices.Clone(r.cfg.Tools)
+	for _, i := range mcpTools {
+		t := &r.cfg.Tools[i]
+		t.Mounts = append(slices.Clone(t.Mounts), Mount{Path: r.shimCopy, at: mcpShimInSandbox})
+	}
+	return nil
+}
+
+// copyExecutable copies the program at src to dst, mode 0755.
+func copyExecutable(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		_ = out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// mcpShimInSandbox is where a sandbox shows the MCP call program: bound by
+// descriptor onto its private /tmp, so that the tool's user needs no path
+// to where the program lies on the host.
+const mcpShimInSandbox = "/tmp/.toolbatch-mcp-call"
+
+// shimPath is the MCP call program as a tool's command names it.
+func (r *Runner) shimPath() string {
+	if r.cfg.Isolation == IsolationBubblewrap {
+		return mcpShimInSandbox
+	}
+	return r.mcpShim
+}

@@ -1,0 +1,234 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/toolbatch/toolbatch/events"
+)
+
+// The MCP servers of these tests are the reference servers from npm
+// (testdata/mcp, installed by make mcp-deps), run by Debian's node.
+
+var (
+	mcpOnce sync.Once
+	mcpDir  string
+	mcpErr  error
+)
+
+// mcpServers copies testdata/mcp to a directory the sandbox's users can
+// read (once per test binary), and returns it.
+func mcpServers(t *testing.T) string {
+	t.Helper()
+	mcpOnce.Do(func() {
+		src, err := filepath.Abs(filepath.Join("..", "testdata", "mcp", "node_modules"))
+		if err == nil {
+			_, err = os.Stat(src)
+		}
+		if err != nil {
+			mcpErr = fmt.Errorf("the MCP servers are not installed (make mcp-deps): %v", err)
+			return
+		}
+		dir, err := os.MkdirTemp("", "toolbatch-mcp-servers-")
+		if err == nil {
+			err = os.Chmod(dir, 0o755)
+		}
+		if err == nil {
+			var out []byte
+			out, err = exec.Command("cp", "-r", src, dir).CombinedOutput()
+			if err != nil {
+				err = fmt.Errorf("%v: %s", err, out)
+			}
+		}
+		mcpDir, mcpErr = dir, err
+	})
+	if mcpErr != nil {
+		t.Fatal(mcpErr)
+	}
+	return mcpDir
+}
+
+// removeMCPServers removes the copy (TestMain, at the end).
+func removeMCPServers() {
+	if mcpDir != "" {
+		_ = os.RemoveAll(mcpDir)
+	}
+}
+
+// mcpRunner is a Runner of MCP tools of the everything and filesystem
+// servers, and of a server that dies at start.
+func mcpRunner(t *testing.T, m mode, files string) *Runner {
+	t.Helper()
+	dir := mcpServers(t)
+	everything := filepath.Join(dir, "node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+	filesystem := filepath.Join(dir, "node_modules/@modelcontextprotocol/server-filesystem/dist/index.js")
+	yaml := fmt.Sprintf(`isolation: bubblewrap
+tools:
+  - id: sum
+    command: [node, %[1]s, stdio]
+    mcp: {server: everything, tool: get-sum}
+    limits: &node {memory_mb: 8192, max_procs: 256}
+    mounts: [{path: %[3]s}]
+    capability: replay_safe
+  - command: [node, %[1]s, stdio]
+    mcp: {server: everything, tool: get-tiny-image}
+    limits: *node
+    mounts: [{path: %[3]s}]
+  - id: structured
+    command: [node, %[1]s, stdio]
+    mcp: {server: everything, tool: get-structured-content}
+    limits: *node
+    mounts: [{path: %[3]s}]
+  - id: links
+    command: [node, %[1]s, stdio]
+    mcp: {server: everything, tool: get-resource-links}
+    limits: *node
+    mounts: [{path: %[3]s}]
+  - id: env
+    command: [node, %[1]s, stdio]
+    mcp: {server: everything, tool: get-env}
+    limits: *node
+    mounts: [{path: %[3]s}]
+  - id: nosuch
+    command: [node, %[1]s, stdio]
+    mcp: {server: everything, tool: no-such-tool}
+    limits: *node
+    mounts: [{path: %[3]s}]
+  - id: read
+    command: [node, %[2]s, %[4]s]
+    mcp: {server: fs, tool: read_text_file}
+    limits: *node
+    mounts: [{path: %[3]s}, {path: %[4]s}]
+  - id: broken
+    command: [/bin/sh, -c, "echo no server here >&2; exit 3"]
+    mcp: {tool: anything}
+`, everything, filesystem, dir, files)
+	cfg, err := ParseConfig([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m == fresh {
+		for i := range cfg.Tools {
+			cfg.Tools[i].Prestart = new(int)
+		}
+	}
+	workRoot := worldDir(t, false)
+	r, err := NewRunner(cfg, WithWorkRoot(workRoot), withStage(m))
+	if err != nil {
+		t.Fatalf("NewRunner: %v", err)
+	}
+	t.Cleanup(func() {
+		if st := r.Stats(); (m == fresh) != (st.Prestarted == 0) || (m != fresh && st.Fresh > 0) {
+			t.Errorf("mode %s: %d calls in pre-started sandboxes, %d in their own", m, st.Prestarted, st.Fresh)
+		}
+		wantCleanedUp(t, r, workRoot) // the copy of the MCP call program too
+	})
+	if m != fresh {
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		if err := r.WaitPrestarted(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return r
+}
+
+func blockJSON(t *testing.T, bs []events.ContentBlock) string {
+	t.Helper()
+	b, err := json.Marshal(bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestMCPTools: each call of an MCP tool starts the server inside the
+// tool's sandbox, calls the tool with the call's arguments and its
+// operation id, and maps the result's content to blocks.
+func TestMCPTools(t *testing.T) {
+	for _, m := range []mode{fresh, prestarted} {
+		t.Run(string(m), func(t *testing.T) {
+			files := worldDir(t, false)
+			if err := os.WriteFile(filepath.Join(files, "note.txt"), []byte("inside the mount"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			r := mcpRunner(t, m, files)
+
+			if o := wantOutput(t, run(t, r, "sum", `{"a":2,"b":40}`)); o.Text() != "The sum of 2 and 40 is 42." || o.IsError {
+				t.Fatalf("get-sum: %+v", o)
+			}
+			// The id derived from the server's and the tool's names.
+			img := wantOutput(t, run(t, r, "everything_get-tiny-image", `{}`))
+			var image *events.ContentBlock
+			for i, b := range img.Content {
+				if b.Type == events.BlockImage {
+					image = &img.Content[i]
+				}
+			}
+			if image == nil || image.Source == nil || image.Source.MediaType != "image/png" || image.Source.Data == "" {
+				t.Fatalf("get-tiny-image: no image block in %s", blockJSON(t, img.Content))
+			}
+			st := wantOutput(t, run(t, r, "structured", `{"location":"New York"}`))
+			if last := st.Content[len(st.Content)-1]; last.Type != events.BlockJSON || !strings.Contains(string(last.Value), "temperature") {
+				t.Fatalf("get-structured-content: want its structuredContent as the last, json, block: %s", blockJSON(t, st.Content))
+			}
+			links := wantOutput(t, run(t, r, "links", `{"count":2}`))
+			if n := strings.Count(blockJSON(t, links.Content), `"type":"resource_link"`); n != 2 {
+				t.Fatalf("get-resource-links: %d resource_link blocks in %s", n, blockJSON(t, links.Content))
+			}
+			// The server runs with the sandbox's environment only.
+			env := wantOutput(t, run(t, r, "env", `{}`)).Text()
+			if !strings.Contains(env, `"TOOLBATCH_OPERATION_ID": "run-1/1/call-env"`) && !strings.Contains(env, `"TOOLBATCH_OPERATION_ID":"run-1/1/call-env"`) {
+				t.Fatalf("get-env: the server did not get the call's environment: %s", env)
+			}
+
+			// The filesystem server sees its mount, and nothing else.
+			if o := wantOutput(t, run(t, r, "read", fmt.Sprintf(`{"path":%q}`, filepath.Join(files, "note.txt")))); o.Text() != "inside the mount" {
+				t.Fatalf("read_text_file: %+v", o)
+			}
+			if o := wantOutput(t, run(t, r, "read", `{"path":"/etc/hostname"}`)); !o.IsError {
+				t.Fatalf("read_text_file outside its directory: %+v", o)
+			}
+
+			// A tool the server lacks: the request reached it, and the
+			// server answers with an error result.
+			if o := wantOutput(t, run(t, r, "nosuch", `{}`)); !o.IsError || !strings.Contains(o.Text(), "no-such-tool") {
+				t.Fatalf("a tool the server lacks: %+v", o)
+			}
+			// A server that dies at start: nothing reached it.
+			res := run(t, r, "broken", `{}`)
+			if res.Err == nil || res.Err.Kind != events.ErrorUnavailableBeforeDispatch || !strings.Contains(res.Err.Message, "no server here") {
+				t.Fatalf("a server that dies at start: %+v", res.Err)
+			}
+		})
+	}
+}
+
+// TestMCPConfig: an MCP tool's id, tool and output are checked with the
+// rest of the config.
+func TestMCPConfig(t *testing.T) {
+	for _, c := range []struct{ yaml, want string }{
+		{"tools:\n  - command: [x]\n    mcp: {tool: t}\n", "id is required (or mcp.server"},
+		{"tools:\n  - id: a\n    command: [x]\n    mcp: {server: s}\n", "mcp.tool, the name of the server's tool, is required"},
+		{"tools:\n  - id: a\n    command: [x]\n    output: json\n    mcp: {tool: t}\n", "output does not apply to an MCP tool"},
+		{"tools:\n  - command: [x]\n    mcp: {server: s, tool: " + strings.Repeat("t", 64) + "}\n", "does not match"},
+		{"tools:\n  - id: s_t\n    command: [x]\n  - command: [x]\n    mcp: {server: s, tool: t}\n", `id "s_t" is already used by tools[0]`},
+		{"tools:\n  - id: a\n    builtin: echo\n    mcp: {tool: t}\n", "mcp does not apply to a builtin tool"},
+	} {
+		_, err := ParseConfig([]byte(c.yaml))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want %q", c.yaml, err, c.want)
+		}
+	}
+	cfg, err := ParseConfig([]byte("tools:\n  - command: [x]\n    mcp: {server: fs, tool: read.file}\n"))
+	if err != nil || cfg.Tools[0].ID != "fs_read_file" {
+		t.Fatalf("derived id: %+v, %v", cfg.Tools, err)
+	}
+}
