@@ -11,6 +11,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/toolbatch/toolbatch/events"
 )
 
@@ -230,5 +233,86 @@ func TestMCPConfig(t *testing.T) {
 	cfg, err := ParseConfig([]byte("tools:\n  - command: [x]\n    mcp: {server: fs, tool: read.file}\n"))
 	if err != nil || cfg.Tools[0].ID != "fs_read_file" {
 		t.Fatalf("derived id: %+v, %v", cfg.Tools, err)
+	}
+}
+
+// envTestMCPServer makes the test binary an MCP server (the SDK's own) on
+// stdio, for the unit tests of the MCP call.
+const envTestMCPServer = "TOOLBATCH_SANDBOX_TEST_MCP_SERVER"
+
+// testMCPServer serves: meta (answers the request's operation id and
+// arguments), media (one content of each kind and structured content),
+// fail (an error result), and crash (dies inside the call).
+func testMCPServer() int {
+	s := mcp.NewServer(&mcp.Implementation{Name: "toolbatch-test", Version: "1"}, nil)
+	object := &jsonschema.Schema{Type: "object"}
+	s.AddTool(&mcp.Tool{Name: "meta", InputSchema: object}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{
+			Text: fmt.Sprintf("%v %s", req.Params.Meta[MetaOperationID], req.Params.Arguments)}}}, nil
+	})
+	size := int64(3)
+	s.AddTool(&mcp.Tool{Name: "media", InputSchema: object}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{Content: []mcp.Content{
+			&mcp.TextContent{Text: "t"},
+			&mcp.ImageContent{Data: []byte("png"), MIMEType: "image/png"},
+			&mcp.AudioContent{Data: []byte("wav"), MIMEType: "audio/wav"},
+			&mcp.ResourceLink{URI: "file:///a", Name: "a", MIMEType: "text/plain", Size: &size},
+			&mcp.EmbeddedResource{Resource: &mcp.ResourceContents{URI: "file:///b", MIMEType: "text/plain", Text: "bee"}},
+		}, StructuredContent: map[string]any{"n": 1}}, nil
+	})
+	s.AddTool(&mcp.Tool{Name: "fail", InputSchema: object}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "no"}}}, nil
+	})
+	s.AddTool(&mcp.Tool{Name: "crash", InputSchema: object}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		os.Exit(9)
+		return nil, nil
+	})
+	if err := s.Run(context.Background(), &mcp.StdioTransport{}); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// TestMCPCall: one call through the SDK's own server: the operation id in
+// _meta, the arguments, every kind of content, errors, and a server that
+// dies before or during the call.
+func TestMCPCall(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(envTestMCPServer, "1")
+	t.Setenv("TOOLBATCH_OPERATION_ID", "r/1/c1")
+	call := func(tool, in string, server ...string) (int, string, string) {
+		var out, errOut strings.Builder
+		code := mcpCall(append([]string{tool, "--"}, server...), strings.NewReader(in), &out, &errOut)
+		return code, out.String(), errOut.String()
+	}
+	if code, out, _ := call("meta", `{"x":1}`, self); code != 0 || out != `{"content":[{"text":"r/1/c1 {\"x\":1}","type":"text"}],"is_error":false}` {
+		t.Fatalf("meta: %d %s", code, out)
+	}
+	code, out, _ := call("media", ``, self)
+	want := `{"content":[{"text":"t","type":"text"},` +
+		`{"source":{"data":"cG5n","media_type":"image/png","type":"base64"},"type":"image"},` +
+		`{"source":{"data":"d2F2","media_type":"audio/wav","type":"base64"},"type":"audio"},` +
+		`{"mime_type":"text/plain","name":"a","size":3,"type":"resource_link","uri":"file:///a"},` +
+		`{"resource":{"mime_type":"text/plain","text":"bee","uri":"file:///b"},"type":"resource"},` +
+		`{"type":"json","value":{"n":1}}],"is_error":false}`
+	if code != 0 || out != want {
+		t.Fatalf("media: %d\n got %s\nwant %s", code, out, want)
+	}
+	// The worker reads it as the engine will: every block kept.
+	o, err := decodeOutput([]byte(out), false)
+	if err != nil || len(o.Content) != 6 || o.Content[2].Type != "audio" || o.Content[5].Type != events.BlockJSON {
+		t.Fatalf("decoded %+v, %v", o, err)
+	}
+	if code, out, _ := call("fail", `{}`, self); code != 0 || !strings.Contains(out, `"is_error":true`) {
+		t.Fatalf("fail: %d %s", code, out)
+	}
+	if code, _, errOut := call("crash", `{}`, self); code != 1 || !strings.Contains(errOut, "tools/call crash") {
+		t.Fatalf("a server that dies inside the call: %d %q (want an execution error)", code, errOut)
+	}
+	if code, _, errOut := call("meta", `{}`, "/nonexistent/server"); code != mcpNotDispatched || !strings.Contains(errOut, "did not start a session") {
+		t.Fatalf("a server that cannot start: %d %q (want not dispatched)", code, errOut)
 	}
 }

@@ -732,6 +732,9 @@ tools:
 func TestMain(m *testing.M) {
 	StageMain()
 	MCPCallMain()
+	if os.Getenv(envTestMCPServer) == "1" {
+		os.Exit(testMCPServer())
+	}
 	if cfgPath := os.Getenv("TOOLBATCH_SANDBOX_TEST_WORKER"); cfgPath != "" {
 		countUID, _ = strconv.Atoi(os.Getenv("TOOLBATCH_SANDBOX_TEST_UID"))
 		os.Exit(helperWorker(cfgPath, os.Getenv("TOOLBATCH_SANDBOX_TEST_WORK_ROOT"), mode(os.Getenv("TOOLBATCH_SANDBOX_TEST_MODE"))))
