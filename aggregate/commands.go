@@ -18,6 +18,10 @@ type Command interface{ command() }
 type Submit struct {
 	Submission events.Submission
 	Tools      []events.Descriptor
+	// ArgumentProblems says, for each call in call order, why its
+	// arguments do not match its tool's input schema ("" when they do;
+	// nil: all match).
+	ArgumentProblems []string
 	SnapshotID string
 	// MaxPayload is the largest message the log's server takes (0: no
 	// limit), and SubmissionBytes the size of the submission as it arrived:

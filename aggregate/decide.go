@@ -186,6 +186,9 @@ func (d *decider) submit(c Submit) error {
 			tool = events.Descriptor{Kind: events.KindUnknown} // no catalog can name it
 		}
 		pinned[i] = events.Call{CallID: call.CallID, ToolID: call.ToolID, Arguments: call.Arguments, Tool: Pin(tool)}
+		if i < len(c.ArgumentProblems) && tool.Kind != events.KindUnknown {
+			pinned[i].Invalid = c.ArgumentProblems[i]
+		}
 	}
 	ev := &events.BatchSubmitted{
 		RunID: s.RunID, ThreadID: s.ThreadID, BatchID: events.BatchID(s.RunID, s.Step), Step: s.Step,
@@ -760,9 +763,12 @@ func (d *decider) advance(at time.Time) error {
 		done := &events.CallCompleted{BatchID: b.ID, CallID: c.CallID, ErrorKind: events.ErrorUnknown,
 			Output: events.ErrorOutput(c.CallID, "unknown tool: "+c.ToolID), At: at}
 		if c.Tool.Kind != events.KindUnknown {
+			msg := c.Invalid
+			if !c.Arguments.IsObjectOrNull() {
+				msg = "the input must be a JSON object, got " + jsonKind(c.Arguments)
+			}
 			done.ErrorKind = events.ErrorInvalidArguments
-			done.Output = events.ErrorOutput(c.CallID, errorText(&events.ToolError{Kind: events.ErrorInvalidArguments,
-				Message: "the input must be a JSON object, got " + jsonKind(c.Arguments)}))
+			done.Output = events.ErrorOutput(c.CallID, errorText(&events.ToolError{Kind: events.ErrorInvalidArguments, Message: msg}))
 		}
 		if err := d.emit(done); err != nil {
 			return err

@@ -61,7 +61,7 @@ func Next(r *Run) Work {
 			continue
 		}
 		switch {
-		case c.Tool.Kind == events.KindUnknown || !c.Arguments.IsObjectOrNull():
+		case c.Tool.Kind == events.KindUnknown || !c.Arguments.IsObjectOrNull() || c.Invalid != "":
 			return Work{Kind: NextCompleteUnrunnable, CallIDs: []string{c.CallID}}
 		case c.Tool.Kind == events.KindClient:
 			return Work{Kind: NextParkClient, CallIDs: []string{c.CallID}}

@@ -256,7 +256,7 @@ func (b *Batch) ParallelEligible() bool {
 		return false
 	}
 	for _, c := range b.Calls {
-		if c.Tool.Kind != events.KindDelegation || !c.Tool.ParallelCompletion || !c.Arguments.IsObjectOrNull() {
+		if c.Tool.Kind != events.KindDelegation || !c.Tool.ParallelCompletion || !c.Arguments.IsObjectOrNull() || c.Invalid != "" {
 			return false
 		}
 	}

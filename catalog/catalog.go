@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/toolbatch/toolbatch/events"
@@ -50,6 +51,28 @@ type Tool struct {
 	DispatchDeadline   time.Duration // sandbox tools; 0 for others
 	ParallelCompletion bool          // delegation tools only
 	WaitDeadline       time.Duration // client and delegation tools; 0: none
+	Description        string
+	// InputSchema is the JSON Schema of the arguments, as JSON (nil: none).
+	InputSchema events.RawJSON
+	schema      *jsonschema.Resolved
+}
+
+// ArgumentProblem says why arguments (a JSON object, or null for {}) do
+// not match the tool's input schema; "" when they do, or the tool has none.
+func (t Tool) ArgumentProblem(args events.RawJSON) string {
+	if t.schema == nil {
+		return ""
+	}
+	var v any = map[string]any{}
+	if len(args) > 0 && string(args) != "null" {
+		if err := json.Unmarshal(args, &v); err != nil {
+			return err.Error()
+		}
+	}
+	if err := t.schema.Validate(v); err != nil {
+		return "the arguments do not match the tool's input schema: " + strings.TrimPrefix(err.Error(), "validating root: ")
+	}
+	return ""
 }
 
 // Descriptor returns the descriptor pinned into each call of the tool.
@@ -258,6 +281,37 @@ type checker struct {
 // addf records a problem of the part where, at path (for the line). A
 // problem about a value that did not decode is left out: its decode error
 // is already reported.
+// inputSchema checks a tool's input schema and returns it as canonical
+// JSON and resolved for validation (remote references are refused: the
+// catalog reads nothing but itself).
+func (k *checker) inputSchema(where, path string, m map[string]any) (events.RawJSON, *jsonschema.Resolved) {
+	raw, err := json.Marshal(m)
+	if err != nil {
+		k.addf(where, path, "input_schema cannot be written as JSON: %v", err)
+		return nil, nil
+	}
+	var sc jsonschema.Schema
+	if err := json.Unmarshal(raw, &sc); err != nil {
+		k.addf(where, path, "input_schema is not a JSON Schema: %v", err)
+		return nil, nil
+	}
+	if sc.Type != "object" {
+		k.addf(where, path, "input_schema must have type: object (a tool's arguments are an object)")
+		return nil, nil
+	}
+	resolved, err := sc.Resolve(nil)
+	if err != nil {
+		k.addf(where, path, "input_schema: %v", err)
+		return nil, nil
+	}
+	canon, err := events.CanonicalJSON(raw)
+	if err != nil {
+		k.addf(where, path, "input_schema: %v", err)
+		return nil, nil
+	}
+	return canon, resolved
+}
+
 func (k *checker) addf(where, path, format string, args ...any) {
 	if k.x.undecoded(path) {
 		return
@@ -379,6 +433,11 @@ func (k *checker) tool(i int, tc ToolConfig) Tool {
 		k.addf(where, at("parallel_completion"), "parallel_completion is only for kind delegation (kind is %s)", t.Kind)
 	}
 	t.ParallelCompletion = tc.ParallelCompletion && t.Kind == events.KindDelegation
+
+	t.Description = tc.Description
+	if tc.InputSchema != nil {
+		t.InputSchema, t.schema = k.inputSchema(where, at("input_schema"), tc.InputSchema)
+	}
 
 	if d := time.Duration(tc.WaitDeadline); d != 0 {
 		switch {

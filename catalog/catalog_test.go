@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"sync"
@@ -358,7 +359,7 @@ func TestDefault(t *testing.T) {
 		}
 		want := Tool{ID: id, Target: events.TargetBrain, Kind: events.KindTool, Builtin: id,
 			Policy: events.Policy{Mode: events.ModeReplaySafe, MaxAttempts: 3}}
-		if tool != want {
+		if !reflect.DeepEqual(tool, want) {
 			t.Fatalf("Default() %s = %+v, want %+v", id, tool, want)
 		}
 	}

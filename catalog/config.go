@@ -96,6 +96,14 @@ type ToolConfig struct {
 	// a Go duration; default none (the ticket waits until resolved or the
 	// run ends).
 	WaitDeadline Duration `yaml:"wait_deadline"`
+	// Description says what the tool does, for the model (toolbatch tools
+	// prints it in the providers' tool definitions).
+	Description string `yaml:"description"`
+	// InputSchema is the JSON Schema (draft 2020-12 or draft-07) of the
+	// tool's arguments, written as YAML; a call whose arguments do not
+	// match it completes with an invalid_arguments error output and never
+	// runs. Default none: any object.
+	InputSchema map[string]any `yaml:"input_schema"`
 }
 
 // RecoveryConfig is a tool's recovery policy: what the engine may do with a

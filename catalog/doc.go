@@ -29,5 +29,6 @@
 // a file), and Evaluate reads no clock: the time arrives as an argument.
 // A Catalog is immutable and safe for concurrent use.
 //
-// Imports: events, internal/located, cel.dev/cel-go, go.yaml.in/yaml/v3.
+// Imports: events, internal/located, cel.dev/cel-go,
+// github.com/google/jsonschema-go, go.yaml.in/yaml/v3.
 package catalog

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
@@ -191,5 +193,43 @@ func TestAnswerNamesTheSubmission(t *testing.T) {
 	own := client.Sent{RunID: "ans", BatchID: first.BatchID(), MsgID: "my-own-id", InboxSeq: ack.Sequence, Digest: first.Digest()}
 	if r, err := c.Answer(ctx, own); err != nil || r.Submission.MsgID != sent.MsgID {
 		t.Fatalf("answer to an identical body: %+v, %v", r, err)
+	}
+}
+
+// TestInputSchema: a call whose arguments do not match its tool's input
+// schema (the catalog's) completes with invalid_arguments and never runs;
+// the batch's other calls run.
+func TestInputSchema(t *testing.T) {
+	cat, err := catalog.Parse([]byte(`
+tools:
+  - id: echo
+    builtin: echo
+    description: Echoes its text.
+    input_schema:
+      type: object
+      properties: {text: {type: string}}
+      required: [text]
+      additionalProperties: false
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{Catalog: cat})
+	c := newClient(t, url)
+	ctx := ctxT(t, 30*time.Second)
+	res, err := c.SubmitAndWait(ctx, submitOf("schema", 1,
+		"echo", `{"text":"fine"}`, "echo", `{"text":5}`, "echo", `{}`, "echo", `{"text":"x","more":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := resultTexts(res)
+	if len(got) != 4 || got[0] != `c1=ok "{\"text\":\"fine\"}"` {
+		t.Fatalf("results %q", got)
+	}
+	for _, r := range got[1:] {
+		if !strings.Contains(r, `=error "invalid arguments: the arguments do not match the tool's input schema: `) {
+			t.Fatalf("results %q", got)
+		}
 	}
 }

@@ -45,14 +45,17 @@ func (s *shard) onSubmit(ctx context.Context, rs *runState, in *inboxMsg) error 
 		cat := s.e.cfg.Catalog
 		calls := sub.Calls()
 		tools := make([]events.Descriptor, len(calls))
+		problems := make([]string, len(calls))
 		for i, c := range calls {
-			d, ok := cat.Descriptor(c.ToolID)
+			t, ok := cat.Tool(c.ToolID)
+			tools[i] = t.Descriptor()
 			if !ok {
-				d = events.Descriptor{Kind: events.KindUnknown}
+				tools[i] = events.Descriptor{Kind: events.KindUnknown}
+			} else if c.Arguments.IsObjectOrNull() {
+				problems[i] = t.ArgumentProblem(c.Arguments)
 			}
-			tools[i] = d
 		}
-		cmd = aggregate.Submit{Submission: sub.Submission(), Tools: tools, SnapshotID: cat.SnapshotID(),
+		cmd = aggregate.Submit{Submission: sub.Submission(), Tools: tools, ArgumentProblems: problems, SnapshotID: cat.SnapshotID(),
 			MaxPayload: int(s.e.nc.MaxPayload()), SubmissionBytes: len(in.msg.Data()), MsgID: msgID, InboxSeq: inboxSeq, At: now}
 	}
 	evs, err := s.decide(ctx, rs, cmd)

@@ -38,6 +38,10 @@ type Call struct {
 	ToolID    string     `msgpack:"tool_id" json:"tool_id"`
 	Arguments RawJSON    `msgpack:"arguments" json:"arguments"`
 	Tool      Descriptor `msgpack:"tool" json:"tool"`
+	// Invalid says why the arguments do not match the tool's input schema
+	// (the catalog's, when the batch was accepted); such a call completes
+	// with invalid_arguments and never runs. Empty: they match.
+	Invalid string `msgpack:"invalid,omitempty" json:"invalid,omitempty"`
 }
 
 // Narrowing values of a submission.

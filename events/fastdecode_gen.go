@@ -476,6 +476,8 @@ func (d *mp) call() Call {
 			v.Arguments, set = d.rawJSON(), d.once(set, 2)
 		case "tool":
 			v.Tool, set = d.descriptor(), d.once(set, 3)
+		case "invalid":
+			v.Invalid, set = d.str(), d.once(set, 4)
 		default:
 			d.bad = true
 		}

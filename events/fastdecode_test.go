@@ -177,6 +177,7 @@ func TestFastDecodeOddEncodings(t *testing.T) {
 		"unknown type":     mustMsgpack(t, []any{doc{"type": "RunPaused", "schema_version": 1, "data": doc{}}}),
 		"empty commit":     mustMsgpack(t, []any{}),
 		"inbox seq":        envelope("BatchSubmitted", doc{"msg_id": "r/1/x", "inbox_seq": uint64(1)<<63 + 5}),
+		"invalid call":     envelope("BatchSubmitted", doc{"calls": []any{doc{"call_id": "c1", "tool_id": "t", "invalid": "the arguments do not match"}}}),
 		"negative seq":     envelope("BatchRejected", doc{"inbox_seq": -3, "digest": "d"}),
 		"thinking block":   envelope("BatchSubmitted", doc{"assistant": doc{"content": []any{doc{"type": "thinking", "thinking": "x", "signature": "s"}, doc{"type": "text", "text": "y", "citations": nil}}}}),
 	}

@@ -128,7 +128,7 @@ func eventSamples() map[events.Type]eventSample {
 			},
 			SnapshotID: "snap_0003", Narrowing: events.NarrowingDenyAll,
 			Digest: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", At: goldenAt,
-		}, allowZero: []string{"MsgID", "InboxSeq"}}, // added later, omitted when empty: the fixture's bytes stand
+		}, allowZero: []string{"MsgID", "InboxSeq", "Calls[0].Invalid", "Calls[1].Invalid"}}, // added later, omitted when empty: the fixture's bytes stand
 		events.TypeBatchRejected: {event: &events.BatchRejected{
 			RunID: "run_7f3a", BatchID: "run_7f3a/4", Step: 4, Code: events.CodeDuplicateCallID,
 			Reason: `call_id "toolu_01" appears twice`, At: goldenAt,
