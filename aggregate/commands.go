@@ -22,7 +22,7 @@ type Submit struct {
 	// arguments do not match its tool's input schema ("" when they do;
 	// nil: all match).
 	ArgumentProblems []string
-	SnapshotID string
+	SnapshotID       string
 	// MaxPayload is the largest message the log's server takes (0: no
 	// limit), and SubmissionBytes the size of the submission as it arrived:
 	// a batch whose commit would not fit one message is refused.
