@@ -44,6 +44,10 @@ const usage = `usage:
       engines and the runs each owns, workers with their pools and tools,
       the inbox backlog, open tickets, parked and ended runs, the log's
       size (needs the admin role on a secured deployment)
+  toolbatch tools [--catalog FILE] [--format anthropic|openai|openai-responses]
+      print the catalog's tools (the built-in catalog without --catalog) as
+      the tool definitions an agent loop sends to the model: name,
+      description and input schema, as one JSON array
   toolbatch auth create|list|revoke|permissions|keys|revoke-key ...
       users, roles and credentials (toolbatch auth -h)
 
@@ -105,10 +109,12 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = cmdPerform(rest, stdout)
 	case "status":
 		err = cmdStatus(rest, stdout)
+	case "tools":
+		err = cmdTools(rest, stdout)
 	case "auth":
 		err = cmdAuth(rest, stdout)
 	default:
-		err = usageErrorf("unknown command %q (want submit, watch, tickets, approve, deny, result, input, perform, cancel, interrupt, status or auth; toolbatch help)", cmd)
+		err = usageErrorf("unknown command %q (want submit, watch, tickets, approve, deny, result, input, perform, cancel, interrupt, status, tools or auth; toolbatch help)", cmd)
 	}
 	code, msg := cli.Status(err, 1, usage, stdout)
 	if code != 0 {

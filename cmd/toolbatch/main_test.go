@@ -477,3 +477,27 @@ func TestApproveAndDeny(t *testing.T) {
 		t.Fatalf("denied results %s, want %s", got, want)
 	}
 }
+
+// TestToolsPrintsDefinitions: the catalog's tools as each provider's tool
+// definitions.
+func TestToolsPrintsDefinitions(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	cat := "../../examples/agentloop/catalog.yaml"
+	for format, want := range map[string]string{
+		"anthropic":        `{"description":"Asks the user a question and returns the answer.","input_schema":{"properties":{"question":{"type":"string"}},"required":["question"],"type":"object"},"name":"ask_user"}`,
+		"openai":           `{"function":{"description":"Asks the user a question and returns the answer.","name":"ask_user","parameters":{"properties":{"question":{"type":"string"}},"required":["question"],"type":"object"}},"type":"function"}`,
+		"openai-responses": `{"description":"Asks the user a question and returns the answer.","name":"ask_user","parameters":{"properties":{"question":{"type":"string"}},"required":["question"],"type":"object"},"type":"function"}`,
+	} {
+		stdout, stderr, code := cli(t, ctx, "", "tools", "--catalog", cat, "--format", format)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", format, code, stderr)
+		}
+		var defs []json.RawMessage
+		if err := json.Unmarshal([]byte(stdout), &defs); err != nil || len(defs) != 3 || string(defs[2]) != want {
+			t.Fatalf("%s: %v\n got %s\nwant the third %s", format, err, stdout, want)
+		}
+	}
+	if _, stderr, code := cli(t, ctx, "", "tools", "--format", "gemini"); code != 2 || !strings.Contains(stderr, `--format "gemini"`) {
+		t.Fatalf("an unknown format: exit %d, %q", code, stderr)
+	}
+}

@@ -1,5 +1,5 @@
 // The client against a real engine (built from this repository), with the
-// example agent loop's catalog: echo, send_email (needs a confirmation),
+// catalog of test/catalog.yaml: echo, send_email (needs a confirmation),
 // ask_user (a client tool).
 
 import { test, before, after } from "node:test";
@@ -16,7 +16,7 @@ let engine;
 let c;
 
 before(async () => {
-  engine = await startEngine(join(repo, "examples/agentloop/catalog.yaml"));
+  engine = await startEngine(join(repo, "clients/typescript/test/catalog.yaml"));
   c = await Client.connect({ servers: engine.url });
 });
 
