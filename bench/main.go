@@ -38,6 +38,7 @@ type Results struct {
 	Parked     *ParkedResult   `json:"parked_runs,omitempty"`
 	W3         *W3Result       `json:"w3_replay,omitempty"`
 	W4         *W4Result       `json:"w4_sandbox,omitempty"`
+	MCP        *MCPResult      `json:"mcp_call,omitempty"`
 	Failover   *FailoverResult `json:"failover,omitempty"`
 	Targets    []TargetResult  `json:"targets"`
 }
@@ -128,6 +129,7 @@ type options struct {
 	w3load        time.Duration
 	parked        int
 	w4calls       int
+	mcpCalls      int
 	modes         string
 	skip          string
 	goBin         string
@@ -180,8 +182,9 @@ func run(args []string) error {
 	fs.DurationVar(&o.w3load, "w3-load-limit", 90*time.Second, "W3: stop loading NATS after this long (the NATS figures then cover fewer events)")
 	fs.IntVar(&o.parked, "parked", 10000, "runs to park for the memory figure (0: skip)")
 	fs.IntVar(&o.w4calls, "w4-calls", 40, "W4: calls per repetition")
+	fs.IntVar(&o.mcpCalls, "mcp-calls", 10, "MCP: calls per repetition")
 	fs.StringVar(&o.modes, "modes", "default,sync_always", "modes: default, sync_always, unsigned (the default mode with the engine's --unsigned: what signing costs), metrics (the default mode with --metrics-listen, scraped every second: what metrics cost), observed (metrics as in the metrics mode and OpenTelemetry traces exported to an OTLP receiver in the bench: what observability costs); a mode may be given more than once")
-	fs.StringVar(&o.skip, "skip", "", "comma-separated parts to skip: w1, w2, census, ceiling, parked, w3, w4, failover")
+	fs.StringVar(&o.skip, "skip", "", "comma-separated parts to skip: w1, w2, census, ceiling, parked, w3, w4, mcp, failover")
 	fs.IntVar(&o.foReps, "failover-reps", 5, "failover: repetitions of restart, takeover and projector takeover")
 	fs.IntVar(&o.foClusterReps, "failover-cluster-reps", 3, "failover: repetitions of each fault of the 3-node cluster (0: skip the cluster)")
 	fs.StringVar(&o.goBin, "go", "go", "the go command that builds the programs")
@@ -284,6 +287,14 @@ func run(args []string) error {
 			return fmt.Errorf("W4: %w", err)
 		}
 		res.W4 = &w4
+	}
+	if !skip["mcp"] {
+		progress("MCP: one call of an MCP tool per sandbox, against a bare client")
+		m, err := runMCP(ctx, root, o.reps, o.mcpCalls)
+		if err != nil {
+			return fmt.Errorf("MCP: %w", err)
+		}
+		res.MCP = &m
 	}
 	if !skip["failover"] {
 		fo, err := runFailover(ctx, o, root, bins, filepath.Join(tmp, "failover"))
@@ -730,6 +741,14 @@ func printTable(w io.Writer, r *Results) {
 		}
 		if x.Note != "" {
 			fmt.Fprintf(w, "    note: %s\n", x.Note)
+		}
+		fmt.Fprintln(w)
+	}
+	if x := r.MCP; x != nil {
+		fmt.Fprintf(w, "== MCP call (p50 of %d calls of the everything server's get-sum, one server per call): bare client (node, initialize, tools/call) %s ms; sandbox.Runner isolation none %s ms; bubblewrap %s ms; pre-started bubblewrap %s ms = %s the bare client\n",
+			x.Calls, fmtNum(x.BareP50ms, ""), fmtNum(x.NoneP50ms, ""), fmtNum(x.FreshP50ms, ""), fmtNum(x.PrestartedP50ms, ""), fmtNum(x.PrestartedOverBare, "x"))
+		if x.Skipped != "" {
+			fmt.Fprintf(w, "    skipped: %s\n", x.Skipped)
 		}
 		fmt.Fprintln(w)
 	}
