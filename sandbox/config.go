@@ -339,7 +339,7 @@ func (c Config) withDerivedIDs() Config {
 	c.Tools = slices.Clone(c.Tools)
 	for i := range c.Tools {
 		if t := &c.Tools[i]; t.ID == "" && t.MCP != nil && t.MCP.Server != "" && t.MCP.Tool != "" {
-			t.ID = derivedID(t.MCP.Server, t.MCP.Tool)
+			t.ID = MCPToolID(t.MCP.Server, t.MCP.Tool)
 		}
 	}
 	return c

@@ -53,8 +53,9 @@ const mcpNotDispatched = 75
 
 var notToolID = regexp.MustCompile(`[^A-Za-z0-9_-]`)
 
-// derivedID is the id of an MCP tool that has none.
-func derivedID(server, tool string) string {
+// MCPToolID is the id of an MCP tool that has none: <server>_<tool>, every
+// character outside [A-Za-z0-9_-] made "_" (it may still be too long).
+func MCPToolID(server, tool string) string {
 	return notToolID.ReplaceAllString(server+"_"+tool, "_")
 }
 

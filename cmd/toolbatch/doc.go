@@ -18,6 +18,6 @@
 // that failed (a refusal, a rejection, a timeout, NATS unreachable).
 //
 // Imports: access, catalog, client, events, internal/cli, proof, protocol,
-// github.com/nats-io/jwt/v2,
-// github.com/nats-io/nats.go, github.com/nats-io/nkeys.
+// sandbox, github.com/modelcontextprotocol/go-sdk, github.com/nats-io/jwt/v2,
+// github.com/nats-io/nats.go, github.com/nats-io/nkeys, go.yaml.in/yaml/v3.
 package main

@@ -48,6 +48,12 @@ const usage = `usage:
       print the catalog's tools (the built-in catalog without --catalog) as
       the tool definitions an agent loop sends to the model: name,
       description and input schema, as one JSON array
+  toolbatch mcp import --server NAME [--trusted] [--pool P] --catalog FILE --worker FILE -- COMMAND [ARGS...]
+      start a stdio MCP server (on this machine, unsandboxed), read its
+      tools/list, and write the catalog entries (description, input schema;
+      with --trusted, recovery modes and a confirmation rule from the
+      annotations) and the worker config entries of its tools to two new
+      files (docs/mcp.md)
   toolbatch auth create|list|revoke|permissions|keys|revoke-key ...
       users, roles and credentials (toolbatch auth -h)
 
@@ -111,10 +117,12 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = cmdStatus(rest, stdout)
 	case "tools":
 		err = cmdTools(rest, stdout)
+	case "mcp":
+		err = cmdMCP(rest, stdout, stderr)
 	case "auth":
 		err = cmdAuth(rest, stdout)
 	default:
-		err = usageErrorf("unknown command %q (want submit, watch, tickets, approve, deny, result, input, perform, cancel, interrupt, status, tools or auth; toolbatch help)", cmd)
+		err = usageErrorf("unknown command %q (want submit, watch, tickets, approve, deny, result, input, perform, cancel, interrupt, status, tools, mcp or auth; toolbatch help)", cmd)
 	}
 	code, msg := cli.Status(err, 1, usage, stdout)
 	if code != 0 {
