@@ -47,6 +47,7 @@
 // With isolation none the same command line runs without bubblewrap, in
 // its own process group; Runner.Warning says what is then not isolated.
 //
-// Imports: events, internal/located, github.com/modelcontextprotocol/go-sdk,
+// Imports: events, internal/located, internal/mcpcontent,
+// github.com/modelcontextprotocol/go-sdk,
 // go.yaml.in/yaml/v3, golang.org/x/sys/unix.
 package sandbox

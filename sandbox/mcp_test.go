@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/mcpcontent"
 )
 
 // The MCP servers of these tests are the reference servers from npm
@@ -248,7 +249,7 @@ func testMCPServer() int {
 	object := &jsonschema.Schema{Type: "object"}
 	s.AddTool(&mcp.Tool{Name: "meta", InputSchema: object}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{
-			Text: fmt.Sprintf("%v %s", req.Params.Meta[MetaOperationID], req.Params.Arguments)}}}, nil
+			Text: fmt.Sprintf("%v %s", req.Params.Meta[mcpcontent.MetaOperationID], req.Params.Arguments)}}}, nil
 	})
 	size := int64(3)
 	s.AddTool(&mcp.Tool{Name: "media", InputSchema: object}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
