@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -55,6 +57,16 @@ type Tool struct {
 	// InputSchema is the JSON Schema of the arguments, as JSON (nil: none).
 	InputSchema events.RawJSON
 	schema      *jsonschema.Resolved
+	// MCP is the MCP server of a brain tool served over streamable HTTP
+	// (nil: none).
+	MCP *MCPServer
+}
+
+// MCPServer is the MCP server behind a brain tool.
+type MCPServer struct {
+	URL        string
+	Tool       string            // the server's name of the tool
+	Capability events.Capability // the operator's declaration
 }
 
 // ArgumentProblem says why arguments (a JSON object, or null for {}) do
@@ -281,6 +293,30 @@ type checker struct {
 // addf records a problem of the part where, at path (for the line). A
 // problem about a value that did not decode is left out: its decode error
 // is already reported.
+// mcpServer checks the MCP server of a brain tool.
+func (k *checker) mcpServer(where string, at func(string) string, tc ToolConfig, t Tool) *MCPServer {
+	m := tc.MCP
+	s := &MCPServer{URL: m.URL, Tool: m.Tool, Capability: m.Capability}
+	if s.Tool == "" {
+		s.Tool = tc.ID
+	}
+	if s.Capability == "" {
+		s.Capability = events.CapNonRecoverable
+	}
+	u, err := url.Parse(m.URL)
+	switch {
+	case t.Target != events.TargetBrain || t.Kind != events.KindTool:
+		k.addf(where, at("mcp"), "mcp is for brain tools of kind tool (a sandbox tool's MCP server is in the worker config)")
+	case tc.Builtin != "":
+		k.addf(where, at("mcp"), "mcp and builtin are two implementations: give one")
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+		k.addf(where, at("mcp.url"), "mcp.url %q is not an http or https URL", m.URL)
+	case !slices.Contains(events.Capabilities, s.Capability):
+		k.addf(where, at("mcp.capability"), "mcp.capability %q is not non_recoverable, replay_safe, idempotent or durable_request", m.Capability)
+	}
+	return s
+}
+
 // inputSchema checks a tool's input schema and returns it as canonical
 // JSON and resolved for validation (remote references are refused: the
 // catalog reads nothing but itself).
@@ -435,6 +471,9 @@ func (k *checker) tool(i int, tc ToolConfig) Tool {
 	t.ParallelCompletion = tc.ParallelCompletion && t.Kind == events.KindDelegation
 
 	t.Description = tc.Description
+	if m := tc.MCP; m != nil {
+		t.MCP = k.mcpServer(where, at, tc, t)
+	}
 	if tc.InputSchema != nil {
 		t.InputSchema, t.schema = k.inputSchema(where, at("input_schema"), tc.InputSchema)
 	}

@@ -104,6 +104,21 @@ type ToolConfig struct {
 	// match it completes with an invalid_arguments error output and never
 	// runs. Default none: any object.
 	InputSchema map[string]any `yaml:"input_schema"`
+	// MCP makes a brain tool a tool of an MCP server the operator runs,
+	// reached over streamable HTTP (docs/mcp.md).
+	MCP *MCPConfig `yaml:"mcp"`
+}
+
+// MCPConfig is the MCP server behind a brain tool.
+type MCPConfig struct {
+	// URL is the server's streamable HTTP endpoint (http or https).
+	URL string `yaml:"url"`
+	// Tool is the server's name of the tool; default the tool's id.
+	Tool string `yaml:"tool"`
+	// Capability is what the tool can survive, as the operator knows it
+	// (the server declares nothing the engine trusts); default
+	// non_recoverable.
+	Capability events.Capability `yaml:"capability"`
 }
 
 // RecoveryConfig is a tool's recovery policy: what the engine may do with a

@@ -55,3 +55,26 @@ func TestInputSchema(t *testing.T) {
 		}
 	}
 }
+
+// TestMCPServerConfig: a brain tool's MCP server is checked with the rest
+// of the catalog.
+func TestMCPServerConfig(t *testing.T) {
+	c, err := catalog.Parse([]byte("tools:\n  - id: sum\n    mcp: {url: 'http://127.0.0.1:9/mcp'}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tool, _ := c.Tool("sum"); tool.MCP == nil || tool.MCP.Tool != "sum" || tool.MCP.Capability != events.CapNonRecoverable {
+		t.Fatalf("defaults: %+v", tool.MCP)
+	}
+	for _, bad := range []struct{ yaml, want string }{
+		{"  - id: a\n    target: sandbox\n    mcp: {url: 'http://h/mcp'}\n", "mcp is for brain tools"},
+		{"  - id: a\n    builtin: echo\n    mcp: {url: 'http://h/mcp'}\n", "mcp and builtin"},
+		{"  - id: a\n    mcp: {url: 'ftp://h/mcp'}\n", `mcp.url "ftp://h/mcp" is not an http or https URL`},
+		{"  - id: a\n    mcp: {url: 'http://h/mcp', capability: sturdy}\n", `mcp.capability "sturdy"`},
+	} {
+		_, err := catalog.Parse([]byte("tools:\n" + bad.yaml))
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s: %v, want %q", bad.yaml, err, bad.want)
+		}
+	}
+}

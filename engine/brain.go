@@ -95,6 +95,9 @@ func (b *brainExecutor) invoke(ctx context.Context, cat *catalog.Catalog, inv in
 	}
 	o := outcome{callID: inv.callID, attempt: inv.attempt}
 	tool, _ := cat.Tool(inv.toolID)
+	if tool.MCP != nil {
+		return b.invokeMCP(ctx, tool.MCP, inv)
+	}
 	if bt, ok := Builtins[tool.Builtin]; ok && tool.Builtin != "" {
 		out, terr := bt.Run(ctx, inv.arguments)
 		if terr != nil {

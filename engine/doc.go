@@ -66,7 +66,8 @@
 // a decision needs (time, new ids, the catalog, live capabilities, gate
 // answers, executor outcomes) and hands them over as commands.
 //
-// Imports: access, aggregate, catalog, events, metrics, projector, proof,
-// protocol, tracing, github.com/nats-io/nats.go, github.com/nats-io/nuid,
+// Imports: access, aggregate, catalog, events, internal/mcpcontent, metrics,
+// projector, proof, protocol, tracing, github.com/modelcontextprotocol/go-sdk,
+// github.com/nats-io/nats.go, github.com/nats-io/nuid,
 // github.com/prometheus/client_golang, github.com/rs/zerolog.
 package engine

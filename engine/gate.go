@@ -138,6 +138,8 @@ func (e *Engine) capability(ctx context.Context, toolID string, d events.Descrip
 		if bt, ok := Builtins[tool.Builtin]; ok {
 			return bt.Capability
 		}
+	} else if ok && tool.MCP != nil {
+		return tool.MCP.Capability // the operator's declaration in the catalog
 	}
 	if d.Kind == events.KindDelegation {
 		return events.CapDurableRequest // the delegation protocol: a stable delegation id

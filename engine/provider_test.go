@@ -2,11 +2,21 @@ package engine_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -16,6 +26,7 @@ import (
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/testnats"
+	"github.com/toolbatch/toolbatch/internal/testproc"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -231,5 +242,90 @@ tools:
 		if !strings.Contains(r, `=error "invalid arguments: the arguments do not match the tool's input schema: `) {
 			t.Fatalf("results %q", got)
 		}
+	}
+}
+
+// TestMCPServerOverHTTP: brain tools served by an MCP server over
+// streamable HTTP (the SDK's own, in process): the arguments and the
+// operation id reach it, its result is the call's output, an error result
+// is an error output, and a server that is not there is
+// unavailable_before_dispatch.
+func TestMCPServerOverHTTP(t *testing.T) {
+	s := mcp.NewServer(&mcp.Implementation{Name: "test", Version: "1"}, nil)
+	object := &jsonschema.Schema{Type: "object"}
+	s.AddTool(&mcp.Tool{Name: "add", InputSchema: object}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		var in struct{ A, B int }
+		if err := json.Unmarshal(req.Params.Arguments, &in); err != nil {
+			return nil, err
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{
+			Text: fmt.Sprintf("%d (op %v)", in.A+in.B, req.Params.Meta["io.toolbatch/operation_id"])}},
+			StructuredContent: map[string]any{"sum": in.A + in.B}}, nil
+	})
+	s.AddTool(&mcp.Tool{Name: "boom", InputSchema: object}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "it broke"}}}, nil
+	})
+	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
+	t.Cleanup(srv.Close)
+	cat, err := catalog.Parse([]byte(fmt.Sprintf(`
+tools:
+  - id: add
+    mcp: {url: %[1]q, capability: replay_safe}
+    recovery: {mode: replay_safe}
+  - id: boom
+    mcp: {url: %[1]q}
+  - id: down
+    mcp: {url: "http://127.0.0.1:1/mcp", tool: anything}
+    recovery: {max_attempts: 1}
+`, srv.URL)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{Catalog: cat})
+	c := newClient(t, url)
+	ctx := ctxT(t, 30*time.Second)
+	res, err := c.SubmitAndWait(ctx, submitOf("mcphttp", 1, "add", `{"a":2,"b":3}`, "boom", `{}`, "down", `{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := resultTexts(res)
+	if len(got) != 3 || got[0] != `c1=ok "5 (op mcphttp/1/c1)[json]"` || got[1] != `c2=error "it broke"` ||
+		!strings.HasPrefix(got[2], `c3=error "unavailable before dispatch: the MCP server at http://127.0.0.1:1/mcp did not start a session`) {
+		t.Fatalf("results %q", got)
+	}
+}
+
+// TestNPMServerOverHTTP: a brain tool of the npm everything server run in
+// its streamable HTTP mode.
+func TestNPMServerOverHTTP(t *testing.T) {
+	server, err := filepath.Abs("../testdata/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(server); err != nil {
+		t.Fatalf("the MCP servers are not installed (make mcp-deps): %v", err)
+	}
+	port := testproc.FreePort(t)
+	t.Setenv("PORT", strconv.Itoa(port))
+	testproc.Start(t, "everything", "listening on port", "node", server, "streamableHttp")
+	cat, err := catalog.Parse([]byte(fmt.Sprintf(`
+tools:
+  - id: sum
+    mcp: {url: "http://127.0.0.1:%d/mcp", tool: get-sum, capability: replay_safe}
+    recovery: {mode: replay_safe}
+`, port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{Catalog: cat})
+	c := newClient(t, url)
+	res, err := c.SubmitAndWait(ctxT(t, 30*time.Second), submitOf("npmhttp", 1, "sum", `{"a":20,"b":22}`, "sum", `{"a":1,"b":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resultTexts(res); len(got) != 2 || got[0] != `c1=ok "The sum of 20 and 22 is 42."` || got[1] != `c2=ok "The sum of 1 and 1 is 2."` {
+		t.Fatalf("results %q", got)
 	}
 }
