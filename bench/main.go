@@ -745,8 +745,10 @@ func printTable(w io.Writer, r *Results) {
 		fmt.Fprintln(w)
 	}
 	if x := r.MCP; x != nil {
-		fmt.Fprintf(w, "== MCP call (p50 of %d calls of the everything server's get-sum, one server per call): bare client (node, initialize, tools/call) %s ms; sandbox.Runner isolation none %s ms; bubblewrap %s ms; pre-started bubblewrap %s ms = %s the bare client\n",
+		fmt.Fprintf(w, "== MCP call (p50 of %d calls of the everything server's get-sum): one server per call: bare client (node, initialize, tools/call) %s ms; sandbox.Runner isolation none %s ms; bubblewrap %s ms; pre-started bubblewrap %s ms = %s the bare client\n",
 			x.Calls, fmtNum(x.BareP50ms, ""), fmtNum(x.NoneP50ms, ""), fmtNum(x.FreshP50ms, ""), fmtNum(x.PrestartedP50ms, ""), fmtNum(x.PrestartedOverBare, "x"))
+		fmt.Fprintf(w, "    a shared server (one long-lived bubblewrap sandbox): %s ms = %s a server per call (pre-started)\n",
+			fmtNum(x.SharedP50ms, ""), fmtNum(x.SharedOverPrestarted, "x"))
 		if x.Skipped != "" {
 			fmt.Fprintf(w, "    skipped: %s\n", x.Skipped)
 		}

@@ -16,38 +16,41 @@ import (
 // Debian's node) through sandbox.Runner as a worker makes it: the worker
 // program started in the call's sandbox as the MCP client, the server
 // started by it, initialize, tools/call, the result read, the sandbox torn
-// down. The lifecycle is one server per call (the only one built so far);
-// in the same run, interleaved: the same call with isolation none (no
-// bubblewrap: what the sandbox adds), in a fresh and in a pre-started
-// bubblewrap sandbox, and the server's own start and one call made by a
-// bare client with no toolbatch (node, initialize, tools/call: the floor).
+// down. In the same run, interleaved: one server per call with isolation
+// none (no bubblewrap: what the sandbox adds), in a fresh and in a
+// pre-started bubblewrap sandbox; a shared server (one long-lived
+// sandboxed server, started by the warm-up calls); and the server's own
+// start and one call made by a bare client with no toolbatch (node,
+// initialize, tools/call: the floor of a server per call).
 
 // The benchmark program is the MCP client of its sandboxes.
 func init() { sandbox.MCPCallMain() }
 
 // MCPResult is the cost of one MCP call.
 type MCPResult struct {
-	Calls              int    `json:"calls_per_rep"`
-	BareP50ms          Num    `json:"bare_client_p50_ms"`
-	NoneP50ms          Num    `json:"runner_isolation_none_p50_ms"`
-	FreshP50ms         Num    `json:"runner_bubblewrap_p50_ms"`
-	PrestartedP50ms    Num    `json:"prestarted_p50_ms"`
-	PrestartedOverBare Num    `json:"prestarted_over_bare"`
-	Skipped            string `json:"skipped,omitempty"`
+	Calls                int    `json:"calls_per_rep"`
+	BareP50ms            Num    `json:"bare_client_p50_ms"`
+	NoneP50ms            Num    `json:"runner_isolation_none_p50_ms"`
+	FreshP50ms           Num    `json:"runner_bubblewrap_p50_ms"`
+	PrestartedP50ms      Num    `json:"prestarted_p50_ms"`
+	PrestartedOverBare   Num    `json:"prestarted_over_bare"`
+	SharedP50ms          Num    `json:"shared_server_p50_ms"`
+	SharedOverPrestarted Num    `json:"shared_over_prestarted"`
+	Skipped              string `json:"skipped,omitempty"`
 }
 
-func mcpBenchConfig(isolation string, prestart int, server, mount string) string {
+func mcpBenchConfig(isolation string, prestart int, lifecycle, server, mount string) string {
 	return fmt.Sprintf(`pools: [default]
 isolation: %s
 prestart: %d
 tools:
   - id: sum
     command: [node, %s, stdio]
-    mcp: {server: everything, tool: get-sum}
+    mcp: {server: everything, tool: get-sum, lifecycle: %s}
     capability: replay_safe
     limits: {memory_mb: 8192, max_procs: 256}
     mounts: [{path: %s}]
-`, isolation, prestart, server, mount)
+`, isolation, prestart, server, lifecycle, mount)
 }
 
 func runMCP(ctx context.Context, root string, reps, calls int) (MCPResult, error) {
@@ -88,10 +91,11 @@ func runMCP(ctx context.Context, root string, reps, calls int) (MCPResult, error
 		}
 	}()
 	for _, v := range []struct {
-		name, isolation string
-		prestart        int
-	}{{"none", "none", 0}, {"fresh", "bubblewrap", 0}, {"prestarted", "bubblewrap", 2}} {
-		cfg, err := sandbox.ParseConfig([]byte(mcpBenchConfig(v.isolation, v.prestart, server, dir)))
+		name, isolation, lifecycle string
+		prestart                   int
+	}{{"none", "none", "per_call", 0}, {"fresh", "bubblewrap", "per_call", 0}, {"prestarted", "bubblewrap", "per_call", 2},
+		{"shared", "bubblewrap", "shared", 0}} {
+		cfg, err := sandbox.ParseConfig([]byte(mcpBenchConfig(v.isolation, v.prestart, v.lifecycle, server, dir)))
 		if err != nil {
 			return res, err
 		}
@@ -144,15 +148,15 @@ func runMCP(ctx context.Context, root string, reps, calls int) (MCPResult, error
 		}
 		return nil
 	}
-	var bareP, noneP, freshP, preP []float64
+	var bareP, noneP, freshP, preP, sharedP []float64
 	for rep := 0; rep < reps; rep++ {
-		var b, n, f, p []time.Duration
+		var b, n, f, p, sh []time.Duration
 		for i := -2; i < calls; i++ {
 			for _, m := range []struct {
 				to *[]time.Duration
 				f  func() error
 			}{{&b, bare}, {&n, func() error { return call("none", i) }}, {&f, func() error { return call("fresh", i) }},
-				{&p, func() error { return call("prestarted", i) }}} {
+				{&p, func() error { return call("prestarted", i) }}, {&sh, func() error { return call("shared", i) }}} {
 				if err := waitReady(); err != nil {
 					return res, err
 				}
@@ -167,9 +171,12 @@ func runMCP(ctx context.Context, root string, reps, calls int) (MCPResult, error
 		}
 		bareP, noneP = append(bareP, percentile(b, 50)), append(noneP, percentile(n, 50))
 		freshP, preP = append(freshP, percentile(f, 50)), append(preP, percentile(p, 50))
+		sharedP = append(sharedP, percentile(sh, 50))
 	}
 	res.BareP50ms, res.NoneP50ms = Num(median(bareP)), Num(median(noneP))
 	res.FreshP50ms, res.PrestartedP50ms = Num(median(freshP)), Num(median(preP))
 	res.PrestartedOverBare = Num(ratio(float64(res.PrestartedP50ms), float64(res.BareP50ms)))
+	res.SharedP50ms = Num(median(sharedP))
+	res.SharedOverPrestarted = Num(ratio(float64(res.SharedP50ms), float64(res.PrestartedP50ms)))
 	return res, nil
 }

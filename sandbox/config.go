@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -378,6 +379,9 @@ func (c Config) WithDefaults() Config {
 		if t.Prestart == nil {
 			t.Prestart = c.Prestart
 		}
+		if t.MCP.shared() {
+			t.Prestart = new(int) // its server is the long-lived sandbox
+		}
 		if t.Output == "" && t.MCP == nil {
 			t.Output = DefaultOutput
 		}
@@ -452,6 +456,7 @@ func (c Config) problems() []*ConfigError {
 		add("", "tools", "tools: at least one tool is required")
 	}
 	seenTool := map[string]int{}
+	sharedBy := map[string]int{} // shared MCP server -> its first tool
 	for i, t := range c.Tools {
 		where := located.ToolWhere(i, t.ID)
 		at := func(f string) string { return fmt.Sprintf("tools[%d].%s", i, f) }
@@ -515,6 +520,20 @@ func (c Config) problems() []*ConfigError {
 			if m.Server != "" && !idPattern.MatchString(m.Server) {
 				addf("mcp.server", "mcp.server %q does not match ^[A-Za-z0-9_-]{1,64}$", m.Server)
 			}
+			switch {
+			case m.Lifecycle != "" && m.Lifecycle != LifecyclePerCall && m.Lifecycle != LifecycleShared:
+				addf("mcp.lifecycle", "mcp.lifecycle %q is not per_call or shared", m.Lifecycle)
+			case m.shared() && m.Server == "":
+				addf("mcp.server", "mcp.server is required with lifecycle shared: the tools of one server share it")
+			case m.shared() && t.Prestart != nil && *t.Prestart > 0:
+				addf("prestart", "prestart does not apply to a shared MCP server (it is one long-lived sandbox)")
+			case m.shared():
+				if j, ok := sharedBy[m.Server]; ok && !sameServer(c.Tools[j], t) {
+					addf("mcp.server", "the tools of shared MCP server %q must have the same command, limits, mounts and env (tools[%d] differs)", m.Server, j)
+				} else if !ok {
+					sharedBy[m.Server] = i
+				}
+			}
 		}
 		for _, l := range []struct {
 			name     string
@@ -567,6 +586,11 @@ func (c Config) problems() []*ConfigError {
 		}
 	}
 	return ps
+}
+
+// sameServer reports whether two tools describe one MCP server's sandbox.
+func sameServer(a, b ToolConfig) bool {
+	return slices.Equal(a.Command, b.Command) && a.Limits == b.Limits && slices.Equal(a.Mounts, b.Mounts) && maps.Equal(a.Env, b.Env)
 }
 
 // subprocessFields names the subprocess-only fields a tool sets.

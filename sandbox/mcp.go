@@ -35,10 +35,28 @@ type MCPConfig struct {
 	Server string `yaml:"server"`
 	// Tool is the name of the server's tool, as its tools/list says.
 	Tool string `yaml:"tool"`
+	// Lifecycle is per_call (default: a server started for each call,
+	// inside the call's sandbox) or shared (one long-lived sandboxed
+	// server per worker that the calls of every shared tool of the same
+	// server use; mcpshared.go).
+	Lifecycle string `yaml:"lifecycle"`
 }
 
-// mcpCallArg is the worker program's argv[1] that runs one MCP call.
-const mcpCallArg = "__toolbatch_mcp_call__"
+// Lifecycles of an MCP server.
+const (
+	LifecyclePerCall = "per_call"
+	LifecycleShared  = "shared"
+)
+
+// shared reports whether the tool's calls go to a long-lived server.
+func (m *MCPConfig) shared() bool { return m != nil && m.Lifecycle == LifecycleShared }
+
+// The worker program's argv[1] that runs one MCP call, or serves the calls
+// of a shared server (mcpshared.go).
+const (
+	mcpCallArg  = "__toolbatch_mcp_call__"
+	mcpServeArg = "__toolbatch_mcp_serve__"
+)
 
 // mcpNotDispatched is the exit status of an MCP call whose request was
 // never written to the server (it did not start, or died before the
@@ -57,10 +75,13 @@ func MCPToolID(server, tool string) string {
 // make one (by a Runner, inside a sandbox); otherwise it returns at once.
 // A worker program calls it first thing in main, with StageMain.
 func MCPCallMain() {
-	if len(os.Args) < 2 || os.Args[1] != mcpCallArg {
-		return
+	switch {
+	case len(os.Args) < 2:
+	case os.Args[1] == mcpCallArg:
+		os.Exit(mcpCall(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
+	case os.Args[1] == mcpServeArg:
+		os.Exit(mcpServe(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
 	}
-	os.Exit(mcpCall(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
 }
 
 // mcpCall is one call: args are <tool> -- <server argv...>, the call's

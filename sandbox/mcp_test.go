@@ -225,6 +225,10 @@ func TestMCPConfig(t *testing.T) {
 		{"tools:\n  - command: [x]\n    mcp: {server: s, tool: " + strings.Repeat("t", 64) + "}\n", "does not match"},
 		{"tools:\n  - id: s_t\n    command: [x]\n  - command: [x]\n    mcp: {server: s, tool: t}\n", `id "s_t" is already used by tools[0]`},
 		{"tools:\n  - id: a\n    builtin: echo\n    mcp: {tool: t}\n", "mcp does not apply to a builtin tool"},
+		{"tools:\n  - id: a\n    command: [x]\n    mcp: {tool: t, lifecycle: forever}\n", `mcp.lifecycle "forever" is not per_call or shared`},
+		{"tools:\n  - id: a\n    command: [x]\n    mcp: {tool: t, lifecycle: shared}\n", "mcp.server is required with lifecycle shared"},
+		{"tools:\n  - id: a\n    command: [x]\n    prestart: 1\n    mcp: {server: s, tool: t, lifecycle: shared}\n", "prestart does not apply to a shared MCP server"},
+		{"tools:\n  - id: a\n    command: [x]\n    mcp: {server: s, tool: t, lifecycle: shared}\n  - id: b\n    command: [y]\n    mcp: {server: s, tool: u, lifecycle: shared}\n", "tools[0] differs"},
 	} {
 		_, err := ParseConfig([]byte(c.yaml))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -315,5 +319,88 @@ func TestMCPCall(t *testing.T) {
 	}
 	if code, _, errOut := call("meta", `{}`, "/nonexistent/server"); code != mcpNotDispatched || !strings.Contains(errOut, "did not start a session") {
 		t.Fatalf("a server that cannot start: %d %q (want not dispatched)", code, errOut)
+	}
+}
+
+// TestSharedMCPServer: the shared tools of one server use one long-lived
+// sandboxed server: concurrent calls, state kept between calls, a call's
+// timeout takes the server down and the next call starts it again, and a
+// server that cannot start is unavailable_before_dispatch.
+func TestSharedMCPServer(t *testing.T) {
+	dir := mcpServers(t)
+	everything := filepath.Join(dir, "node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+	cfg, err := ParseConfig([]byte(fmt.Sprintf(`isolation: bubblewrap
+tools:
+  - id: sum
+    command: &cmd [node, %[1]s, stdio]
+    mcp: {server: ev, tool: get-sum, lifecycle: shared}
+    limits: &node {memory_mb: 8192, max_procs: 256}
+    mounts: &m [{path: %[2]s}]
+  - id: toggle
+    command: *cmd
+    mcp: {server: ev, tool: toggle-simulated-logging, lifecycle: shared}
+    limits: *node
+    mounts: *m
+  - id: long
+    command: *cmd
+    mcp: {server: ev, tool: trigger-long-running-operation, lifecycle: shared}
+    limits: *node
+    mounts: *m
+    timeout: 1s
+  - id: broken
+    command: [/bin/sh, -c, "echo no server here >&2; exit 3"]
+    mcp: {server: broken, tool: x, lifecycle: shared}
+`, everything, dir)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRunner(cfg, WithWorkRoot(worldDir(t, false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	servers := func() int {
+		n := 0
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			if args := strings.Split(string(b), "\x00"); err == nil && len(args) > 1 && strings.HasSuffix(args[0], "node") && args[1] == everything {
+				n++
+			}
+		}
+		return n
+	}
+	var wg sync.WaitGroup
+	results := make([]Result, 8)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = run(t, r, "sum", fmt.Sprintf(`{"a":%d,"b":1}`, i))
+		}()
+	}
+	wg.Wait()
+	for i, res := range results {
+		if o := wantOutput(t, res); o.Text() != fmt.Sprintf("The sum of %d and 1 is %d.", i, i+1) {
+			t.Fatalf("call %d: %+v", i, o)
+		}
+	}
+	if n := servers(); n != 1 {
+		t.Fatalf("%d servers run for 8 calls of one shared server, want 1", n)
+	}
+	// The server keeps what a call changed: the second toggle undoes the first.
+	first, second := wantOutput(t, run(t, r, "toggle", `{}`)).Text(), wantOutput(t, run(t, r, "toggle", `{}`)).Text()
+	if first == second || !strings.Contains(strings.ToLower(first+second), "stop") {
+		t.Fatalf("toggles: %q then %q", first, second)
+	}
+	// A call past its timeout stops the server; the next call starts it again.
+	if res := run(t, r, "long", `{"duration":5,"steps":5}`); res.Err == nil || res.Class() != ExitTimeout {
+		t.Fatalf("a call past its timeout: %+v", res.Err)
+	}
+	if o := wantOutput(t, run(t, r, "sum", `{"a":2,"b":2}`)); o.Text() != "The sum of 2 and 2 is 4." {
+		t.Fatalf("after the restart: %+v", o)
+	}
+	if res := run(t, r, "broken", `{}`); res.Err == nil || res.Err.Kind != events.ErrorUnavailableBeforeDispatch || !strings.Contains(res.Err.Message, "no server here") {
+		t.Fatalf("a shared server that cannot start: %+v", res.Err)
 	}
 }

@@ -57,6 +57,9 @@ type outcome struct {
 // ready (or being started) for the tool and still alive, else in a sandbox
 // started for the call.
 func (r *Runner) runProcess(ctx context.Context, t ToolConfig, call Call) Result {
+	if t.MCP.shared() {
+		return r.sharedFor(t).call(ctx, t, call)
+	}
 	prog, err := resolveProgram(t.Command[0])
 	if err != nil {
 		return failure(events.ErrorExecution, "%v", err)
@@ -243,7 +246,11 @@ func (r *Runner) limitArgs(t ToolConfig, prog string) []string {
 		"--core=0",
 		"--", prog}
 	a = append(a, t.Command[1:]...)
-	if t.MCP != nil {
+	switch {
+	case t.MCP.shared():
+		// This program's MCP client of a shared server, serving calls.
+		a = append([]string{r.shimPath(), mcpServeArg, "--"}, a...)
+	case t.MCP != nil:
 		// The call is this program's MCP client (trusted, outside the
 		// rlimits), which runs the server under them.
 		a = append([]string{r.shimPath(), mcpCallArg, t.MCP.Tool, "--"}, a...)

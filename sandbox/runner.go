@@ -237,6 +237,8 @@ type Runner struct {
 	// sandboxes of MCP tools.
 	mcpShim           string
 	shimCopy          string // the copy of it in the work root, removed by Close
+	sharedMu          sync.Mutex
+	shared            map[string]*sharedServer // the shared MCP servers, by mcp.server
 	stageExe          *os.File
 	stageVariant      string // the stage's argv[1] when not stageArg (tests)
 	onPrestartFailure func(toolID string, err error)
@@ -505,6 +507,7 @@ func (r *Runner) Close() error {
 		if r.stageExe != nil {
 			_ = r.stageExe.Close()
 		}
+		r.closeShared()
 		if r.shimCopy != "" {
 			_ = os.Remove(r.shimCopy)
 		}
