@@ -24,6 +24,10 @@ tools:
   - {id: read, target: sandbox, recovery: {mode: replay_safe}, dispatch_deadline: 20s}
   - {id: long_nr, target: sandbox, recovery: {mode: never_replay}, dispatch_deadline: 20s}
   - {id: long_ro, target: sandbox, recovery: {mode: replay_safe, max_attempts: 3}, dispatch_deadline: 20s}
+  - {id: write, target: sandbox, recovery: {mode: idempotent}, dispatch_deadline: 20s}
+gate:
+  rules:
+    - {tools: [write], outcome: require_confirmation}
 `
 
 // mcpWorkerYAML: the reference MCP servers from npm (copied to servers)
@@ -60,6 +64,12 @@ tools:
     capability: replay_safe
     limits: *node
     mounts: [{path: %[3]s}, {path: %[4]s}]
+  - id: write
+    command: [node, %[2]s, %[4]s]
+    mcp: {server: fs, tool: write_file}
+    capability: idempotent
+    limits: *node
+    mounts: [{path: %[3]s}, {path: %[4]s, writable: true}]
 `, everything, filesystem, servers, files)
 }
 
@@ -127,12 +137,13 @@ func ancestorOf(ancestor, pid int) bool {
 
 // TestMCPToolsThroughWorkers: MCP tools of servers from npm, on real
 // workers in bubblewrap behind a real engine: a batch mixing them gets its
-// results in model order; killing the worker inside a call of a
+// results in model order; a destructive one parks on a confirmation and
+// runs once approved; killing the worker inside a call of a
 // never_replay MCP tool makes it indeterminate (the server saw it once),
 // and inside a call of a replay_safe one the other worker completes it.
 func TestMCPToolsThroughWorkers(t *testing.T) {
 	servers := mcpServersDir(t)
-	files := reachableDir(t, "toolbatch-mcp-files", 0o755)
+	files := reachableDir(t, "toolbatch-mcp-files", 0o777) // the write tool's user writes there
 	if err := os.WriteFile(filepath.Join(files, "a.txt"), []byte("alpha"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -179,6 +190,42 @@ func TestMCPToolsThroughWorkers(t *testing.T) {
 	if len(got) != 4 || got[0] != `ok "The sum of 1 and 2 is 3."` || got[1] != `ok "alpha[json]"` ||
 		!strings.HasPrefix(got[2], `error "Access denied - path outside allowed directories`) || got[3] != `ok "The sum of 20 and 22 is 42."` {
 		t.Fatalf("results: %v", got)
+	}
+
+	// A destructive MCP tool (the catalog's rule, as mcp import writes it
+	// for a trusted server) parks on a confirmation; approved, it runs.
+	out := filepath.Join(files, "out.txt")
+	sent, err := c.Send(ctx, submit("write", call("c1", "write", fmt.Sprintf(`{"path":%q,"content":"approved"}`, out))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.Watch(ctx, "write")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ticket *protocol.AwaitingOut
+	for ticket == nil {
+		m, err := w.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ticket = m.Awaiting
+	}
+	w.Stop()
+	if ticket.Reason != events.WaitPermission || ticket.ToolID != "write" {
+		t.Fatalf("ticket %+v", ticket)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Fatalf("the write ran before its approval: %v", err)
+	}
+	if err := c.Approve(ctx, *ticket, "alice", "ok"); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := c.Answer(ctx, sent); err != nil || res.Results[0].IsError {
+		t.Fatalf("the approved write: %+v, %v", res, err)
+	}
+	if data, err := os.ReadFile(out); err != nil || string(data) != "approved" {
+		t.Fatalf("the file the approved write made: %q, %v", data, err)
 	}
 
 	// Kill the worker running a call: which one it is, the servers'
