@@ -32,14 +32,14 @@ type MCPConfig struct {
 	// Server names the server (^[A-Za-z0-9_-]{1,64}$), to derive the tool's
 	// id when it has none: <server>_<tool>, every character outside
 	// [A-Za-z0-9_-] made "_".
-	Server string `yaml:"server"`
+	Server string `yaml:"server,omitempty"`
 	// Tool is the name of the server's tool, as its tools/list says.
 	Tool string `yaml:"tool"`
 	// Lifecycle is per_call (default: a server started for each call,
 	// inside the call's sandbox) or shared (one long-lived sandboxed
 	// server per worker that the calls of every shared tool of the same
 	// server use; mcpshared.go).
-	Lifecycle string `yaml:"lifecycle"`
+	Lifecycle string `yaml:"lifecycle,omitempty"`
 }
 
 // Lifecycles of an MCP server.

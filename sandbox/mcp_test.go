@@ -164,6 +164,12 @@ func TestMCPTools(t *testing.T) {
 				t.Fatal(err)
 			}
 			r := mcpRunner(t, m, files)
+			if a, b := r.userOf("sum"); a != b || a != func() int { u, _ := r.userOf("env"); return u }() {
+				t.Fatalf("the tools of one MCP server run as different users")
+			}
+			if a, _ := r.userOf("sum"); a == func() int { u, _ := r.userOf("read"); return u }() {
+				t.Fatalf("the tools of two MCP servers run as one user")
+			}
 
 			if o := wantOutput(t, run(t, r, "sum", `{"a":2,"b":40}`)); o.Text() != "The sum of 2 and 40 is 42." || o.IsError {
 				t.Fatalf("get-sum: %+v", o)

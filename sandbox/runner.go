@@ -148,13 +148,23 @@ func (r *Runner) Users() map[string]int {
 	return out
 }
 
-// assignUsers gives every subprocess tool its own user.
+// assignUsers gives every subprocess tool its own user (the tools of one
+// MCP server share theirs).
 func (r *Runner) assignUsers() {
 	r.users = map[string]int{}
 	taken := map[int]bool{}
+	servers := map[string]int{} // MCP server -> the uid of its tools
 	for _, t := range r.cfg.Tools {
 		if t.IsBuiltin() {
 			continue
+		}
+		// The tools of one MCP server are one user: what one of them
+		// writes (a file of write_file), the others may change.
+		if t.MCP != nil && t.MCP.Server != "" {
+			if u, ok := servers[t.MCP.Server]; ok {
+				r.users[t.ID] = u
+				continue
+			}
 		}
 		slot := toolSlot(t.ID)
 		for taken[slot] {
@@ -162,6 +172,9 @@ func (r *Runner) assignUsers() {
 		}
 		taken[slot] = true
 		r.users[t.ID] = SandboxUIDBase + slot
+		if t.MCP != nil && t.MCP.Server != "" {
+			servers[t.MCP.Server] = r.users[t.ID]
+		}
 	}
 }
 

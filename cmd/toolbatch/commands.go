@@ -54,6 +54,24 @@ func newCommon(name string) *common {
 	return c
 }
 
+// connFlags are the connection flags given on the command line (NATS URL,
+// prefix, credentials, TLS), as " --flag value" for a command printed for
+// a person to run against the same deployment.
+func (c *common) connFlags() string {
+	var b strings.Builder
+	c.fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "nats-url", "prefix", "creds", "tls-ca", "tls-client-cert", "tls-client-key":
+			v := f.Value.String()
+			if strings.ContainsAny(v, " \t'\"$`\\") {
+				v = "'" + strings.ReplaceAll(v, "'", `'\''`) + "'"
+			}
+			fmt.Fprintf(&b, " --%s %s", f.Name, v)
+		}
+	})
+	return b.String()
+}
+
 // parse reads flags and positional arguments in any order ("--" ends the
 // flags) and checks the number of positional arguments (a name in
 // brackets, last, is optional).
@@ -248,7 +266,7 @@ func cmdSubmit(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	return c.withClient(func(ctx context.Context, nc *nats.Conn, cl *client.Client) error {
 		wctx, expire := context.WithCancelCause(ctx)
 		defer expire(nil)
-		go watchBatch(wctx, cl, sub.RunID, sub.BatchID(), timeout, stderr, func() { expire(context.DeadlineExceeded) })
+		go watchBatch(wctx, cl, sub.RunID, sub.BatchID(), c.connFlags(), timeout, stderr, func() { expire(context.DeadlineExceeded) })
 		return submit(wctx, cl, sub, true, stdout)
 	})
 }
@@ -417,7 +435,7 @@ func cmdAnswer(cmd string, args []string, stdout io.Writer) error {
 		switch t.Reason {
 		case events.WaitPermission, events.WaitScheduledAction:
 		default:
-			return wrongKind(*t, "a permission")
+			return wrongKind(*t, "a permission", c.connFlags())
 		}
 		verb := "approved"
 		if cmd == "approve" {

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -44,9 +45,14 @@ func cmdMCP(args []string, stdout, stderr io.Writer) error {
 	case len(command) == 0:
 		return usageErrorf("mcp import: the server's command follows --")
 	}
+	for _, path := range []string{*catalogOut, *workerOut} {
+		if _, err := os.Lstat(path); err == nil {
+			return failf("mcp import: %s exists: it writes new files only (give another name, or remove it)", path)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), max(c.timeout, time.Second))
 	defer cancel()
-	tools, err := listTools(ctx, command, stderr)
+	tools, err := listTools(ctx, command, &prefixed{w: stderr, prefix: "mcp server: "})
 	if err != nil {
 		return failf("mcp import: %v", err)
 	}
@@ -177,6 +183,30 @@ func importTools(server, pool string, trusted bool, command []string, tools []*m
 		cat.Gate = &importedGate{Rules: []importedRule{{Tools: confirm, Outcome: string(events.GateRequireConfirmation)}}}
 	}
 	return cat, worker, skipped
+}
+
+// prefixed writes each line with a prefix: the server's stderr, told
+// apart from this command's own lines.
+type prefixed struct {
+	w       io.Writer
+	prefix  string
+	midLine bool
+}
+
+func (p *prefixed) Write(b []byte) (int, error) {
+	for _, line := range strings.SplitAfter(string(b), "\n") {
+		if line == "" {
+			continue
+		}
+		if !p.midLine {
+			line = p.prefix + line
+		}
+		p.midLine = !strings.HasSuffix(line, "\n")
+		if _, err := io.WriteString(p.w, line); err != nil {
+			return 0, err
+		}
+	}
+	return len(b), nil
 }
 
 // writeNewYAML writes doc to a file that must not exist yet.

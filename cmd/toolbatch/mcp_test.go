@@ -95,7 +95,7 @@ func TestMCPImport(t *testing.T) {
 	// It writes new files only.
 	_, stderr, code := cli(t, ctx, "", "mcp", "import", "--server", "fs", "--catalog", filepath.Join(dir, "trusted-catalog.yaml"),
 		"--worker", filepath.Join(dir, "w.yaml"), "--", "node", server, dir)
-	if code != 1 || !strings.Contains(stderr, "file exists") {
+	if code != 1 || !strings.Contains(stderr, "trusted-catalog.yaml exists: it writes new files only") {
 		t.Fatalf("over an existing file: exit %d, %q", code, stderr)
 	}
 	// A server that does not start: one line.

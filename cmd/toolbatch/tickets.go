@@ -18,9 +18,10 @@ import (
 
 // Tickets from the shell: list them, and answer each kind.
 
-// answerHint is the command that answers a ticket, for a person to type.
-func answerHint(t protocol.AwaitingOut) string {
-	r, c := t.RunID, t.CorrelationID
+// answerHint is the command that answers a ticket, for a person to type;
+// flags are the connection flags it needs (connFlags).
+func answerHint(t protocol.AwaitingOut, flags string) string {
+	r, c := t.RunID, t.CorrelationID+flags
 	switch t.Reason {
 	case events.WaitPermission:
 		return fmt.Sprintf("toolbatch approve %s %s   or   toolbatch deny %s %s --reason TEXT", r, c, r, c)
@@ -35,7 +36,7 @@ func answerHint(t protocol.AwaitingOut) string {
 }
 
 // ticketLine describes an open ticket in one line.
-func ticketLine(t protocol.AwaitingOut) string {
+func ticketLine(t protocol.AwaitingOut, flags string) string {
 	s := fmt.Sprintf("ticket %s of run %s: %s for call %s (tool %s)", t.CorrelationID, t.RunID, t.Reason, t.CallID, t.ToolID)
 	if t.Deadline != "" {
 		s += ", deadline " + t.Deadline
@@ -43,7 +44,7 @@ func ticketLine(t protocol.AwaitingOut) string {
 	if t.Due != "" {
 		s += ", due " + t.Due
 	}
-	return s + "; answer: " + answerHint(t)
+	return s + "; answer: " + answerHint(t, flags)
 }
 
 // cmdTickets: toolbatch tickets [--run RUN_ID] [--reason R] [--json]
@@ -83,7 +84,7 @@ func cmdTickets(args []string, stdout io.Writer) error {
 			fmt.Fprintln(stdout, "no open ticket")
 		}
 		for _, t := range shown {
-			fmt.Fprintln(stdout, ticketLine(t))
+			fmt.Fprintln(stdout, ticketLine(t, c.connFlags()))
 		}
 		return nil
 	})
@@ -179,7 +180,7 @@ func cmdResult(args []string, stdin io.Reader, stdout io.Writer) error {
 			return err
 		}
 		if t.Reason != events.WaitExternalResult {
-			return wrongKind(*t, "a client tool's result")
+			return wrongKind(*t, "a client tool's result", c.connFlags())
 		}
 		out, err := outputOf(*t, data, *blocks, *isError, cl.Limits())
 		if err != nil {
@@ -224,7 +225,7 @@ func cmdInput(args []string, stdin io.Reader, stdout io.Writer) error {
 			return err
 		}
 		if t.Reason != events.WaitDelegation {
-			return wrongKind(*t, "a delegated agent's input")
+			return wrongKind(*t, "a delegated agent's input", c.connFlags())
 		}
 		if err := cl.Input(ctx, *t, text); err != nil {
 			return explain(ctx, err, "answering ticket "+corr)
@@ -236,8 +237,8 @@ func cmdInput(args []string, stdin io.Reader, stdout io.Writer) error {
 
 // wrongKind is the error for a ticket answered with the wrong command: it
 // names the command that answers it.
-func wrongKind(t protocol.AwaitingOut, want string) error {
-	return failf("ticket %s of run %s waits for a %s, not for %s: answer it with %s", t.CorrelationID, t.RunID, t.Reason, want, answerHint(t))
+func wrongKind(t protocol.AwaitingOut, want, flags string) error {
+	return failf("ticket %s of run %s waits for a %s, not for %s: answer it with %s", t.CorrelationID, t.RunID, t.Reason, want, answerHint(t, flags))
 }
 
 // done is what a command did, as --json prints it.

@@ -114,7 +114,8 @@ func TestEveryTicketFromTheShell(t *testing.T) {
 	if got := res.summary(); !strings.Contains(got, ":w:false:18 degrees and sunny") || !strings.Contains(got, ":b:false:") {
 		t.Errorf("results: %s", got)
 	}
-	if !strings.Contains(errOut, "waiting on ticket "+ecorr+" of run tk-1: external_result for call w (tool weather); answer: toolbatch result tk-1 "+ecorr) {
+	// The command names the deployment it was given, so that it can be pasted.
+	if !strings.Contains(errOut, "waiting on ticket "+ecorr+" of run tk-1: external_result for call w (tool weather); answer: toolbatch result tk-1 "+ecorr+" --nats-url "+url+" < output.txt") {
 		t.Errorf("submit --wait did not show the client tool's ticket: %s", errOut)
 	}
 

@@ -28,7 +28,7 @@ func nextReadable(ctx context.Context, w *client.Watch) (client.Message, error) 
 // without a disposition of the batch. Once a ticket opens it waits without
 // a limit (a person may answer hours later, and the engine publishes
 // nothing more until the batch parks again or clears its barrier).
-func watchBatch(ctx context.Context, cl *client.Client, runID, batchID string, timeout time.Duration, stderr io.Writer, expire func()) {
+func watchBatch(ctx context.Context, cl *client.Client, runID, batchID, flags string, timeout time.Duration, stderr io.Writer, expire func()) {
 	var timer *time.Timer
 	if timeout > 0 {
 		timer = time.AfterFunc(timeout, expire)
@@ -49,7 +49,7 @@ func watchBatch(ctx context.Context, cl *client.Client, runID, batchID string, t
 		case m.Awaiting != nil && m.Awaiting.BatchID == batchID:
 			if !shown[m.Awaiting.CorrelationID] {
 				shown[m.Awaiting.CorrelationID] = true
-				fmt.Fprintln(stderr, "toolbatch: waiting on "+ticketLine(*m.Awaiting))
+				fmt.Fprintln(stderr, "toolbatch: waiting on "+ticketLine(*m.Awaiting, flags))
 			}
 			if timer != nil {
 				timer.Stop() // parked: waiting for an answer, not for the engine
