@@ -566,9 +566,30 @@ func TestGoneWorkersRootsAreRemoved(t *testing.T) {
 	if !exists("a") {
 		t.Fatal("a killed worker's root went by itself")
 	}
+	// What a sandbox being made when its worker was killed can leave: a
+	// process of bubblewrap, naming a call's directory under the root,
+	// waiting for a parent that is gone (here: a shell named bwrap,
+	// blocked on a read).
+	hold, _, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Close()
+	left := &exec.Cmd{Path: "/bin/sh", Args: []string{"bwrap", "-c", "read x", filepath.Join(tmp, "toolbatch-worker-a", "toolbatch-call-1")}, Stdin: hold}
+	if err := left.Start(); err != nil {
+		t.Fatal(err)
+	}
+	leftDone := make(chan error, 1)
+	go func() { leftDone <- left.Wait() }()
+	t.Cleanup(func() { _ = left.Process.Kill() })
 	b := worker("b")
 	if exists("a") || !exists("b") {
 		t.Fatalf("after b started: a's root exists %v, b's %v", exists("a"), exists("b"))
+	}
+	select {
+	case <-leftDone:
+	case <-time.After(10 * time.Second): // not a timing: the sweep ran before b was ready
+		t.Fatal("what was left of a's sandbox still runs after b swept a's root")
 	}
 	// a second worker on b's root is refused, and b's root stays
 	out, err := exec.Command("/usr/bin/env", "TMPDIR="+tmp, workerBin, "--nats-url", url, "--config", cfg, "--worker-id", "b").CombinedOutput()

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 
 	"github.com/toolbatch/toolbatch/internal/lockfile"
 )
@@ -47,8 +49,43 @@ func holdRoot(root string) (func(), error) {
 	return func() { f.Close() }, nil
 }
 
+// killSandboxesOf kills what is left of a gone worker's sandboxes: the
+// processes of bubblewrap that name a directory under root. Killing a
+// worker (kill -9) normally takes its sandboxes with it, but a sandbox
+// being made at that moment can be left: bubblewrap's child, in its own
+// namespaces, waiting forever for a parent that is gone. It returns how
+// many it killed.
+func killSandboxesOf(root string) int {
+	entries, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if filepath.Base(args[0]) != "bwrap" {
+			continue
+		}
+		for _, a := range args[1:] {
+			if strings.HasPrefix(a, root+"/") {
+				if syscall.Kill(pid, syscall.SIGKILL) == nil {
+					n++
+				}
+				break
+			}
+		}
+	}
+	return n
+}
+
 // sweepGoneRoots removes the default work roots under parent whose
-// worker is gone (their lock is free); it returns how many.
+// worker is gone (their lock is free), and what is left of their
+// sandboxes; it returns how many roots.
 func sweepGoneRoots(parent, own string) int {
 	dirs, _ := filepath.Glob(filepath.Join(parent, defaultRootPrefix+"*"))
 	n := 0
@@ -60,6 +97,7 @@ func sweepGoneRoots(parent, own string) int {
 		if err != nil {
 			continue // held (a live worker), or not a root a worker made
 		}
+		killSandboxesOf(dir)
 		if os.RemoveAll(dir) == nil {
 			n++
 		}
