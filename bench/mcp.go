@@ -64,24 +64,18 @@ func runMCP(ctx context.Context, root string, reps, calls int) (MCPResult, error
 		res.Skipped = "node is not installed"
 		return res, nil
 	}
-	dir, err := os.MkdirTemp("", "toolbatch-bench-mcp-")
-	if err != nil {
-		return res, err
-	}
+	dir, err := reachableDir("toolbatch-bench-mcp-")
 	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
+	if err != nil {
 		return res, err
 	}
 	if out, err := exec.Command("cp", "-r", src, dir).CombinedOutput(); err != nil {
 		return res, fmt.Errorf("copy the MCP servers: %v: %s", err, out)
 	}
 	server := filepath.Join(dir, "node_modules/@modelcontextprotocol/server-everything/dist/index.js")
-	work, err := os.MkdirTemp("", "toolbatch-bench-mcp-work-")
-	if err != nil {
-		return res, err
-	}
+	work, err := reachableDir("toolbatch-bench-mcp-work-")
 	defer os.RemoveAll(work)
-	if err := os.Chmod(work, 0o755); err != nil {
+	if err != nil {
 		return res, err
 	}
 	runners := map[string]*sandbox.Runner{}

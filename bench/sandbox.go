@@ -68,14 +68,11 @@ func runW4(ctx context.Context, reps, calls int) (W4Result, error) {
 	// The sandbox user (nobody, when we are root) must reach the work
 	// root, so it is a directory of its own under the system temp dir
 	// (the benchmark's temporary directory is private).
-	root, err := os.MkdirTemp("", "toolbatch-bench-w4-")
+	root, err := reachableDir("toolbatch-bench-w4-")
 	if err != nil {
 		return res, err
 	}
 	defer os.RemoveAll(root)
-	if err := os.Chmod(root, 0o755); err != nil {
-		return res, err
-	}
 	runners := map[string]*sandbox.Runner{}
 	defer func() {
 		for _, r := range runners {
@@ -203,4 +200,15 @@ func runW4(ctx context.Context, reps, calls int) (W4Result, error) {
 		res.PrestartedCalls, res.PrestartedFreshCalls = st.Prestarted, st.Fresh
 	}
 	return res, nil
+}
+
+// reachableDir makes a directory of mode 0755 under the system temp dir,
+// which the sandbox's user (not the benchmark's private temporary
+// directory) can enter.
+func reachableDir(pattern string) (string, error) {
+	dir, err := os.MkdirTemp("", pattern)
+	if err == nil {
+		err = os.Chmod(dir, 0o755)
+	}
+	return dir, err
 }

@@ -1,33 +1,16 @@
 package client_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"testing"
 
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testjson"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
 var turn = client.Turn{RunID: "r", ThreadID: "t", Step: 2}
-
-func sameJSON(t *testing.T, got, want []byte) {
-	t.Helper()
-	canon := func(b []byte) string {
-		var v any
-		d := json.NewDecoder(bytes.NewReader(b))
-		d.UseNumber()
-		if err := d.Decode(&v); err != nil {
-			t.Fatalf("%v: %s", err, b)
-		}
-		out, _ := json.Marshal(v)
-		return string(out)
-	}
-	if a, b := canon(got), canon(want); a != b {
-		t.Fatalf("got  %s\nwant %s", a, b)
-	}
-}
 
 func inputs(t *testing.T, s *protocol.Submit) []string {
 	t.Helper()
@@ -65,7 +48,7 @@ func TestFromAnthropicKeepsTheContent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sameJSON(t, got, []byte(content))
+	testjson.Same(t, got, []byte(content))
 	equalStrings(t, inputs(t, s), []string{`toolu_1 read {"p":1}`, `toolu_2 write {}`})
 	if err := s.Validate(events.DefaultLimits()); err != nil {
 		t.Fatal(err)
@@ -89,7 +72,7 @@ func TestToAnthropic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sameJSON(t, got, []byte(`{"role":"user","content":[
+	testjson.Same(t, got, []byte(`{"role":"user","content":[
 		{"type":"tool_result","tool_use_id":"c1","content":[{"type":"text","text":"one"},{"type":"text","text":"two"}]},
 		{"type":"tool_result","tool_use_id":"c2","is_error":true,"content":[{"type":"text","text":"invalid arguments: x"}]},
 		{"type":"tool_result","tool_use_id":"c3","content":[{"type":"text","text":"{\"n\":1}"}]},
@@ -134,7 +117,7 @@ func TestToOpenAIChat(t *testing.T) {
 		t.Fatalf("%d messages", len(msgs))
 	}
 	for i := range want {
-		sameJSON(t, msgs[i], []byte(want[i]))
+		testjson.Same(t, msgs[i], []byte(want[i]))
 	}
 }
 
@@ -152,10 +135,10 @@ func TestOpenAIResponses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sameJSON(t, reasoning, []byte(`{"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"gAAA"}`))
+	testjson.Same(t, reasoning, []byte(`{"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"gAAA"}`))
 	items, err := client.ToOpenAIResponses(results)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sameJSON(t, items[1], []byte(`{"type":"function_call_output","call_id":"c2","output":"Error: invalid arguments: x"}`))
+	testjson.Same(t, items[1], []byte(`{"type":"function_call_output","call_id":"c2","output":"Error: invalid arguments: x"}`))
 }

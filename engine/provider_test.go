@@ -1,7 +1,6 @@
 package engine_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,6 +24,7 @@ import (
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testjson"
 	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/internal/testproc"
 	"github.com/toolbatch/toolbatch/protocol"
@@ -47,23 +47,6 @@ const anthropicTurn = `{"run_id":"prov","thread_id":"t1","step":1,"assistant":{"
  {"type":"tool_use","id":"toolu_03","name":"fs.read","input":{"path":"a"}},
  {"type":"tool_use","id":"toolu_04","name":"echo","input":{"text":"four"}}
 ]}}`
-
-// canonicalJSON is b with object keys sorted, to compare two texts of one
-// value.
-func canonicalJSON(t *testing.T, b []byte) string {
-	t.Helper()
-	var v any
-	d := json.NewDecoder(bytes.NewReader(b))
-	d.UseNumber()
-	if err := d.Decode(&v); err != nil {
-		t.Fatalf("%v: %s", err, b)
-	}
-	out, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(out)
-}
 
 // TestProviderMessageAsItIs: a real provider message goes through the
 // engine unchanged (the assistant message in the log is the one sent), and
@@ -129,9 +112,7 @@ func TestProviderMessageAsItIs(t *testing.T) {
 	if err := json.Unmarshal([]byte(anthropicTurn), &sent); err != nil {
 		t.Fatal(err)
 	}
-	if a, b := canonicalJSON(t, stored), canonicalJSON(t, sent.Assistant.Content); a != b {
-		t.Fatalf("the log's assistant message differs from the one sent:\n log %s\nsent %s", a, b)
-	}
+	testjson.Same(t, stored, sent.Assistant.Content) // the log's assistant message is the one sent
 }
 
 // TestAnswerNamesTheSubmission: every answer names the submission it

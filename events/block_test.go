@@ -9,6 +9,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testjson"
 )
 
 // anthropicMessage is the content of an assistant message as the Anthropic
@@ -25,23 +26,6 @@ const anthropicMessage = `[
  {"type":"tool_use","id":"toolu_02","name":"read_file","input":{"path":"b"},"cache_control":{"type":"ephemeral"}}
 ]`
 
-// canonical is v's JSON with object keys sorted (encoding/json sorts map
-// keys), so that two texts of one value compare equal.
-func canonical(t *testing.T, b []byte) string {
-	t.Helper()
-	var v any
-	d := json.NewDecoder(bytes.NewReader(b))
-	d.UseNumber()
-	if err := d.Decode(&v); err != nil {
-		t.Fatalf("%v: %s", err, b)
-	}
-	out, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(out)
-}
-
 // TestProviderBlocksKeptVerbatim: a real assistant message goes in and
 // comes back out unchanged, through JSON and through msgpack (the log's
 // encoding), and only its tool_use blocks are calls.
@@ -57,9 +41,7 @@ func TestProviderBlocksKeptVerbatim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := canonical(t, out), canonical(t, []byte(anthropicMessage)); got != want {
-		t.Fatalf("JSON round trip changed the message:\n got %s\nwant %s", got, want)
-	}
+	testjson.Same(t, out, []byte(anthropicMessage)) // the JSON round trip changes nothing
 	packed, err := msgpack.Marshal(content)
 	if err != nil {
 		t.Fatal(err)
