@@ -94,6 +94,8 @@ type clusterOptions struct {
 	workers     int
 	concurrency int
 	clientConns int
+	// catalog and worker replace benchCatalog and benchWorker when set.
+	catalog, worker string
 }
 
 func startCluster(dir string, o clusterOptions) (*cluster, error) {
@@ -122,10 +124,14 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 	}
 	cat := filepath.Join(dir, "catalog.yaml")
 	wcfg := filepath.Join(dir, "worker.yaml")
-	if err := os.WriteFile(cat, []byte(benchCatalog), 0o644); err != nil {
+	catYAML, workerYAML := benchCatalog, benchWorker
+	if o.catalog != "" {
+		catYAML, workerYAML = o.catalog, o.worker
+	}
+	if err := os.WriteFile(cat, []byte(catYAML), 0o644); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(wcfg, []byte(benchWorker), 0o644); err != nil {
+	if err := os.WriteFile(wcfg, []byte(workerYAML), 0o644); err != nil {
 		return nil, err
 	}
 	port, err := testproc.Port()
@@ -215,7 +221,7 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 		go scrapeEverySecond(sctx, scrape)
 	}
 	// The engine reads the tool's capability from the workers bucket at
-	// every entry: wait until the workers advertised noop.
+	// every entry: wait until the workers advertised theirs.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for o.workers > 0 {
@@ -228,7 +234,7 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 		select {
 		case <-ctx.Done():
 			c.stop()
-			return nil, errors.New("the workers never advertised noop")
+			return nil, errors.New("the workers never advertised their tools")
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

@@ -290,7 +290,7 @@ func run(args []string) error {
 	}
 	if !skip["mcp"] {
 		progress("MCP: one call of an MCP tool per sandbox, against a bare client")
-		m, err := runMCP(ctx, root, o.reps, o.mcpCalls)
+		m, err := runMCP(ctx, root, bins, o.reps, o.mcpCalls)
 		if err != nil {
 			return fmt.Errorf("MCP: %w", err)
 		}
@@ -749,6 +749,8 @@ func printTable(w io.Writer, r *Results) {
 			x.Calls, fmtNum(x.BareP50ms, ""), fmtNum(x.NoneP50ms, ""), fmtNum(x.FreshP50ms, ""), fmtNum(x.PrestartedP50ms, ""), fmtNum(x.PrestartedOverBare, "x"))
 		fmt.Fprintf(w, "    a shared server (one long-lived bubblewrap sandbox): %s ms = %s a server per call (pre-started)\n",
 			fmtNum(x.SharedP50ms, ""), fmtNum(x.SharedOverPrestarted, "x"))
+		fmt.Fprintf(w, "    the whole path (a batch of one call: engine, worker process, sandbox, server; p50 of %d batches each): a server per call %s ms, a shared server %s ms\n",
+			x.WholeSamples, fmtNum(x.WholePerCallP50ms, ""), fmtNum(x.WholeSharedP50ms, ""))
 		if x.Skipped != "" {
 			fmt.Fprintf(w, "    skipped: %s\n", x.Skipped)
 		}

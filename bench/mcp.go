@@ -28,15 +28,21 @@ func init() { sandbox.MCPCallMain() }
 
 // MCPResult is the cost of one MCP call.
 type MCPResult struct {
-	Calls                int    `json:"calls_per_rep"`
-	BareP50ms            Num    `json:"bare_client_p50_ms"`
-	NoneP50ms            Num    `json:"runner_isolation_none_p50_ms"`
-	FreshP50ms           Num    `json:"runner_bubblewrap_p50_ms"`
-	PrestartedP50ms      Num    `json:"prestarted_p50_ms"`
-	PrestartedOverBare   Num    `json:"prestarted_over_bare"`
-	SharedP50ms          Num    `json:"shared_server_p50_ms"`
-	SharedOverPrestarted Num    `json:"shared_over_prestarted"`
-	Skipped              string `json:"skipped,omitempty"`
+	Calls                int `json:"calls_per_rep"`
+	BareP50ms            Num `json:"bare_client_p50_ms"`
+	NoneP50ms            Num `json:"runner_isolation_none_p50_ms"`
+	FreshP50ms           Num `json:"runner_bubblewrap_p50_ms"`
+	PrestartedP50ms      Num `json:"prestarted_p50_ms"`
+	PrestartedOverBare   Num `json:"prestarted_over_bare"`
+	SharedP50ms          Num `json:"shared_server_p50_ms"`
+	SharedOverPrestarted Num `json:"shared_over_prestarted"`
+	// The whole path: a batch of one MCP call submitted to an engine,
+	// claimed by a worker process, run and published (p50, submission to
+	// results), for each lifecycle.
+	WholePerCallP50ms Num    `json:"whole_path_per_call_p50_ms"`
+	WholeSharedP50ms  Num    `json:"whole_path_shared_p50_ms"`
+	WholeSamples      int    `json:"whole_path_samples"`
+	Skipped           string `json:"skipped,omitempty"`
 }
 
 func mcpBenchConfig(isolation string, prestart int, lifecycle, server, mount string) string {
@@ -53,7 +59,67 @@ tools:
 `, isolation, prestart, server, lifecycle, mount)
 }
 
-func runMCP(ctx context.Context, root string, reps, calls int) (MCPResult, error) {
+// mcpWholeCatalog and mcpWholeWorker: the two lifecycles of one tool, for
+// the whole path (get-tiny-image: the benchmark's batches send {"i": n},
+// which it takes).
+const mcpWholeCatalog = `
+tools:
+  - {id: sum, target: sandbox, recovery: {mode: replay_safe}}
+  - {id: sum_shared, target: sandbox, recovery: {mode: replay_safe}}
+`
+
+func mcpWholeWorker(server, mount string) string {
+	return fmt.Sprintf(`pools: [default]
+isolation: bubblewrap
+tools:
+  - id: sum
+    command: [node, %[1]s, stdio]
+    mcp: {server: everything, tool: get-tiny-image}
+    capability: replay_safe
+    limits: {memory_mb: 8192, max_procs: 256}
+    mounts: [{path: %[2]s}]
+  - id: sum_shared
+    command: [node, %[1]s, stdio]
+    mcp: {server: everything_shared, tool: get-tiny-image, lifecycle: shared}
+    capability: replay_safe
+    limits: {memory_mb: 8192, max_procs: 256}
+    mounts: [{path: %[2]s}]
+`, server, mount)
+}
+
+// runMCPWhole measures a batch of one MCP call through an engine and a
+// worker process, for each lifecycle, one after the other for dur each.
+func runMCPWhole(ctx context.Context, bins binaries, dir, server, mount string, dur time.Duration) (perCall, shared float64, samples int, err error) {
+	c, err := startCluster(filepath.Join(dir, "mcp-cluster"), clusterOptions{engineBin: bins.engine, workerBin: bins.worker,
+		workers: 1, concurrency: 4, clientConns: 1, catalog: mcpWholeCatalog, worker: mcpWholeWorker(server, mount)})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer c.stop()
+	p50 := func(tool string, d time.Duration) (float64, int, error) {
+		var ds []time.Duration
+		stop := make(chan struct{})
+		timer := time.AfterFunc(d, func() { close(stop) })
+		defer timer.Stop()
+		err := clientLoop(ctx, loopConfig{client: c.clients[0], js: c.jss[0], prefix: "toolbatch", runPrefix: "mcp-" + tool, tool: tool, calls: 1, stepsPerRun: 10},
+			stop, func(s sample) { ds = append(ds, s.lat) })
+		return percentile(ds, 50), len(ds), err
+	}
+	// Warm-up: the shared server's start, the first sandboxes.
+	for _, tool := range []string{"sum", "sum_shared"} {
+		if _, _, err := p50(tool, time.Second); err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	perCall, n1, err := p50("sum", dur)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	shared, n2, err := p50("sum_shared", dur)
+	return perCall, shared, min(n1, n2), err
+}
+
+func runMCP(ctx context.Context, root string, bins binaries, reps, calls int) (MCPResult, error) {
 	res := MCPResult{Calls: calls}
 	src := filepath.Join(root, "testdata", "mcp", "node_modules")
 	if _, err := os.Stat(src); err != nil {
@@ -172,5 +238,21 @@ func runMCP(ctx context.Context, root string, reps, calls int) (MCPResult, error
 	res.PrestartedOverBare = Num(ratio(float64(res.PrestartedP50ms), float64(res.BareP50ms)))
 	res.SharedP50ms = Num(median(sharedP))
 	res.SharedOverPrestarted = Num(ratio(float64(res.SharedP50ms), float64(res.PrestartedP50ms)))
+	for name, r := range runners {
+		_ = r.Close()
+		delete(runners, name)
+	}
+	// The workers' roots must be reachable by the sandboxes' users: not
+	// under the benchmark's private temporary directory.
+	cdir, err := reachableDir("toolbatch-bench-mcp-cluster-")
+	defer os.RemoveAll(cdir)
+	if err != nil {
+		return res, err
+	}
+	perCall, shared, n, err := runMCPWhole(ctx, bins, cdir, server, dir, 5*time.Second)
+	if err != nil {
+		return res, fmt.Errorf("the whole path: %w", err)
+	}
+	res.WholePerCallP50ms, res.WholeSharedP50ms, res.WholeSamples = Num(perCall), Num(shared), n
 	return res, nil
 }

@@ -259,12 +259,19 @@ func (c *Client) WaitResults(ctx context.Context, runID, batchID string) (*proto
 //
 // It waits until ctx is done.
 func (c *Client) Answer(ctx context.Context, sent Sent) (*protocol.ResultsOut, error) {
+	// The inbox sequence names this submission alone; the message id also
+	// an earlier one of the same content (a retry after the duplicate
+	// window), so it counts only when the sequence is unknown.
+	msgID := sent.MsgID
+	if sent.InboxSeq != 0 {
+		msgID = ""
+	}
 	return c.await(ctx, sent.RunID, sent.BatchID,
 		func(r *protocol.ResultsOut) bool {
-			return r.Submission.Names(sent.MsgID, sent.InboxSeq) ||
+			return r.Submission.Names(msgID, sent.InboxSeq) ||
 				(r.BatchID == sent.BatchID && r.Submission != nil && r.Submission.Digest == sent.Digest)
 		},
-		func(r *protocol.RejectedOut) bool { return r.Submission.Names(sent.MsgID, sent.InboxSeq) })
+		func(r *protocol.RejectedOut) bool { return r.Submission.Names(msgID, sent.InboxSeq) })
 }
 
 // await reads the run's results, rejected and ended messages from the

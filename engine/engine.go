@@ -30,6 +30,8 @@ const (
 	DefaultAckWait   = 30 * time.Second
 	// DefaultInboxAckWait is Config.InboxAckWait's default.
 	DefaultInboxAckWait = 5 * time.Second
+	// minInboxAckWait is the least InboxAckWait the engine takes.
+	minInboxAckWait = 300 * time.Millisecond
 	DefaultShards       = 64
 	// DefaultCheckpointEvery is Config.CheckpointEvery's default.
 	DefaultCheckpointEvery = time.Minute
@@ -141,8 +143,11 @@ func (c *Config) defaults() {
 	if c.AckWait <= 0 {
 		c.AckWait = DefaultAckWait
 	}
-	if c.InboxAckWait <= 0 {
+	switch {
+	case c.InboxAckWait <= 0:
 		c.InboxAckWait = DefaultInboxAckWait
+	case c.InboxAckWait < minInboxAckWait:
+		c.InboxAckWait = minInboxAckWait // messages are kept in progress every third of it
 	}
 	if c.Shards <= 0 {
 		c.Shards = DefaultShards

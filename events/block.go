@@ -201,7 +201,14 @@ func (b *ContentBlock) DecodeMsgpack(dec *msgpack.Decoder) error {
 }
 
 // MarshalJSON implements json.Marshaler.
-func (b ContentBlock) MarshalJSON() ([]byte, error) { return marshalFields(b.fields()) }
+func (b ContentBlock) MarshalJSON() ([]byte, error) {
+	if len(b.Extra) > 0 {
+		if err := CheckBlocks([]ContentBlock{b}); err != nil {
+			return nil, err // Extra not an object, or shadowing a key of the type
+		}
+	}
+	return marshalFields(b.fields())
+}
 
 // UnmarshalJSON implements json.Unmarshaler; it is strict.
 func (b *ContentBlock) UnmarshalJSON(data []byte) error { return b.set(jsonToValue(data)) }

@@ -528,7 +528,7 @@ func (c Config) problems() []*ConfigError {
 			case m.shared() && t.Prestart != nil && *t.Prestart > 0:
 				addf("prestart", "prestart does not apply to a shared MCP server (it is one long-lived sandbox)")
 			case m.shared():
-				if j, ok := sharedBy[m.Server]; ok && !sameServer(c.Tools[j], t) {
+				if j, ok := sharedBy[m.Server]; ok && !sameServer(c.Tools[j].withDefaults(), t.withDefaults()) {
 					addf("mcp.server", "the tools of shared MCP server %q must have the same command, limits, mounts and env (tools[%d] differs)", m.Server, j)
 				} else if !ok {
 					sharedBy[m.Server] = i

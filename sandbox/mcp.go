@@ -167,10 +167,11 @@ func (r *Runner) mountShim() error {
 	// bubblewrap, as the tool's user, must reach what it binds: a copy in
 	// the work root (which that user can enter) serves wherever the
 	// program lies, however private its directory.
-	r.shimCopy = filepath.Join(r.workRoot, fmt.Sprintf(".toolbatch-mcp-call-%d", os.Getpid()))
-	if err := copyExecutable(shim, r.shimCopy); err != nil {
+	copied, err := copyExecutable(shim, r.workRoot)
+	if err != nil {
 		return fmt.Errorf("sandbox: MCP tools: copy the MCP call program into the work root: %w", err)
 	}
+	r.shimCopy = copied
 	r.cfg.Tools = slices.Clone(r.cfg.Tools)
 	for _, i := range mcpTools {
 		t := &r.cfg.Tools[i]
@@ -179,22 +180,31 @@ func (r *Runner) mountShim() error {
 	return nil
 }
 
-// copyExecutable copies the program at src to dst, mode 0755.
-func copyExecutable(src, dst string) error {
+// copyExecutable copies the program at src to a new file of its own in dir
+// (created exclusively: nothing there beforehand is followed or reused),
+// mode 0755, and returns its path.
+func copyExecutable(src, dir string) (string, error) {
 	in, err := os.Open(src)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
+	out, err := os.CreateTemp(dir, ".toolbatch-mcp-call-")
 	if err != nil {
-		return err
+		return "", err
 	}
-	if _, err := io.Copy(out, in); err != nil {
-		_ = out.Close()
-		return err
+	_, err = io.Copy(out, in)
+	if err == nil {
+		err = out.Chmod(0o755)
 	}
-	return out.Close()
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(out.Name())
+		return "", err
+	}
+	return out.Name(), nil
 }
 
 // mcpShimInSandbox is where a sandbox shows the MCP call program: bound by

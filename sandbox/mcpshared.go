@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -51,8 +52,13 @@ type (
 // server (args: -- <server argv>), the worker's calls made as they come,
 // until stdin ends or the session does.
 func mcpServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	if len(args) < 2 || args[0] != "--" {
-		fmt.Fprintln(stderr, "mcp serve: want -- <server command>")
+	maxBytes := 0
+	if len(args) > 0 && strings.HasPrefix(args[0], "--max-bytes=") {
+		maxBytes, _ = strconv.Atoi(strings.TrimPrefix(args[0], "--max-bytes="))
+		args = args[1:]
+	}
+	if len(args) < 2 || args[0] != "--" || maxBytes <= 0 {
+		fmt.Fprintln(stderr, "mcp serve: want --max-bytes=N -- <server command>")
 		return 2
 	}
 	server := args[1:]
@@ -108,8 +114,12 @@ func mcpServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 					return
 				}
 				out, err := json.Marshal(mcpcontent.Output(res))
-				if err != nil {
+				switch {
+				case err != nil:
 					write(sharedReply{ID: req.ID, Error: fmt.Sprintf("tools/call %s: the result cannot be written: %v", req.Tool, err)})
+					return
+				case len(out) > maxBytes:
+					write(sharedReply{ID: req.ID, Error: fmt.Sprintf("tools/call %s: the result is %d bytes, more than limits.output_kb (%d bytes)", req.Tool, len(out), maxBytes)})
 					return
 				}
 				write(sharedReply{ID: req.ID, Output: out})
@@ -176,6 +186,9 @@ func (r *Runner) closeShared() {
 func (s *sharedServer) ensure(ctx context.Context) (*sharedLive, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.r.closed.Load() {
+		return nil, errors.New("the worker is stopping")
+	}
 	if s.live != nil {
 		select {
 		case <-s.live.gone:
@@ -207,7 +220,7 @@ func (s *sharedServer) ensure(ctx context.Context) (*sharedLive, error) {
 	stderrDone := make(chan struct{})
 	go func() { _, _ = io.Copy(l.stderr, p.stderr); close(stderrDone) }()
 	lines := bufio.NewScanner(p.stdout)
-	lines.Buffer(make([]byte, 64<<10), 2*(t.Limits.OutputKB<<10)+64<<10)
+	lines.Buffer(make([]byte, 64<<10), t.Limits.OutputKB<<10+64<<10) // the client bounds each reply's output
 	ready := make(chan error, 1)
 	go func() {
 		first := true
@@ -242,7 +255,8 @@ func (s *sharedServer) ensure(ctx context.Context) (*sharedLive, error) {
 		s.mu.Lock()
 		for id, ch := range l.pending {
 			delete(l.pending, id)
-			ch <- sharedReply{ID: id, Error: "the shared MCP server exited during the call: " + l.stderr.String()}
+			// Not its stderr: it holds what other calls wrote.
+			ch <- sharedReply{ID: id, Error: "the shared MCP server exited during the call"}
 		}
 		close(l.gone)
 		s.mu.Unlock()
@@ -273,17 +287,32 @@ func (s *sharedServer) ensure(ctx context.Context) (*sharedLive, error) {
 func (s *sharedServer) stop() {
 	s.mu.Lock()
 	l := s.live
-	s.live = nil
 	s.mu.Unlock()
 	if l != nil {
-		l.p.stop()
-		<-l.gone
+		s.stopLive(l)
 	}
 }
 
-// call makes one call of the tool t on the shared server.
+// stopLive kills one run of the server (the one a call used, not whatever
+// runs by now) and waits until its calls have failed.
+func (s *sharedServer) stopLive(l *sharedLive) {
+	s.mu.Lock()
+	if s.live == l {
+		s.live = nil
+	}
+	s.mu.Unlock()
+	l.p.stop()
+	<-l.gone
+}
+
+// call makes one call of the tool t on the shared server. Its timeout
+// counts from here, the server's start included.
 func (s *sharedServer) call(ctx context.Context, t ToolConfig, call Call) Result {
-	l, err := s.ensure(ctx)
+	timer := time.NewTimer(t.Timeout)
+	defer timer.Stop()
+	sctx, cancel := context.WithTimeoutCause(ctx, t.Timeout, fmt.Errorf("the call's timeout (%s) passed", t.Timeout))
+	defer cancel()
+	l, err := s.ensure(sctx)
 	if err != nil {
 		return failure(events.ErrorUnavailableBeforeDispatch, "the shared MCP server %s did not start: %v", t.MCP.Server, err)
 	}
@@ -311,8 +340,11 @@ func (s *sharedServer) call(ctx context.Context, t ToolConfig, call Call) Result
 		s.mu.Unlock()
 		return failure(events.ErrorUnavailableBeforeDispatch, "the call could not be sent to the shared MCP server %s: %v", t.MCP.Server, err)
 	}
-	timer := time.NewTimer(t.Timeout)
-	defer timer.Stop()
+	forget := func() {
+		s.mu.Lock()
+		delete(l.pending, id)
+		s.mu.Unlock()
+	}
 	select {
 	case rep := <-ch:
 		if rep.Error != "" {
@@ -325,10 +357,17 @@ func (s *sharedServer) call(ctx context.Context, t ToolConfig, call Call) Result
 		out.CallID = call.CallID
 		return success(out)
 	case <-timer.C:
-		s.stop() // a call that outlives its timeout takes the server down with it
+		// A call that outlives its timeout takes its server down with it,
+		// as a call's sandbox is killed: nothing of it runs on.
+		forget()
+		s.stopLive(l)
 		return failure(events.ErrorExecution, "timed out after %s (the shared MCP server %s was stopped)", t.Timeout, t.MCP.Server).as(ExitTimeout)
 	case <-ctx.Done():
-		return failure(events.ErrorExecution, "interrupted: %v", context.Cause(ctx)).as(ExitKilled)
+		// The claim is gone (or the worker stops): the call must not run
+		// on where another worker may make it again.
+		forget()
+		s.stopLive(l)
+		return failure(events.ErrorExecution, "interrupted: %v (the shared MCP server %s was stopped)", context.Cause(ctx), t.MCP.Server).as(ExitKilled)
 	}
 }
 

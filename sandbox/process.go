@@ -238,9 +238,15 @@ func (r *Runner) limitArgs(t ToolConfig, prog string) []string {
 	l := t.Limits
 	mem := int64(l.MemoryMB) << 20
 	fsize := max(int64(l.OutputKB)<<10, mem)
+	cpu := fmt.Sprintf("--cpu=%d:%d", l.CPUSeconds, l.CPUSeconds+1)
+	if t.MCP.shared() {
+		// A long-lived server's CPU time adds up over every call: its
+		// calls are bounded by their timeouts instead.
+		cpu = "--cpu=unlimited"
+	}
 	a := []string{r.prlimit,
 		"--as=" + strconv.FormatInt(mem, 10),
-		fmt.Sprintf("--cpu=%d:%d", l.CPUSeconds, l.CPUSeconds+1),
+		cpu,
 		"--nproc=" + strconv.Itoa(l.MaxProcs),
 		"--fsize=" + strconv.FormatInt(fsize, 10),
 		"--core=0",
@@ -249,7 +255,7 @@ func (r *Runner) limitArgs(t ToolConfig, prog string) []string {
 	switch {
 	case t.MCP.shared():
 		// This program's MCP client of a shared server, serving calls.
-		a = append([]string{r.shimPath(), mcpServeArg, "--"}, a...)
+		a = append([]string{r.shimPath(), mcpServeArg, fmt.Sprintf("--max-bytes=%d", t.Limits.OutputKB<<10), "--"}, a...)
 	case t.MCP != nil:
 		// The call is this program's MCP client (trusted, outside the
 		// rlimits), which runs the server under them.
@@ -327,6 +333,7 @@ type proc struct {
 	info      chan struct{}
 	closeInit sync.Once
 	released  atomic.Bool
+	stopOnce  sync.Once     // stop is made once: a second would signal a closed pidfd's number
 	done      chan struct{} // closed once the process has exited and been waited for
 	pgid      int
 }
@@ -510,9 +517,11 @@ func parentOf(pid int) int {
 // stop kills the sandbox (see kill), waits until it has exited and
 // releases its pipes.
 func (p *proc) stop() {
-	p.kill()
-	_ = syscall.Kill(-p.pgid, syscall.SIGKILL)
-	p.release()
+	p.stopOnce.Do(func() {
+		p.kill()
+		_ = syscall.Kill(-p.pgid, syscall.SIGKILL)
+		p.release()
+	})
 }
 
 // callIO is where a call's output comes from, and how its end is known

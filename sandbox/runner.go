@@ -249,7 +249,8 @@ type Runner struct {
 	// sandbox (MCPCallMain): this program, mounted read-only into the
 	// sandboxes of MCP tools.
 	mcpShim           string
-	shimCopy          string // the copy of it in the work root, removed by Close
+	shimCopy          string      // the copy of it in the work root, removed by Close
+	closed            atomic.Bool // Close was called: no shared server starts again
 	sharedMu          sync.Mutex
 	shared            map[string]*sharedServer // the shared MCP servers, by mcp.server
 	stageExe          *os.File
@@ -520,6 +521,7 @@ func (r *Runner) Close() error {
 		if r.stageExe != nil {
 			_ = r.stageExe.Close()
 		}
+		r.closed.Store(true)
 		r.closeShared()
 		if r.shimCopy != "" {
 			_ = os.Remove(r.shimCopy)

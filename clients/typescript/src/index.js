@@ -205,8 +205,11 @@ export class Client {
    * submission followed it.
    */
   async answer(sent, opts = {}) {
-    const names = (m) => m.submission && ((m.submission.msg_id && m.submission.msg_id === sent.msgID) ||
-      (m.submission.inbox_seq !== undefined && BigInt(m.submission.inbox_seq) === BigInt(sent.inboxSeq)));
+    // The inbox sequence names this submission alone; the message id also an
+    // earlier one of the same content, so it counts only without a sequence.
+    const names = (m) => m.submission && (sent.inboxSeq
+      ? m.submission.inbox_seq !== undefined && BigInt(m.submission.inbox_seq) === BigInt(sent.inboxSeq)
+      : m.submission.msg_id === sent.msgID);
     let verdict;
     for await (const m of this.watch(sent.runId, { ...opts, kinds: ["results", "rejected", "ended"] })) {
       if (m.kind === "results" && names(m.body)) return m.body;
