@@ -32,7 +32,7 @@ const (
 	DefaultInboxAckWait = 5 * time.Second
 	// minInboxAckWait is the least InboxAckWait the engine takes.
 	minInboxAckWait = 300 * time.Millisecond
-	DefaultShards       = 64
+	DefaultShards   = 64
 	// DefaultCheckpointEvery is Config.CheckpointEvery's default.
 	DefaultCheckpointEvery = time.Minute
 	DefaultMaxPending      = 10000
