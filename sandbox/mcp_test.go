@@ -3,10 +3,12 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/mcpcontent"
+	"github.com/toolbatch/toolbatch/internal/testwait"
 )
 
 // The MCP servers of these tests are the reference servers from npm
@@ -408,5 +411,79 @@ tools:
 	}
 	if res := run(t, r, "broken", `{}`); res.Err == nil || res.Err.Kind != events.ErrorUnavailableBeforeDispatch || !strings.Contains(res.Err.Message, "no server here") {
 		t.Fatalf("a shared server that cannot start: %+v", res.Err)
+	}
+}
+
+// TestSharedMCPServerLimits: a shared server's result over limits.output_kb
+// fails that call alone (the server goes on); an interrupted call (its
+// claim lost) stops the server, so that nothing of it runs on.
+func TestSharedMCPServerLimits(t *testing.T) {
+	dir := mcpServers(t)
+	everything := filepath.Join(dir, "node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+	cfg, err := ParseConfig([]byte(fmt.Sprintf(`isolation: bubblewrap
+tools:
+  - id: image
+    command: &cmd [node, %[1]s, stdio]
+    mcp: {server: small, tool: get-tiny-image, lifecycle: shared}
+    limits: &node {memory_mb: 8192, max_procs: 256, output_kb: 1}
+    mounts: &m [{path: %[2]s}]
+  - id: sum
+    command: *cmd
+    mcp: {server: small, tool: get-sum, lifecycle: shared}
+    limits: *node
+    mounts: *m
+  - id: long
+    command: *cmd
+    mcp: {server: small, tool: trigger-long-running-operation, lifecycle: shared}
+    limits: *node
+    mounts: *m
+`, everything, dir)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRunner(cfg, WithWorkRoot(worldDir(t, false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	pid := func() int {
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			if args := strings.Split(string(b), "\x00"); err == nil && len(args) > 1 && strings.HasSuffix(args[0], "node") && args[1] == everything {
+				n, _ := strconv.Atoi(e.Name())
+				return n
+			}
+		}
+		return 0
+	}
+	if res := run(t, r, "image", `{}`); res.Err == nil || !strings.Contains(res.Err.Message, "more than limits.output_kb") {
+		t.Fatalf("a result over the limit: %+v", res.Err)
+	}
+	server := pid()
+	if o := wantOutput(t, run(t, r, "sum", `{"a":1,"b":1}`)); o.Text() != "The sum of 1 and 1 is 2." || pid() != server || server == 0 {
+		t.Fatalf("after the refused result: %+v, server %d then %d", o, server, pid())
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	done := make(chan Result, 1)
+	go func() {
+		done <- r.Run(ctx, Call{ToolID: "long", CallID: "c", OperationID: "r/1/c", Attempt: 1, Arguments: []byte(`{"duration":30,"steps":30}`)})
+	}()
+	wctx, wcancel := context.WithTimeout(context.Background(), callTimeout)
+	defer wcancel()
+	testwait.Until(t, wctx, "the long call sent", func() bool {
+		r.sharedMu.Lock()
+		s := r.shared["small"]
+		r.sharedMu.Unlock()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.live != nil && len(s.live.pending) == 1
+	})
+	cancel(errors.New("claim lost"))
+	if res := <-done; res.Err == nil || res.Class() != ExitKilled || !strings.Contains(res.Err.Message, "claim lost") {
+		t.Fatalf("the interrupted call: %+v", res.Err)
+	}
+	if pid() != 0 {
+		t.Fatal("the server still runs after its call was interrupted")
 	}
 }
