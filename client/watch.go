@@ -240,7 +240,7 @@ func (w *Watch) decode(m jetstream.Msg) (Message, error) {
 func (c *Client) WaitResults(ctx context.Context, runID, batchID string) (*protocol.ResultsOut, error) {
 	return c.await(ctx, runID, batchID,
 		func(r *protocol.ResultsOut) bool { return r.BatchID == batchID },
-		func(r *protocol.RejectedOut) bool { return r.BatchID == batchID })
+		func(r *protocol.RejectedOut) bool { return r.BatchID == batchID }, true)
 }
 
 // Answer waits for the answer to a sent submission, matched by what names
@@ -251,11 +251,12 @@ func (c *Client) WaitResults(ctx context.Context, runID, batchID string) (*proto
 //     digest (an identical one the engine took first: this one changed
 //     nothing);
 //   - its own rejection (one that names it, whatever was accepted at that
-//     step before): an error wrapping ErrRejected and the *events.Refusal;
-//   - the run's end: an *EndedError.
+//     step before): an error wrapping ErrRejected and the *events.Refusal.
 //
-// A rejection or an end is the answer once the watch has caught up with
-// the stream and no results naming the submission followed it.
+// The run's end is not an answer: a submission to an ended run is
+// rejected (run_ended), and a batch open when its run ends still gets its
+// results. A rejection is the answer once the watch has caught up with the
+// stream and no results naming the submission followed it.
 //
 // It waits until ctx is done.
 func (c *Client) Answer(ctx context.Context, sent Sent) (*protocol.ResultsOut, error) {
@@ -271,14 +272,15 @@ func (c *Client) Answer(ctx context.Context, sent Sent) (*protocol.ResultsOut, e
 			return r.Submission.Names(msgID, sent.InboxSeq) ||
 				(r.BatchID == sent.BatchID && r.Submission != nil && r.Submission.Digest == sent.Digest)
 		},
-		func(r *protocol.RejectedOut) bool { return r.Submission.Names(msgID, sent.InboxSeq) })
+		func(r *protocol.RejectedOut) bool { return r.Submission.Names(msgID, sent.InboxSeq) }, false)
 }
 
 // await reads the run's results, rejected and ended messages from the
-// first one the stream holds until results match; a matching rejection or
-// the run's end is the answer once the watch has caught up.
+// first one the stream holds until results match; a matching rejection
+// (or, with ended, the run's end) is the answer once the watch has caught
+// up.
 func (c *Client) await(ctx context.Context, runID, batchID string,
-	results func(*protocol.ResultsOut) bool, rejected func(*protocol.RejectedOut) bool) (*protocol.ResultsOut, error) {
+	results func(*protocol.ResultsOut) bool, rejected func(*protocol.RejectedOut) bool, ended bool) (*protocol.ResultsOut, error) {
 	w, err := c.watch(ctx, runID,
 		c.outSubject(runID, KindResults), c.outSubject(runID, KindRejected), c.outSubject(runID, KindEnded))
 	if err != nil {
@@ -297,7 +299,7 @@ func (c *Client) await(ctx context.Context, runID, batchID string,
 		case m.Rejected != nil && rejected(m.Rejected):
 			verdict = fmt.Errorf("%w: %s: %w", ErrRejected, batchID,
 				&events.Refusal{Code: m.Rejected.Code, Reason: m.Rejected.Reason})
-		case m.Ended != nil:
+		case m.Ended != nil && ended:
 			verdict = &EndedError{RunID: runID, Ended: *m.Ended}
 		}
 		if verdict != nil && m.Pending == 0 {

@@ -186,6 +186,22 @@ func TestAnswerNamesTheSubmission(t *testing.T) {
 	if r, err := c.Answer(ctx, own); err != nil || r.Submission.MsgID != sent.MsgID {
 		t.Fatalf("answer to an identical body: %+v, %v", r, err)
 	}
+
+	// After the run's end, a submission's answer is its own refusal, not
+	// the end published before it.
+	if err := c.Cancel(ctx, "ans", "done"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitResults(ctx, "ans", "ans/9"); !errors.Is(err, client.ErrRunEnded) {
+		t.Fatalf("waiting for a batch of an ended run: %v", err)
+	}
+	late, err := c.Send(ctx, submitOf("ans", 2, "echo", `{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err = c.Answer(ctx, late); !errors.As(err, &ref) || ref.Code != events.CodeRunEnded {
+		t.Fatalf("answer to a submission after the run's end: %v, want run_ended", err)
+	}
 }
 
 // TestInputSchema: a call whose arguments do not match its tool's input

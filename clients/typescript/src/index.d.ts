@@ -100,12 +100,6 @@ export declare class Refusal extends Error {
   correlationId?: string;
 }
 
-export declare class RunEnded extends Error {
-  runId: string;
-  cause: string;
-  reason?: string;
-}
-
 export declare function encode(value: unknown): Uint8Array;
 export declare function decode(bytes: Uint8Array): unknown;
 export declare function checkSubmission(s: Submission, limits?: Limits): void;

@@ -36,17 +36,6 @@ export class Refusal extends Error {
   }
 }
 
-/** The run ended without the answer that was awaited. */
-export class RunEnded extends Error {
-  constructor(runId, ended) {
-    super(`run ${runId} ended (${ended.cause})${ended.reason ? ": " + ended.reason : ""}`);
-    this.name = "RunEnded";
-    this.runId = runId;
-    this.cause = ended.cause;
-    this.reason = ended.reason;
-  }
-}
-
 const encoder = { ignoreUndefined: true, useBigInt64: true };
 const decoder = { useBigInt64: true };
 
@@ -199,10 +188,11 @@ export class Client {
 
   /**
    * Waits for the answer to a sent submission: the results that name it
-   * (by message id or inbox sequence), or its own refusal (a Refusal), or
-   * the run's end (a RunEnded). A refusal or an end is the answer once
-   * the watch has caught up with the stream and no results naming the
-   * submission followed it.
+   * (by inbox sequence, or message id without one), or its own refusal (a
+   * Refusal). The run's end is not an answer: a submission to an ended
+   * run is refused (run_ended), and a batch open when the run ends still
+   * gets its results. A refusal is the answer once the watch has caught
+   * up with the stream and no results naming the submission followed it.
    */
   async answer(sent, opts = {}) {
     // The inbox sequence names this submission alone; the message id also an
@@ -211,12 +201,10 @@ export class Client {
       ? m.submission.inbox_seq !== undefined && BigInt(m.submission.inbox_seq) === BigInt(sent.inboxSeq)
       : m.submission.msg_id === sent.msgID);
     let verdict;
-    for await (const m of this.watch(sent.runId, { ...opts, kinds: ["results", "rejected", "ended"] })) {
+    for await (const m of this.watch(sent.runId, { ...opts, kinds: ["results", "rejected"] })) {
       if (m.kind === "results" && names(m.body)) return m.body;
       if (m.kind === "rejected" && names(m.body)) {
         verdict = new Refusal(m.body.code, m.body.reason, { batchId: m.body.batch_id });
-      } else if (m.kind === "ended") {
-        verdict = new RunEnded(sent.runId, m.body);
       }
       if (verdict && m.pending === 0) throw verdict;
     }
