@@ -47,6 +47,13 @@
 // With isolation none the same command line runs without bubblewrap, in
 // its own process group; Runner.Warning says what is then not isolated.
 //
+// An MCP tool (ToolConfig.MCP; mcp.go, mcpshared.go) is a subprocess tool
+// whose command is a stdio MCP server: the program itself, mounted
+// read-only into the sandbox (MCPCallMain), is its MCP client, outside the
+// rlimits, with the server under them; per call (a server in each call's
+// sandbox) or shared (one long-lived sandboxed server per worker whose
+// calls go over one session).
+//
 // Imports: events, internal/located, internal/mcpcontent,
 // github.com/modelcontextprotocol/go-sdk,
 // go.yaml.in/yaml/v3, golang.org/x/sys/unix.
