@@ -60,13 +60,12 @@ func cmdMCP(args []string, stdout, stderr io.Writer) error {
 	for _, s := range skipped {
 		fmt.Fprintf(stderr, "toolbatch: mcp import: skipped %s\n", s)
 	}
-	for _, f := range []struct {
-		path string
-		doc  any
-	}{{*catalogOut, cat}, {*workerOut, worker}} {
-		if err := writeNewYAML(f.path, f.doc); err != nil {
-			return failf("mcp import: %v", err)
-		}
+	if err := writeNewYAML(*catalogOut, cat); err != nil {
+		return failf("mcp import: %v", err)
+	}
+	if err := writeNewYAML(*workerOut, worker); err != nil {
+		_ = os.Remove(*catalogOut) // both files or neither
+		return failf("mcp import: %v", err)
 	}
 	if *asJSON {
 		return writeJSON(stdout, map[string]any{"done": "imported", "server": *server, "tools": len(worker.Tools), "trusted": *trusted,
