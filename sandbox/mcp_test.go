@@ -338,7 +338,7 @@ func TestMCPCall(t *testing.T) {
 func TestSharedMCPServer(t *testing.T) {
 	dir := mcpServers(t)
 	everything := filepath.Join(dir, "node_modules/@modelcontextprotocol/server-everything/dist/index.js")
-	cfg, err := ParseConfig([]byte(fmt.Sprintf(`isolation: bubblewrap
+	r := sharedRunner(t, fmt.Sprintf(`isolation: bubblewrap
 tools:
   - id: sum
     command: &cmd [node, %[1]s, stdio]
@@ -359,26 +359,8 @@ tools:
   - id: broken
     command: [/bin/sh, -c, "echo no server here >&2; exit 3"]
     mcp: {server: broken, tool: x, lifecycle: shared}
-`, everything, dir)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := NewRunner(cfg, WithWorkRoot(worldDir(t, false)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close() })
-	servers := func() int {
-		n := 0
-		entries, _ := os.ReadDir("/proc")
-		for _, e := range entries {
-			b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-			if args := strings.Split(string(b), "\x00"); err == nil && len(args) > 1 && strings.HasSuffix(args[0], "node") && args[1] == everything {
-				n++
-			}
-		}
-		return n
-	}
+`, everything, dir))
+	servers := func() int { return len(serverPids(everything)) }
 	var wg sync.WaitGroup
 	results := make([]Result, 8)
 	for i := range results {
@@ -420,7 +402,7 @@ tools:
 func TestSharedMCPServerLimits(t *testing.T) {
 	dir := mcpServers(t)
 	everything := filepath.Join(dir, "node_modules/@modelcontextprotocol/server-everything/dist/index.js")
-	cfg, err := ParseConfig([]byte(fmt.Sprintf(`isolation: bubblewrap
+	r := sharedRunner(t, fmt.Sprintf(`isolation: bubblewrap
 tools:
   - id: image
     command: &cmd [node, %[1]s, stdio]
@@ -437,23 +419,10 @@ tools:
     mcp: {server: small, tool: trigger-long-running-operation, lifecycle: shared}
     limits: *node
     mounts: *m
-`, everything, dir)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := NewRunner(cfg, WithWorkRoot(worldDir(t, false)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close() })
+`, everything, dir))
 	pid := func() int {
-		entries, _ := os.ReadDir("/proc")
-		for _, e := range entries {
-			b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-			if args := strings.Split(string(b), "\x00"); err == nil && len(args) > 1 && strings.HasSuffix(args[0], "node") && args[1] == everything {
-				n, _ := strconv.Atoi(e.Name())
-				return n
-			}
+		if pids := serverPids(everything); len(pids) > 0 {
+			return pids[0]
 		}
 		return 0
 	}
@@ -486,4 +455,35 @@ tools:
 	if pid() != 0 {
 		t.Fatal("the server still runs after its call was interrupted")
 	}
+}
+
+// sharedRunner is a Runner of the shared MCP tools in yaml (isolation
+// bubblewrap), closed at the end of the test.
+func sharedRunner(t *testing.T, yaml string) *Runner {
+	t.Helper()
+	cfg, err := ParseConfig([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRunner(cfg, WithWorkRoot(worldDir(t, false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
+// serverPids are the running processes of the node server script.
+func serverPids(script string) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if args := strings.Split(string(b), "\x00"); err == nil && len(args) > 1 && strings.HasSuffix(args[0], "node") && args[1] == script {
+			if n, err := strconv.Atoi(e.Name()); err == nil {
+				pids = append(pids, n)
+			}
+		}
+	}
+	return pids
 }
