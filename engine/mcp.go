@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"encoding/json"
-	"net/http"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -11,10 +10,6 @@ import (
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/mcpcontent"
 )
-
-// mcpHTTP is the client of the MCP servers behind brain tools (catalog
-// mcp.url): one session per attempt, over keep-alive connections.
-var mcpHTTP = &http.Client{Transport: http.DefaultTransport}
 
 // invokeMCP runs one attempt of a brain tool served by an MCP server over
 // streamable HTTP: initialize, one tools/call with the operation id in
@@ -26,28 +21,19 @@ func (b *brainExecutor) invokeMCP(ctx context.Context, s *catalog.MCPServer, inv
 	rctx, cancel := context.WithTimeout(ctx, DefaultBrainTimeout)
 	defer cancel()
 	cl := mcp.NewClient(&mcp.Implementation{Name: "toolbatch-engine", Version: "1"}, nil)
-	session, err := cl.Connect(rctx, &mcp.StreamableClientTransport{Endpoint: s.URL, HTTPClient: mcpHTTP, MaxRetries: -1, DisableStandaloneSSE: true}, nil)
+	session, err := cl.Connect(rctx, &mcp.StreamableClientTransport{Endpoint: s.URL, MaxRetries: -1, DisableStandaloneSSE: true}, nil)
 	if err != nil {
 		o.err = &events.ToolError{Kind: events.ErrorUnavailableBeforeDispatch, Message: "the MCP server at " + s.URL + " did not start a session: " + err.Error()}
 		return o
 	}
 	defer session.Close()
-	var args any
-	if len(inv.arguments) > 0 && string(inv.arguments) != "null" {
-		args = json.RawMessage(inv.arguments)
-	}
-	res, err := session.CallTool(rctx, &mcp.CallToolParams{Name: s.Tool, Arguments: args,
-		Meta: mcp.Meta{mcpcontent.MetaOperationID: inv.operationID}})
+	raw, err := mcpcontent.Call(rctx, session, s.Tool, inv.arguments, inv.operationID)
 	if err != nil {
-		o.err = &events.ToolError{Kind: events.ErrorExecution, Message: "tools/call " + s.Tool + ": " + err.Error()}
+		o.err = &events.ToolError{Kind: events.ErrorExecution, Message: err.Error()}
 		return o
 	}
 	var out events.Output
-	raw, err := json.Marshal(mcpcontent.Output(res))
-	if err == nil {
-		err = json.Unmarshal(raw, &out)
-	}
-	if err != nil {
+	if err := json.Unmarshal(raw, &out); err != nil {
 		o.err = &events.ToolError{Kind: events.ErrorExecution, Message: "the MCP result could not be read: " + err.Error()}
 		return o
 	}

@@ -55,6 +55,5 @@
 // calls go over one session).
 //
 // Imports: events, internal/located, internal/mcpcontent,
-// github.com/modelcontextprotocol/go-sdk,
 // go.yaml.in/yaml/v3, golang.org/x/sys/unix.
 package sandbox

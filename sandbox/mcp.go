@@ -2,17 +2,12 @@ package sandbox
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strings"
-
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolbatch/toolbatch/internal/mcpcontent"
 )
@@ -58,6 +53,9 @@ const (
 	mcpServeArg = "__toolbatch_mcp_serve__"
 )
 
+// mcpClientName is the worker's name as an MCP client.
+const mcpClientName = "toolbatch-sandbox-worker"
+
 // mcpNotDispatched is the exit status of an MCP call whose request was
 // never written to the server (it did not start, or died before the
 // session was up): the call's attempt is unavailable_before_dispatch.
@@ -97,33 +95,18 @@ func mcpCall(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "mcp call: read the arguments: %v\n", err)
 		return mcpNotDispatched
 	}
-	var arguments any // absent for no arguments
-	if len(strings.TrimSpace(string(in))) > 0 {
-		arguments = json.RawMessage(in)
-	}
 	ctx := context.Background() // the sandbox's timeout bounds the call
-	client := mcp.NewClient(&mcp.Implementation{Name: "toolbatch-sandbox-worker", Version: "1"}, nil)
-	cmd := exec.Command(server[0], server[1:]...)
-	cmd.Stderr = stderr
-	session, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	session, err := mcpcontent.Stdio(ctx, mcpClientName, server, stderr, 0)
 	if err != nil {
-		fmt.Fprintf(stderr, "the MCP server %s did not start a session: %v\n", server[0], err)
+		fmt.Fprintln(stderr, err)
 		return mcpNotDispatched
 	}
 	// The session is not closed: closing waits for the server to exit on
 	// its own (up to 5 s), and the call's end kills the sandbox, the
 	// server with it.
-	res, err := session.CallTool(ctx, &mcp.CallToolParams{
-		Name: tool, Arguments: arguments,
-		Meta: mcp.Meta{mcpcontent.MetaOperationID: os.Getenv("TOOLBATCH_OPERATION_ID")},
-	})
+	out, err := mcpcontent.Call(ctx, session, tool, in, os.Getenv("TOOLBATCH_OPERATION_ID"))
 	if err != nil {
-		fmt.Fprintf(stderr, "tools/call %s: %v\n", tool, err)
-		return 1
-	}
-	out, err := json.Marshal(mcpcontent.Output(res))
-	if err != nil {
-		fmt.Fprintf(stderr, "tools/call %s: the result cannot be written: %v\n", tool, err)
+		fmt.Fprintln(stderr, err)
 		return 1
 	}
 	if _, err := stdout.Write(out); err != nil {

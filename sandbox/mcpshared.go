@@ -7,13 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/mcpcontent"
@@ -70,12 +67,9 @@ func mcpServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		_ = enc.Encode(r)
 	}
 	ctx := context.Background()
-	client := mcp.NewClient(&mcp.Implementation{Name: "toolbatch-sandbox-worker", Version: "1"}, nil)
-	cmd := exec.Command(server[0], server[1:]...)
-	cmd.Stderr = stderr
-	session, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	session, err := mcpcontent.Stdio(ctx, mcpClientName, server, stderr, 0)
 	if err != nil {
-		write(sharedReply{Error: fmt.Sprintf("the MCP server %s did not start a session: %v", server[0], err)})
+		write(sharedReply{Error: err.Error()})
 		return mcpNotDispatched
 	}
 	write(sharedReply{Ready: true})
@@ -103,20 +97,10 @@ func mcpServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 				return 0
 			}
 			go func() {
-				var arguments any
-				if len(req.Arguments) > 0 && string(req.Arguments) != "null" {
-					arguments = req.Arguments
-				}
-				res, err := session.CallTool(ctx, &mcp.CallToolParams{Name: req.Tool, Arguments: arguments,
-					Meta: mcp.Meta{mcpcontent.MetaOperationID: req.OperationID}})
-				if err != nil {
-					write(sharedReply{ID: req.ID, Error: fmt.Sprintf("tools/call %s: %v", req.Tool, err)})
-					return
-				}
-				out, err := json.Marshal(mcpcontent.Output(res))
+				out, err := mcpcontent.Call(ctx, session, req.Tool, req.Arguments, req.OperationID)
 				switch {
 				case err != nil:
-					write(sharedReply{ID: req.ID, Error: fmt.Sprintf("tools/call %s: the result cannot be written: %v", req.Tool, err)})
+					write(sharedReply{ID: req.ID, Error: err.Error()})
 					return
 				case len(out) > maxBytes:
 					write(sharedReply{ID: req.ID, Error: fmt.Sprintf("tools/call %s: the result is %d bytes, more than limits.output_kb (%d bytes)", req.Tool, len(out), maxBytes)})

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/mcpcontent"
 	"github.com/toolbatch/toolbatch/sandbox"
 )
 
@@ -38,7 +37,7 @@ func cmdMCP(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	switch {
-	case *server == "" || !idPattern.MatchString(*server):
+	case !events.ValidToolID(*server):
 		return usageErrorf("mcp import: --server NAME is required and must match ^[A-Za-z0-9_-]{1,64}$")
 	case *catalogOut == "" || *workerOut == "":
 		return usageErrorf("mcp import: --catalog FILE and --worker FILE are required (new files)")
@@ -79,12 +78,9 @@ func cmdMCP(args []string, stdout, stderr io.Writer) error {
 // listTools starts the server (unsandboxed, on this machine) and reads its
 // tools/list, every page.
 func listTools(ctx context.Context, command []string, stderr io.Writer) ([]*mcp.Tool, error) {
-	cl := mcp.NewClient(&mcp.Implementation{Name: "toolbatch-mcp-import", Version: "1"}, nil)
-	cmd := exec.Command(command[0], command[1:]...)
-	cmd.Stderr = stderr
-	session, err := cl.Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: time.Second}, nil)
+	session, err := mcpcontent.Stdio(ctx, "toolbatch-mcp-import", command, stderr, time.Second)
 	if err != nil {
-		return nil, fmt.Errorf("the server did not start a session: %v", err)
+		return nil, err
 	}
 	defer session.Close()
 	var tools []*mcp.Tool
@@ -96,8 +92,6 @@ func listTools(ctx context.Context, command []string, stderr io.Writer) ([]*mcp.
 	}
 	return tools, nil
 }
-
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // The files mcp import writes: the parts of a catalog and a worker config
 // (docs/catalog.md, docs/workers.md).
@@ -150,7 +144,7 @@ func importTools(server, pool string, trusted bool, command []string, tools []*m
 	for _, t := range tools {
 		id := sandbox.MCPToolID(server, t.Name)
 		switch {
-		case !idPattern.MatchString(id):
+		case !events.ValidToolID(id):
 			skipped = append(skipped, fmt.Sprintf("tool %q: its id %q does not fit ^[A-Za-z0-9_-]{1,64}$ (give it one in the worker config by hand)", t.Name, id))
 			continue
 		case seen[id] != "":
