@@ -120,16 +120,33 @@ func StrictBlocks(bs []ContentBlock) error {
 	return nil
 }
 
+// What a key of a block of type t is: one of its type's, one a call may
+// not carry, or free (kept in Extra).
+const (
+	keyFree = iota
+	keyTyped
+	keyForbidden
+)
+
+func keyOf(t BlockType, k string) int {
+	switch {
+	case slices.Contains(blockKeys(t), k):
+		return keyTyped
+	case t == BlockToolUse && slices.Contains(ForbiddenCallFields, k):
+		return keyForbidden
+	}
+	return keyFree
+}
+
 // extraOf returns the keys of m outside the type's as a JSON object (nil:
 // none); a forbidden key of a tool_use block is refused.
 func extraOf(m map[string]any, t BlockType, path string) (RawJSON, error) {
-	known := blockKeys(t)
 	var extra map[string]any
 	for k, v := range m {
-		if slices.Contains(known, k) {
+		switch keyOf(t, k) {
+		case keyTyped:
 			continue
-		}
-		if t == BlockToolUse && slices.Contains(ForbiddenCallFields, k) {
+		case keyForbidden:
 			return nil, Refuse(CodeForbiddenField, "%s.%s: a call cannot choose placement or recovery", path, k)
 		}
 		if extra == nil {

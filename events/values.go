@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"regexp"
-	"slices"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -317,7 +316,7 @@ func checkExtra(b ContentBlock) error {
 		return fmt.Errorf("extra keys must be a JSON object, got %s", kindOf(v))
 	}
 	for k := range m {
-		if slices.Contains(blockKeys(b.Type), k) || (b.Type == BlockToolUse && slices.Contains(ForbiddenCallFields, k)) {
+		if keyOf(b.Type, k) != keyFree {
 			return fmt.Errorf("extra key %q is not free in a %s block", k, b.Type)
 		}
 	}
