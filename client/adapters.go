@@ -174,9 +174,17 @@ func toolUse(id, name, arguments string) events.ContentBlock {
 // another block its JSON; an error output's text is prefixed "Error: "
 // (the format has no is_error).
 func ToOpenAIChat(res *protocol.ResultsOut) ([][]byte, error) {
+	return textItems(res, func(id, text string) map[string]string {
+		return map[string]string{"role": "tool", "tool_call_id": id, "content": text}
+	})
+}
+
+// textItems is one JSON object per result, in model order, made by item
+// from the call's id and its output rendered as text.
+func textItems(res *protocol.ResultsOut, item func(id, text string) map[string]string) ([][]byte, error) {
 	out := make([][]byte, 0, len(res.Results))
 	for _, r := range res.Results {
-		b, err := json.Marshal(map[string]string{"role": "tool", "tool_call_id": r.ToolUseID, "content": resultText(r)})
+		b, err := json.Marshal(item(r.ToolUseID, resultText(r)))
 		if err != nil {
 			return nil, err
 		}
@@ -224,15 +232,9 @@ func FromOpenAIResponses(t Turn, id string, output []byte) (*protocol.Submit, er
 // {"type": "function_call_output", "call_id", "output"} per call, in model
 // order, the output rendered as ToOpenAIChat renders it.
 func ToOpenAIResponses(res *protocol.ResultsOut) ([][]byte, error) {
-	out := make([][]byte, 0, len(res.Results))
-	for _, r := range res.Results {
-		b, err := json.Marshal(map[string]string{"type": "function_call_output", "call_id": r.ToolUseID, "output": resultText(r)})
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, b)
-	}
-	return out, nil
+	return textItems(res, func(id, text string) map[string]string {
+		return map[string]string{"type": "function_call_output", "call_id": id, "output": text}
+	})
 }
 
 // resultText renders a tool_result as text for a format that carries text
