@@ -24,6 +24,9 @@ type User struct {
 	Pools []string `yaml:"pools,omitempty" json:"pools,omitempty"`
 	// Principal is the one principal an approver answers as.
 	Principal string `yaml:"principal,omitempty" json:"principal,omitempty"`
+	// Principals are the principals a console answers as (one per
+	// signed-in person it serves).
+	Principals []string `yaml:"principals,omitempty" json:"principals,omitempty"`
 	// Tools are the tools a brain or delegate service answers (none: all).
 	Tools []string `yaml:"tools,omitempty" json:"tools,omitempty"`
 	// Resume lets a client publish unattributed resumes.

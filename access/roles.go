@@ -35,13 +35,17 @@ const (
 	// RoleAuditor reads the events and out streams (for replay) and the
 	// catalogs, and nothing else.
 	RoleAuditor Role = "auditor"
+	// RoleConsole is the operator console (toolbatch console): it reads
+	// what an auditor reads, controls runs, and answers tickets as each of
+	// the principals it serves, and as no one else.
+	RoleConsole Role = "console"
 	// RoleAdmin reads and writes everything except that it may not
 	// delete or purge toolbatch's streams and buckets.
 	RoleAdmin Role = "admin"
 )
 
 // Roles lists every role, in the order of docs/security.md.
-var Roles = []Role{RoleEngine, RoleWorker, RoleClient, RoleApprover, RoleGate, RoleBrain, RoleDelegate, RoleAuditor, RoleAdmin}
+var Roles = []Role{RoleEngine, RoleWorker, RoleClient, RoleApprover, RoleGate, RoleBrain, RoleDelegate, RoleAuditor, RoleConsole, RoleAdmin}
 
 // Rule is an allow list and a deny list of subjects. An empty allow list
 // allows nothing.
@@ -159,24 +163,14 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 			pub(streamInfo(kvStream(n, protocol.BucketRegistry)))
 		}
 		p.AllowResponses = true
-	case RoleAuditor:
-		pub(reader(n.EventsStream())...)
-		// the engines' own durable on the events stream is theirs alone
-		p.Publish.Deny = append(p.Publish.Deny,
-			"$JS.API.CONSUMER.CREATE."+n.EventsStream()+"."+protocol.ConsumerProjector,
-			"$JS.API.CONSUMER.CREATE."+n.EventsStream()+"."+protocol.ConsumerProjector+".>",
-			"$JS.API.CONSUMER.DURABLE.CREATE."+n.EventsStream()+"."+protocol.ConsumerProjector,
-			consumerAPI("DELETE", n.EventsStream(), protocol.ConsumerProjector))
-		pub(reader(n.OutStream())...)
-		// the checkpoints, and a checkpoint now
-		pub(reader(n.CheckpointsStream())...)
-		pub(n.Pattern(protocol.CheckpointRequestFamily))
-		cat := kvStream(n, protocol.BucketCatalogs)
-		pub(streamInfo(cat), "$JS.API.DIRECT.GET."+cat+".>", "$JS.API.STREAM.MSG.GET."+cat)
-		// the engines' signing keys, all of them (to pin them), and the
-		// open tickets
-		pub(reader(kvStream(n, protocol.BucketKeys))...)
-		pub(reader(kvStream(n, protocol.BucketTickets))...)
+	case RoleAuditor, RoleConsole:
+		p.Publish.Deny = append(p.Publish.Deny, l.auditorReads(pub)...)
+		if u.Role == RoleConsole {
+			pub(n.Pattern(protocol.ControlFamily))
+			for _, pr := range u.Principals {
+				pub(n.Subject(protocol.ResumeAsFamily, "*", pr))
+			}
+		}
 	case RoleAdmin:
 		pub(">")
 		sub(">")
@@ -192,6 +186,30 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 		return Permissions{}, fmt.Errorf("user %s: a worker's permissions name its pools' tools: the catalog is needed", u.Name)
 	}
 	return p, nil
+}
+
+// auditorReads allows, through pub, what an auditor (and the console)
+// reads, and returns what it must still be denied.
+func (l Layout) auditorReads(pub func(...string)) (deny []string) {
+	n := l.Names
+	pub(reader(n.EventsStream())...)
+	// the engines' own durable on the events stream is theirs alone
+	deny = []string{
+		"$JS.API.CONSUMER.CREATE." + n.EventsStream() + "." + protocol.ConsumerProjector,
+		"$JS.API.CONSUMER.CREATE." + n.EventsStream() + "." + protocol.ConsumerProjector + ".>",
+		"$JS.API.CONSUMER.DURABLE.CREATE." + n.EventsStream() + "." + protocol.ConsumerProjector,
+		consumerAPI("DELETE", n.EventsStream(), protocol.ConsumerProjector)}
+	pub(reader(n.OutStream())...)
+	// the checkpoints, and a checkpoint now
+	pub(reader(n.CheckpointsStream())...)
+	pub(n.Pattern(protocol.CheckpointRequestFamily))
+	cat := kvStream(n, protocol.BucketCatalogs)
+	pub(streamInfo(cat), "$JS.API.DIRECT.GET."+cat+".>", "$JS.API.STREAM.MSG.GET."+cat)
+	// the engines' signing keys, all of them (to pin them), and the
+	// open tickets
+	pub(reader(kvStream(n, protocol.BucketKeys))...)
+	pub(reader(kvStream(n, protocol.BucketTickets))...)
+	return deny
 }
 
 // buckets lists every bucket.
@@ -278,6 +296,14 @@ func (u User) Check() error {
 			return fmt.Errorf("user %s: pool %q must match [A-Za-z0-9_-]{1,64}", u.Name, p)
 		}
 	}
+	if u.Role == RoleConsole && len(u.Principals) == 0 {
+		return fmt.Errorf("user %s: a console names the principals it serves", u.Name)
+	}
+	for _, p := range u.Principals {
+		if !events.ValidToolID(p) {
+			return fmt.Errorf("user %s: principal %q must match [A-Za-z0-9_-]{1,64}", u.Name, p)
+		}
+	}
 	if u.Role == RoleApprover && !events.ValidToolID(u.Principal) {
 		return fmt.Errorf("user %s: an approver names its principal ([A-Za-z0-9_-]{1,64}), got %q", u.Name, u.Principal)
 	}
@@ -286,9 +312,9 @@ func (u User) Check() error {
 			return fmt.Errorf("user %s: tool %q must match [A-Za-z0-9_-]{1,64}", u.Name, t)
 		}
 	}
-	if len(u.Pools) > 0 && u.Role != RoleWorker || u.Principal != "" && u.Role != RoleApprover ||
+	if len(u.Pools) > 0 && u.Role != RoleWorker || u.Principal != "" && u.Role != RoleApprover || len(u.Principals) > 0 && u.Role != RoleConsole ||
 		len(u.Tools) > 0 && u.Role != RoleBrain && u.Role != RoleDelegate || u.Resume && u.Role != RoleClient {
-		return fmt.Errorf("user %s: pools are a worker's, principal an approver's, tools a brain or delegate service's, resume a client's", u.Name)
+		return fmt.Errorf("user %s: pools are a worker's, principal an approver's, principals a console's, tools a brain or delegate service's, resume a client's", u.Name)
 	}
 	return nil
 }

@@ -74,6 +74,7 @@ func deploy(t *testing.T, mode string) *deployment {
 		{Name: "b1", Role: access.RoleBrain, Tools: []string{"search"}},
 		{Name: "d1", Role: access.RoleDelegate},
 		{Name: "aud", Role: access.RoleAuditor},
+		{Name: "con", Role: access.RoleConsole, Principals: []string{"carol", "dave"}},
 		{Name: "adm", Role: access.RoleAdmin},
 		{Name: "eng", Role: access.RoleEngine},
 	} {
@@ -388,6 +389,18 @@ func permissionMatrix(t *testing.T, d *deployment) {
 		}
 		return err
 	}))
+	con := d.connect(t, "con")
+	con.allowed(t, "console reads the log", do(func(ctx context.Context) error {
+		count := 0
+		err := protocol.ReadOrdered(ctx, con.js, n.EventsStream(), protocol.ReadOptions{Subjects: []string{n.Events("r1")}},
+			func(jetstream.Msg, *jetstream.MsgMetadata) error { count++; return nil })
+		if err == nil && count == 0 {
+			err = errors.New("no commits")
+		}
+		return err
+	}))
+	con.allowed(t, "console resumes as a principal it serves", jsPublish(con, n.ResumeAs("r2", "dave")))
+	con.allowed(t, "console controls a run", jsPublish(con, n.Control("r-none")))
 	adm.allowed(t, "admin reads the inbox stream", do(func(ctx context.Context) error {
 		_, err := adm.js.Stream(ctx, n.InboxStream())
 		return err
@@ -467,7 +480,7 @@ func permissionMatrix(t *testing.T, d *deployment) {
 		op         func(c *conn) op
 	}
 	destructive := []row{}
-	for _, u := range []string{"w1", "c1", "alice", "g1", "b1", "aud", "adm"} {
+	for _, u := range []string{"w1", "c1", "alice", "g1", "b1", "aud", "con", "adm"} {
 		destructive = append(destructive,
 			row{u, "delete the events stream", func(c *conn) op {
 				return do(func(ctx context.Context) error { return c.js.DeleteStream(ctx, n.EventsStream()) })
@@ -584,6 +597,16 @@ func permissionMatrix(t *testing.T, d *deployment) {
 			})
 		}},
 		{"aud", "write the state bucket", func(c *conn) op { return kvPut(c, n.StateBucket(), "shared.budget") }},
+		// console
+		{"con", "resume as a principal it does not serve", func(c *conn) op { return jsPublish(c, n.ResumeAs("r2", "alice")) }},
+		{"con", "resume unattributed", func(c *conn) op { return jsPublish(c, n.Resume("r2")) }},
+		{"con", "submit a batch", func(c *conn) op { return jsPublish(c, n.Submit("r8")) }},
+		{"con", "publish a commit", func(c *conn) op { return jsPublish(c, n.Events("r1")) }},
+		{"con", "delete the projector's consumer", func(c *conn) op {
+			return do(func(ctx context.Context) error {
+				return c.js.DeleteConsumer(ctx, n.EventsStream(), protocol.ConsumerProjector)
+			})
+		}},
 	}...)
 	// Every forbidden operation at once, each on its own connection (a
 	// refused request waits for its timeout), then the verdicts.

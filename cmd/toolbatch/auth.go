@@ -25,6 +25,7 @@ const authUsage = `usage:
       default NAME.creds); with --account-seed, the credentials are a
       signed NATS user JWT for a decentralized (operator) setup
       scope: --pool P,... (worker)  --principal P (approver)
+             --principal P,... (console: the people it serves)
              --tools T,... (brain, delegate)  --resume (client)
   toolbatch auth list --file AUTH
   toolbatch auth revoke --file AUTH --name NAME
@@ -69,7 +70,7 @@ func cmdAuth(args []string, stdout io.Writer) error {
 		fs.StringVar((*string)(&u.Role), "role", "", "role")
 		fs.StringVar(&u.Name, "name", "", "user name (a worker's --id)")
 		fs.StringVar(&pools, "pool", "", "worker: pools, comma-separated")
-		fs.StringVar(&u.Principal, "principal", "", "approver: the principal it answers as")
+		fs.StringVar(&u.Principal, "principal", "", "approver: the principal it answers as; console: the principals it serves, comma-separated")
 		fs.StringVar(&tools, "tools", "", "brain, delegate: tools, comma-separated (default all)")
 		fs.BoolVar(&u.Resume, "resume", false, "client: may publish unattributed resumes")
 		fs.StringVar(&out, "out", "", "credentials file (default NAME.creds)")
@@ -100,6 +101,9 @@ func cmdAuth(args []string, stdout io.Writer) error {
 	switch sub {
 	case "create":
 		u.Pools, u.Tools = splitList(pools), splitList(tools)
+		if u.Role == access.RoleConsole {
+			u.Principals, u.Principal = splitList(u.Principal), ""
+		}
 		return authCreate(*file, u, out, accountSeed, catalogPath, prefix, stdout)
 	case "list":
 		return authList(*file, stdout)
@@ -207,6 +211,8 @@ func scope(u access.User) string {
 		return "pools " + strings.Join(u.Pools, ",")
 	case u.Principal != "":
 		return "principal " + u.Principal
+	case len(u.Principals) > 0:
+		return "principals " + strings.Join(u.Principals, ",")
 	case len(u.Tools) > 0:
 		return "tools " + strings.Join(u.Tools, ",")
 	case u.Resume:
