@@ -49,13 +49,13 @@ type batchHistory struct {
 	submitted *events.BatchSubmitted // nil when the submission is outside the selection
 	subSeq    uint64
 	finalSeq  uint64
-	calls     []callState
+	calls     []CallState
 	items     []item
 }
 
-// callState is a call's state when its batch was finalized (or when the
+// CallState is a call's state when its batch was finalized (or when the
 // stream ended), from the fold.
-type callState struct {
+type CallState struct {
 	CallID      string `json:"call"`
 	ToolID      string `json:"tool"`
 	Target      string `json:"target"`
@@ -251,7 +251,7 @@ func (h *History) Finish() {
 				continue
 			}
 			for _, c := range b.submitted.Calls {
-				b.calls = append(b.calls, callState{CallID: c.CallID, ToolID: c.ToolID, Target: string(c.Tool.Target),
+				b.calls = append(b.calls, CallState{CallID: c.CallID, ToolID: c.ToolID, Target: string(c.Tool.Target),
 					Kind: string(c.Tool.Kind), Mode: string(c.Tool.Policy.Mode), MaxAttempts: c.Tool.Policy.MaxAttempts, Entries: -1})
 			}
 		}
@@ -259,10 +259,10 @@ func (h *History) Finish() {
 }
 
 // callStates copies the folded calls of a batch.
-func callStates(b *aggregate.Batch) []callState {
-	out := make([]callState, len(b.Calls))
+func callStates(b *aggregate.Batch) []CallState {
+	out := make([]CallState, len(b.Calls))
 	for i, c := range b.Calls {
-		s := callState{CallID: c.CallID, ToolID: c.ToolID, Target: string(c.Tool.Target), Kind: string(c.Tool.Kind),
+		s := CallState{CallID: c.CallID, ToolID: c.ToolID, Target: string(c.Tool.Target), Kind: string(c.Tool.Kind),
 			Mode: string(c.Tool.Policy.Mode), MaxAttempts: c.Tool.Policy.MaxAttempts, Phase: string(c.Phase),
 			Attempt: c.Attempt, Entries: c.Entries, Reason: c.Reason}
 		if c.Claim != nil {

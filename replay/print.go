@@ -250,7 +250,8 @@ func eventTime(e events.Event) time.Time {
 
 // JSON lines of the history (docs/replay.md).
 type (
-	runLine struct {
+	// RunLine opens a run's lines.
+	RunLine struct {
 		Type      string `json:"type"` // "run"
 		Run       string `json:"run"`
 		Thread    string `json:"thread,omitempty"`
@@ -264,7 +265,8 @@ type (
 		Folded    bool   `json:"folded"`
 		FoldStop  string `json:"fold_stop,omitempty"`
 	}
-	batchLine struct {
+	// BatchLine opens a batch's lines: its calls' states.
+	BatchLine struct {
 		Type         string      `json:"type"` // "batch"
 		Run          string      `json:"run"`
 		Batch        string      `json:"batch"`
@@ -273,9 +275,10 @@ type (
 		Narrowing    string      `json:"narrowing,omitempty"`
 		SubmittedSeq uint64      `json:"submitted_seq,omitempty"`
 		FinalizedSeq uint64      `json:"finalized_seq,omitempty"`
-		Calls        []callState `json:"calls"`
+		Calls        []CallState `json:"calls"`
 	}
-	eventLine struct {
+	// EventLine is one event, with the commit's stream sequence.
+	EventLine struct {
 		Type      string       `json:"type"` // "event"
 		Run       string       `json:"run"`
 		Batch     string       `json:"batch,omitempty"`
@@ -287,7 +290,8 @@ type (
 		Text      string       `json:"text"`
 		Event     events.Event `json:"event"`
 	}
-	noteLine struct {
+	// NoteLine is something the fold noticed (a missing commit, say).
+	NoteLine struct {
 		Type  string    `json:"type"` // "note"
 		Run   string    `json:"run,omitempty"`
 		Batch string    `json:"batch,omitempty"`
@@ -304,15 +308,24 @@ func (h *History) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(bw)
 	enc.SetEscapeHTML(false)
 	var err error
-	put := func(v any) {
+	h.Lines(func(v any) {
 		if err == nil {
 			err = enc.Encode(v)
 		}
+	})
+	if err != nil {
+		return err
 	}
+	return bw.Flush()
+}
+
+// Lines gives the history's lines to put, in WriteJSON's order: a
+// RunLine, BatchLine, EventLine or NoteLine each.
+func (h *History) Lines(put func(line any)) {
 	items := func(run, batch string, its []item) {
 		for _, it := range its {
 			if it.ev == nil {
-				put(noteLine{Type: "note", Run: run, Batch: batch, Seq: it.seq, Time: it.note.time.UTC(), Text: it.note.text})
+				put(NoteLine{Type: "note", Run: run, Batch: batch, Seq: it.seq, Time: it.note.time.UTC(), Text: it.note.text})
 				continue
 			}
 			rs := rows(it.ev)
@@ -323,24 +336,24 @@ func (h *History) WriteJSON(w io.Writer) error {
 					texts[i] = cell(r.call) + " " + r.what + " " + r.text
 				}
 			}
-			put(eventLine{Type: "event", Run: run, Batch: batch, Call: rs[0].call, Seq: it.seq, At: eventTime(it.ev).UTC(),
+			put(EventLine{Type: "event", Run: run, Batch: batch, Call: rs[0].call, Seq: it.seq, At: eventTime(it.ev).UTC(),
 				EventType: it.ev.EventType(), What: rs[0].what, Text: strings.Join(texts, "; "), Event: it.ev})
 		}
 	}
 	for _, rh := range h.order {
-		l := runLine{Type: "run", Run: rh.id, Thread: rh.thread, Status: rh.status(), Commits: rh.commits,
+		l := RunLine{Type: "run", Run: rh.id, Thread: rh.thread, Status: rh.status(), Commits: rh.commits,
 			FirstSeq: rh.first, LastSeq: rh.last, Batches: len(rh.batches), Folded: rh.run != nil, FoldStop: rh.foldStop}
 		if rh.end != nil {
 			l.Status, l.EndCause, l.EndReason = "ended", string(rh.end.Cause), rh.end.Reason
 		}
 		put(l)
 		for _, b := range rh.batches {
-			bl := batchLine{Type: "batch", Run: rh.id, Batch: b.id, Step: b.step, SubmittedSeq: b.subSeq, FinalizedSeq: b.finalSeq, Calls: b.calls}
+			bl := BatchLine{Type: "batch", Run: rh.id, Batch: b.id, Step: b.step, SubmittedSeq: b.subSeq, FinalizedSeq: b.finalSeq, Calls: b.calls}
 			if b.submitted != nil {
 				bl.SnapshotID, bl.Narrowing = b.submitted.SnapshotID, b.submitted.Narrowing
 			}
 			if bl.Calls == nil {
-				bl.Calls = []callState{}
+				bl.Calls = []CallState{}
 			}
 			put(bl)
 			items(rh.id, b.id, b.items)
@@ -348,10 +361,6 @@ func (h *History) WriteJSON(w io.Writer) error {
 		items(rh.id, "", rh.items)
 	}
 	items("", "", h.strays)
-	if err != nil {
-		return err
-	}
-	return bw.Flush()
 }
 
 func plural(n int) string {
