@@ -163,8 +163,9 @@ func (c *Client) Submit(ctx context.Context, s *protocol.Submit) error {
 	return err
 }
 
-// Sent is a submission as the inbox stream acknowledged it: what its
-// answer names (Answer).
+// Sent is a command as the inbox stream acknowledged it: for a
+// submission, what its answer names (Answer); a resume or control has no
+// BatchID or Digest.
 type Sent struct {
 	RunID, BatchID string
 	MsgID          string // its Nats-Msg-Id
@@ -294,29 +295,38 @@ func resumeFor(t protocol.AwaitingOut, result events.ResumeResult) *protocol.Res
 // A nil error means the engine will read the resume; whether it applied it
 // shows on the run's out messages (.refused when it did not).
 func (c *Client) Resume(ctx context.Context, r *protocol.Resume, principal string) error {
+	_, err := c.SendResume(ctx, r, principal)
+	return err
+}
+
+// SendResume publishes a resume as Resume does and returns where the inbox
+// stored it (RunID, MsgID, InboxSeq, Duplicate): the engine's refusal of
+// it is the run's .refused message with Nats-Msg-Id
+// protocol.RefusedMsgID(InboxSeq).
+func (c *Client) SendResume(ctx context.Context, r *protocol.Resume, principal string) (Sent, error) {
 	if r == nil {
-		return events.Refuse(events.CodeUndecodable, "resume: nil resume")
+		return Sent{}, events.Refuse(events.CodeUndecodable, "resume: nil resume")
 	}
 	if !events.ValidRunID(r.RunID) {
-		return events.Refuse(events.CodeInvalidID, "resume: run_id %q must match [A-Za-z0-9_-]{1,64}", r.RunID)
+		return Sent{}, events.Refuse(events.CodeInvalidID, "resume: run_id %q must match [A-Za-z0-9_-]{1,64}", r.RunID)
 	}
 	subject := c.names.Resume(r.RunID)
 	if principal != "" {
 		if !principalPattern.MatchString(principal) {
-			return events.Refuse(events.CodeInvalidID, "resume: principal %q must match [A-Za-z0-9_-]{1,64}", principal)
+			return Sent{}, events.Refuse(events.CodeInvalidID, "resume: principal %q must match [A-Za-z0-9_-]{1,64}", principal)
 		}
 		subject = c.names.ResumeAs(r.RunID, principal)
 	}
 	body, err := events.Marshal(r)
 	if err != nil {
-		return events.Refuse(events.CodeUndecodable, "resume: encode: %v", err)
+		return Sent{}, events.Refuse(events.CodeUndecodable, "resume: encode: %v", err)
 	}
 	if _, err := protocol.DecodeResume(body, false, c.limits); err != nil {
-		return err
+		return Sent{}, err
 	}
 	msgID := fmt.Sprintf("resume/%s/%s/%s/%t/%s",
 		r.RunID, r.CorrelationID, r.Result.Kind, r.Result.Allow, shortHash(subject, body))
-	return c.publish(ctx, subject, msgID, body)
+	return c.send(ctx, r.RunID, subject, msgID, body)
 }
 
 // Cancel asks the engine to cancel the run, on <prefix>.control.<run_id>.
@@ -336,35 +346,39 @@ func (c *Client) Perform(ctx context.Context, runID, correlationID string) error
 	return c.control(ctx, runID, protocol.Control{Action: protocol.ControlPerform, CorrelationID: correlationID})
 }
 
-// control checks and publishes a control message. Its Nats-Msg-Id is
-// control/<run_id>/<action>/<correlation_id>, so a retry is deduplicated.
 func (c *Client) control(ctx context.Context, runID string, ctl protocol.Control) error {
+	_, err := c.SendControl(ctx, runID, ctl)
+	return err
+}
+
+// SendControl checks and publishes a control message (Cancel, Interrupt
+// and Perform build them) and returns where the inbox stored it, as
+// SendResume does. Its Nats-Msg-Id is
+// control/<run_id>/<action>/<correlation_id>, so a retry is deduplicated.
+func (c *Client) SendControl(ctx context.Context, runID string, ctl protocol.Control) (Sent, error) {
 	if !events.ValidRunID(runID) {
-		return events.Refuse(events.CodeInvalidID, "control: run_id %q must match [A-Za-z0-9_-]{1,64}", runID)
+		return Sent{}, events.Refuse(events.CodeInvalidID, "control: run_id %q must match [A-Za-z0-9_-]{1,64}", runID)
 	}
 	body, err := events.Marshal(&ctl)
 	if err != nil {
-		return events.Refuse(events.CodeUndecodable, "control: encode: %v", err)
+		return Sent{}, events.Refuse(events.CodeUndecodable, "control: encode: %v", err)
 	}
 	if _, err := protocol.DecodeControl(body, false); err != nil {
-		return err
+		return Sent{}, err
 	}
 	msgID := fmt.Sprintf("control/%s/%s/%s", runID, ctl.Action, ctl.CorrelationID)
-	return c.publish(ctx, c.names.Control(runID), msgID, body)
+	return c.send(ctx, runID, c.names.Control(runID), msgID, body)
 }
 
-// publish stores body on subject through JetStream with a deduplication id
-// and waits for the acknowledgement. A duplicate acknowledgement is success:
-// the stream already holds the command.
-func (c *Client) publish(ctx context.Context, subject, msgID string, body []byte) error {
+// send publishes a command of a run and returns where it was stored.
+func (c *Client) send(ctx context.Context, runID, subject, msgID string, body []byte) (Sent, error) {
 	m := nats.NewMsg(subject)
 	m.Data = body
-	return c.publishMsg(ctx, m, msgID)
-}
-
-func (c *Client) publishMsg(ctx context.Context, m *nats.Msg, msgID string) error {
-	_, err := c.publishAck(ctx, m, msgID)
-	return err
+	ack, err := c.publishAck(ctx, m, msgID)
+	if err != nil {
+		return Sent{}, err
+	}
+	return Sent{RunID: runID, MsgID: msgID, InboxSeq: ack.Sequence, Duplicate: ack.Duplicate}, nil
 }
 
 func (c *Client) publishAck(ctx context.Context, m *nats.Msg, msgID string) (*jetstream.PubAck, error) {

@@ -173,7 +173,7 @@ func (s *shard) refuse(ctx context.Context, rs *runState, m jetstream.Msg, corre
 	}
 	out := nats.NewMsg(s.e.names.Out(rs.id, protocol.OutRefused))
 	out.Data = body
-	if _, perr := s.e.js.PublishMsg(ctx, out, jetstream.WithMsgID(fmt.Sprintf("refused/%d", meta.Sequence.Stream))); perr != nil {
+	if _, perr := s.e.js.PublishMsg(ctx, out, jetstream.WithMsgID(protocol.RefusedMsgID(meta.Sequence.Stream))); perr != nil {
 		return perr
 	}
 	s.e.log.Info().Str(fieldRunID, rs.id).Str("code", string(code)).Str("reason", reason).Msg("refused")

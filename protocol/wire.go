@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/toolbatch/toolbatch/events"
@@ -440,6 +441,11 @@ type RejectedOut struct {
 	// submissions were named).
 	Submission *SubmissionOut `msgpack:"submission,omitempty" json:"submission,omitempty"`
 }
+
+// RefusedMsgID is the Nats-Msg-Id of the refusal of the command stored
+// at inboxSeq in the inbox stream: how a client finds the engine's answer
+// to exactly the command it published.
+func RefusedMsgID(inboxSeq uint64) string { return "refused/" + strconv.FormatUint(inboxSeq, 10) }
 
 // RefusedOut is published on <prefix>.out.<run_id>.refused.
 type RefusedOut struct {

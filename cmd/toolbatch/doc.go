@@ -17,7 +17,7 @@
 // stderr; the exit status is 2 for a usage error and 1 for anything else
 // that failed (a refusal, a rejection, a timeout, NATS unreachable).
 //
-// Imports: access, catalog, client, events, internal/cli, internal/mcpcontent,
+// Imports: access, catalog, client, console, events, internal/cli, internal/mcpcontent,
 // proof, protocol, sandbox, github.com/modelcontextprotocol/go-sdk, github.com/nats-io/jwt/v2,
 // github.com/nats-io/nats.go, github.com/nats-io/nkeys, go.yaml.in/yaml/v3.
 package main

@@ -54,6 +54,16 @@ const usage = `usage:
       with --trusted, recovery modes and a confirmation rule from the
       annotations) and the worker config entries of its tools to two new
       files (docs/mcp.md)
+  toolbatch console --users FILE [--listen ADDR] [--tls-cert F --tls-key F] [--keys FILE] [flags]
+      serve the operator console (docs/console.md): runs and their
+      timelines, the approvals inbox, waits, audits; people sign in as the
+      users of FILE and answer as their principals; ADDR defaults to
+      127.0.0.1:8080, and an address that is not loopback needs
+      --tls-cert and --tls-key (or loopback behind your TLS proxy, with
+      --secure-cookie)
+  toolbatch console user --users FILE --name NAME [--principal P]
+      add a console user, or set one's password and principal (P: NAME by
+      default); the password is the first line of stdin
   toolbatch auth create|list|revoke|permissions|keys|revoke-key ...
       users, roles and credentials (toolbatch auth -h)
 
@@ -121,8 +131,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = cmdMCP(rest, stdout, stderr)
 	case "auth":
 		err = cmdAuth(rest, stdout)
+	case "console":
+		err = cmdConsole(rest, stdin, stdout, stderr)
 	default:
-		err = usageErrorf("unknown command %q (want submit, watch, tickets, approve, deny, result, input, perform, cancel, interrupt, status, tools, mcp or auth; toolbatch help)", cmd)
+		err = usageErrorf("unknown command %q (want submit, watch, tickets, approve, deny, result, input, perform, cancel, interrupt, status, tools, mcp, auth or console; toolbatch help)", cmd)
 	}
 	code, msg := cli.Status(err, 1, usage, stdout)
 	if code != 0 {
