@@ -178,23 +178,21 @@ func (s *Server) answer(ctx context.Context, t protocol.AwaitingOut, principal s
 	}
 	r := &protocol.Resume{CorrelationID: t.CorrelationID, RunID: t.RunID, ThreadID: t.ThreadID, CallID: t.CallID, SnapshotID: t.SnapshotID, Result: result}
 	what := fmt.Sprintf("%s of call %s (tool %s) in run %s", map[bool]string{true: "Approval", false: "Denial"}[allow], t.CallID, t.ToolID, t.RunID)
+	want := events.ResolutionDenied
+	if allow {
+		want = events.ResolutionApproved
+	}
 	subject := s.names.ResumeAs(t.RunID, principal)
 	f, err := s.await(ctx, t.RunID, func(ctx context.Context) (client.Sent, error) { return s.client.SendResume(ctx, r, principal) },
 		func(e events.Event) bool {
+			// Only this answer's own effect: another's resolution of the
+			// ticket means this one is refused, and the refusal says why.
 			tr, ok := e.(*events.TicketResolved)
-			return ok && tr.CorrelationID == t.CorrelationID
+			return ok && tr.CorrelationID == t.CorrelationID && tr.Principal == principal && tr.Resolution == want
 		})
 	return s.describe(what, subject, f, err, func(e events.Event) flash {
 		tr := e.(*events.TicketResolved)
-		if tr.Principal == principal && (tr.Resolution == events.ResolutionApproved) == allow &&
-			(tr.Resolution == events.ResolutionApproved || tr.Resolution == events.ResolutionDenied) {
-			return flash{Kind: "ok", Text: fmt.Sprintf("%s recorded: %s by %s.", what, tr.Resolution, tr.Principal)}
-		}
-		by := tr.Principal
-		if by == "" {
-			by = "the engine"
-		}
-		return flash{Kind: "refused", Text: fmt.Sprintf("%s not applied: the ticket was already answered (%s by %s).", what, tr.Resolution, by)}
+		return flash{Kind: "ok", Text: fmt.Sprintf("%s recorded: %s by %s.", what, tr.Resolution, tr.Principal)}
 	})
 }
 
