@@ -23,7 +23,7 @@ if [ -n "$$unformatted" ]; then \
 fi
 endef
 
-.PHONY: build test run bench lint fuzz chaos chaos-cluster sandbox-deps ts-deps ts-test mcp-deps
+.PHONY: build test run bench lint fuzz chaos chaos-cluster sandbox-deps browser-deps ts-deps ts-test mcp-deps
 
 # build: compile every package and program.
 build:
@@ -32,7 +32,7 @@ build:
 # test: vet, check formatting, then run all tests with the race detector
 # (the race detector needs cgo, so a C compiler such as gcc must be installed),
 # then the TypeScript client's tests against a real engine (ts-test).
-test: sandbox-deps ts-deps mcp-deps
+test: sandbox-deps browser-deps ts-deps mcp-deps
 	$(GO) vet ./...
 	@$(GOFMT_CHECK)
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 15m ./...
@@ -101,6 +101,19 @@ chaos-cluster:
 
 # sandbox-deps: the sandbox tests run real bubblewrap sandboxes; install
 # bubblewrap (Debian's package) when it is missing and we are root.
+# browser-deps: Debian's Chromium, which the console's tests drive
+# (installed with apt-get when missing and this is root).
+browser-deps:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing chromium for the console's browser tests"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+		else \
+			echo "the console's browser tests need Chromium: install the chromium package (e.g. sudo apt-get install chromium)" >&2; \
+			exit 1; \
+		fi; \
+	fi
+
 sandbox-deps:
 	@if ! command -v bwrap >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

@@ -66,6 +66,7 @@ type deployment struct {
 	dir, url, consoleURL, effects string
 	creds                         map[string]string
 	workers                       map[string]*testproc.Proc
+	t                             *testing.T // the processes' lifetime
 	client                        *client.Client
 	approver                      *client.Client // principal carol, outside the console
 }
@@ -74,7 +75,7 @@ const alicePassword, bobPassword = "alice-password-1", "bob-password-22"
 
 func deploy(t *testing.T) *deployment {
 	t.Helper()
-	d := &deployment{dir: t.TempDir(), creds: map[string]string{}, workers: map[string]*testproc.Proc{}}
+	d := &deployment{dir: t.TempDir(), creds: map[string]string{}, workers: map[string]*testproc.Proc{}, t: t}
 	d.effects = filepath.Join(d.dir, "effects")
 	if err := os.Mkdir(d.effects, 0o755); err != nil {
 		t.Fatal(err)
@@ -426,7 +427,7 @@ func TestConsoleInABrowser(t *testing.T) {
 			}
 		}
 		d.workers["w1"].Kill()
-		d.startWorker(t, "w2")
+		d.startWorker(d.t, "w2") // it serves the tests that follow too
 		res, err := d.client.WaitResults(ctx, "k1", "k1/0")
 		if err != nil {
 			t.Fatal(err)
@@ -464,8 +465,12 @@ func TestConsoleInABrowser(t *testing.T) {
 		if got := text(t, kbTab, ".flash"); got != "Approval of call c1 (tool mark) in run kb1 recorded: approved by bob." {
 			t.Fatalf("flash: %q", got)
 		}
-		if _, err := d.client.WaitResults(ctx, "kb1", "kb1/0"); err != nil {
+		res, err := d.client.WaitResults(ctx, "kb1", "kb1/0")
+		if err != nil {
 			t.Fatal(err)
+		}
+		if r := res.Results[0]; r.IsError {
+			t.Fatalf("result: %+v", r)
 		}
 		run(t, kbTab, "run page", chromedp.Navigate(d.consoleURL+"/runs/kb1"), chromedp.WaitVisible(chromedp.CSS("pre.output")))
 		waitText(t, kbTab, "details.call ol.timeline", `approved by bob note "by keyboard"`)
