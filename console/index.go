@@ -23,6 +23,9 @@ type RunSummary struct {
 	// or ended.
 	Status aggregate.Status
 	Wait   events.WaitKind // what an awaiting run waits on
+	// Idle: a running run with no open batch (it waits for the client's
+	// next one).
+	Idle   bool
 	Cause  events.EndCause // why an ended run ended
 	Reason string          // its end's reason
 	// Batches counts accepted batches; Step is the last one's step.
@@ -165,7 +168,7 @@ func (ix *index) add(runID string, seq uint64, at time.Time, evs []events.Event,
 	}
 	r := x.run
 	x.sum.Thread, x.sum.Status, x.sum.Step = r.ThreadID, r.Status(), r.LastStep
-	x.sum.Wait = ""
+	x.sum.Wait, x.sum.Idle = "", r.Status() == aggregate.StatusRunning && r.OpenBatch() == nil
 	if t := r.Ticket(); t != nil {
 		x.sum.Wait = t.Reason
 	}

@@ -203,7 +203,7 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 		not = append(not, "still reading the tickets bucket")
 	}
 	if len(not) > 0 {
-		http.Error(w, strings.Join(not, "\n"), http.StatusServiceUnavailable)
+		http.Error(w, "not ready: "+strings.Join(not, "; "), http.StatusServiceUnavailable)
 		return
 	}
 	_, _ = w.Write([]byte("ready\n"))
