@@ -54,10 +54,15 @@ const browserCatalog = `
 tools:
   - {id: mark, target: sandbox, recovery: {mode: never_replay}, dispatch_deadline: 20s}
   - {id: slow_rs, target: sandbox, recovery: {mode: replay_safe, max_attempts: 3}, dispatch_deadline: 30s}
+  - {id: later, builtin: echo}
 gate:
   rules:
     - tools: ["mark"]
       outcome: require_confirmation
+    - tools: ["later"]
+      outcome: schedule
+      after: 1h
+      action_kind: nightly
 `
 
 // deployment is an engine on a secured embedded server, a worker, the
@@ -476,6 +481,49 @@ func TestConsoleInABrowser(t *testing.T) {
 		waitText(t, kbTab, "details.call ol.timeline", `approved by bob note "by keyboard"`)
 	})
 
+	t.Run("several selected tickets are answered at once", func(t *testing.T) {
+		run(t, tab, "inbox", chromedp.Navigate(d.consoleURL+"/approvals"))
+		live(t, tab)
+		submit(t, ctx, d.client, "m1", "mark")
+		submit(t, ctx, d.client, "m2", "mark")
+		run(t, tab, "select both", chromedp.WaitVisible(chromedp.CSS("#sel-m1")), chromedp.WaitVisible(chromedp.CSS("#sel-m2")),
+			chromedp.Click(chromedp.CSS("#sel-m1")), chromedp.Click(chromedp.CSS("#sel-m2")),
+			chromedp.SendKeys(chromedp.CSS("#bulk-note"), "both fine"), chromedp.Click(chromedp.CSS(`button[name="bulk"][value="approve"]`)),
+			chromedp.WaitVisible(chromedp.CSS("#flashes .flash")))
+		got := text(t, tab, "#flashes")
+		for _, r := range []string{"m1", "m2"} {
+			if !strings.Contains(got, "Approval of call c1 (tool mark) in run "+r+" recorded: approved by alice.") {
+				t.Fatalf("flashes: %q", got)
+			}
+			if _, err := d.client.WaitResults(ctx, r, r+"/0"); err != nil {
+				t.Fatal(err)
+			}
+			if n := d.entered(t)[r+"/0/c1"]; n != 1 {
+				t.Fatalf("%s entered its tool %d times", r, n)
+			}
+		}
+		run(t, tab, "run page", chromedp.Navigate(d.consoleURL+"/runs/m2"))
+		waitText(t, tab, "details.call ol.timeline", `approved by alice note "both fine"`)
+	})
+
+	t.Run("a scheduled action is performed now from the waits page", func(t *testing.T) {
+		submit(t, ctx, d.client, "s1", "later")
+		run(t, tab, "waits", chromedp.Navigate(d.consoleURL+"/waits"), chromedp.WaitVisible(chromedp.CSS("#perform-s1")))
+		waitText(t, tab, "main table tbody", "s1", "later", "nightly", "in 59m")
+		shot(t, tab, "waits")
+		run(t, tab, "perform now", chromedp.Click(chromedp.CSS("#perform-s1")), chromedp.WaitVisible(chromedp.CSS(".flash")))
+		if got := text(t, tab, ".flash"); got != "Perform of run s1 done: the scheduled action was performed." {
+			t.Fatalf("flash: %q", got)
+		}
+		res, err := d.client.WaitResults(ctx, "s1", "s1/0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := res.Results[0]; r.IsError || r.Content[0].Text != `{"n":1,"run":"s1"}` {
+			t.Fatalf("result: %+v", r)
+		}
+	})
+
 	t.Run("runs, waits and audit pages", func(t *testing.T) {
 		run(t, tab, "runs", chromedp.Navigate(d.consoleURL+"/runs?state=ended"), chromedp.WaitVisible(chromedp.CSS("form.filters")))
 		if got := text(t, tab, "main"); !strings.Contains(got, "No run matches.") {
@@ -496,11 +544,9 @@ func TestConsoleInABrowser(t *testing.T) {
 		}
 		run(t, tab, "ended runs", chromedp.Navigate(d.consoleURL+"/runs?state=ended"), chromedp.WaitVisible(chromedp.CSS("table.runs")))
 		waitText(t, tab, "table.runs tbody", "ended: cancelled (wrong plan)")
-		run(t, tab, "waits", chromedp.Navigate(d.consoleURL+"/waits"), chromedp.WaitVisible(chromedp.CSS("h1")))
-		shot(t, tab, "waits")
 		run(t, tab, "audit", chromedp.Navigate(d.consoleURL+"/audit"), chromedp.Click(chromedp.CSS(`button[name="go"]`)),
 			chromedp.WaitVisible(chromedp.CSS(".flash")))
-		if got := text(t, tab, ".flash"); !strings.HasPrefix(got, "No violation in 6 runs;") {
+		if got := text(t, tab, ".flash"); !strings.HasPrefix(got, "No violation in 9 runs;") {
 			t.Fatalf("audit: %q", got)
 		}
 		shot(t, tab, "audit")

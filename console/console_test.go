@@ -138,6 +138,17 @@ func TestPagesNeedASession(t *testing.T) {
 			t.Errorf("GET %s: CSP %q", path, csp)
 		}
 	}
+	// Nothing feeds this console (Run is not called): it is not ready,
+	// and says what it lacks.
+	resp, err := c.Get(hs.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || string(body) != "not ready: still reading the events stream; still reading the tickets bucket\n" {
+		t.Errorf("readyz: %d %q", resp.StatusCode, body)
+	}
 	for _, req := range []struct{ method, path string }{{"GET", "/events"}, {"POST", "/approvals"}, {"POST", "/runs/r1/control"}, {"POST", "/waits/perform"}} {
 		r, _ := http.NewRequest(req.method, hs.URL+req.path, strings.NewReader(""))
 		resp, err := c.Do(r)
