@@ -101,26 +101,24 @@ chaos-cluster:
 
 # sandbox-deps: the sandbox tests run real bubblewrap sandboxes; install
 # bubblewrap (Debian's package) when it is missing and we are root.
-# browser-deps: Debian's Chromium, which the console's tests drive
-# (installed with apt-get when missing and this is root).
-browser-deps:
-	@if ! command -v chromium >/dev/null 2>&1; then \
+# debian_dep: when command $(1) is missing, install Debian's package $(2)
+# with apt-get if this is root, else say what to install; $(3) says which
+# tests need it.
+define debian_dep
+	@if ! command -v $(1) >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing chromium for the console's browser tests"; \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+			echo "installing $(2) for $(3)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2); \
 		else \
-			echo "the console's browser tests need Chromium: install the chromium package (e.g. sudo apt-get install chromium)" >&2; \
+			echo "$(3) need $(2): install the $(2) package (e.g. sudo apt-get install $(2))" >&2; \
 			exit 1; \
 		fi; \
 	fi
+endef
+
+# browser-deps: Debian's Chromium, which the console's tests drive.
+browser-deps:
+	$(call debian_dep,chromium,chromium,the console's browser tests)
 
 sandbox-deps:
-	@if ! command -v bwrap >/dev/null 2>&1; then \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing bubblewrap for the sandbox tests"; \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
-		else \
-			echo "the sandbox tests need bubblewrap: install the bubblewrap package (e.g. sudo apt-get install bubblewrap)" >&2; \
-			exit 1; \
-		fi; \
-	fi
+	$(call debian_dep,bwrap,bubblewrap,the sandbox tests)

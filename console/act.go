@@ -86,7 +86,7 @@ func (s *Server) await(ctx context.Context, runID string, send func(context.Cont
 	found := make(chan result, 2)
 	go func() {
 		want := protocol.RefusedMsgID(sent.InboxSeq)
-		err := s.follow(ctx, s.names.OutStream(), s.names.Out(runID, protocol.OutRefused), func(m jetstream.Msg) bool {
+		err := follow(ctx, s.js, s.names.OutStream(), []string{s.names.Out(runID, protocol.OutRefused)}, func(m jetstream.Msg) bool {
 			if m.Headers().Get(jetstream.MsgIDHeader) != want {
 				return false
 			}
@@ -102,7 +102,7 @@ func (s *Server) await(ctx context.Context, runID string, send func(context.Cont
 		}
 	}()
 	go func() {
-		err := s.follow(ctx, s.names.EventsStream(), s.names.Events(runID), func(m jetstream.Msg) bool {
+		err := follow(ctx, s.js, s.names.EventsStream(), []string{s.names.Events(runID)}, func(m jetstream.Msg) bool {
 			evs, err := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
 			if err != nil {
 				return false
@@ -135,21 +135,22 @@ func (s *Server) await(ctx context.Context, runID string, send func(context.Cont
 	return fate{Pending: true}, nil
 }
 
-// follow reads a subject of a stream from its first message, and on as
-// messages are stored, until fn returns true or ctx ends (nil then).
-func (s *Server) follow(ctx context.Context, stream, subject string, fn func(jetstream.Msg) bool) error {
-	cons, err := s.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subject}, DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: 10 * time.Second,
+// follow delivers the messages of a stream (those of subjects; all when
+// none) from its first, and on as they are stored, to fn until fn returns
+// true or ctx ends (nil then).
+func follow(ctx context.Context, js jetstream.JetStream, stream string, subjects []string, fn func(jetstream.Msg) bool) error {
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: subjects, DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: 10 * time.Second,
 	})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
-		return fmt.Errorf("read %s: %w", subject, err)
+		return fmt.Errorf("read %s %v: %w", stream, subjects, err)
 	}
 	it, err := cons.Messages()
 	if err != nil {
-		return fmt.Errorf("read %s: %w", subject, err)
+		return fmt.Errorf("read %s %v: %w", stream, subjects, err)
 	}
 	defer it.Stop()
 	go func() { <-ctx.Done(); it.Stop() }()
@@ -159,7 +160,7 @@ func (s *Server) follow(ctx context.Context, stream, subject string, fn func(jet
 			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return nil
 			}
-			return fmt.Errorf("read %s: %w", subject, err)
+			return fmt.Errorf("read %s %v: %w", stream, subjects, err)
 		}
 		if fn(m) {
 			return nil

@@ -2,7 +2,6 @@ package console
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -96,40 +95,25 @@ func (ix *index) follow(ctx context.Context, js jetstream.JetStream, names proto
 	if info.State.Msgs == 0 {
 		ix.setCaught()
 	}
-	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
-	if err != nil {
-		return fmt.Errorf("events stream: %w", err)
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(512))
-	if err != nil {
-		return fmt.Errorf("events stream: %w", err)
-	}
-	go func() { <-ctx.Done(); it.Stop() }()
-	for {
-		m, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return nil
-			}
-			return fmt.Errorf("events stream: %w", err)
-		}
+	return follow(ctx, js, stream, nil, func(m jetstream.Msg) bool {
 		meta, err := m.Metadata()
 		if err != nil {
-			continue
+			return false
+		}
+		if meta.NumPending == 0 {
+			defer ix.setCaught() // once this message is folded
 		}
 		runID, ok := names.RunOf(protocol.EventsFamily, m.Subject())
 		if !ok || runID == "" {
-			continue
+			return false
 		}
 		evs, derr := events.DecodeCommit(m.Data(), m.Headers().Values(protocol.HeaderEvent))
 		ix.add(runID, meta.Sequence.Stream, meta.Timestamp, evs, derr)
-		if meta.NumPending == 0 {
-			ix.setCaught()
-		}
 		if ix.onRun != nil {
 			ix.onRun(runID)
 		}
-	}
+		return false
+	})
 }
 
 func (ix *index) setCaught() {
