@@ -23,7 +23,7 @@ if [ -n "$$unformatted" ]; then \
 fi
 endef
 
-.PHONY: build test run bench lint fuzz chaos chaos-cluster sandbox-deps browser-deps ts-deps ts-test mcp-deps
+.PHONY: build test run bench bench-peers lint fuzz chaos chaos-cluster sandbox-deps browser-deps ts-deps ts-test mcp-deps
 
 # build: compile every package and program.
 build:
@@ -52,6 +52,23 @@ mcp-deps:
 # engine built from this repository with go.
 ts-test: ts-deps
 	cd clients/typescript && PATH="$$(dirname "$$(command -v $(GO))"):$$PATH" node --test test/*.test.js
+
+# bench-peers: DBOS Transact for Go on PostgreSQL (a cluster started in a
+# temporary directory) with W1's and W2's shapes, then toolbatch's W1 and W2
+# in the same run, then their ratios (docs/performance.md). bench/peers is a
+# module of its own: the project's go.mod does not depend on DBOS.
+PEERS_OUT ?= bench/peers
+bench-peers:
+	@if ! command -v pg_ctl >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; \
+		else \
+			echo "bench-peers needs PostgreSQL: install the postgresql package" >&2; exit 1; \
+		fi; \
+	fi
+	cd bench/peers && $(GO) run . --out $(CURDIR)/$(PEERS_OUT)/results-dbos.json
+	$(GO) run ./bench --go "$(GO)" --modes default --skip census,ceiling,parked,w3,w4,mcp,failover --out $(PEERS_OUT)/results-toolbatch.json
+	cd bench/peers && $(GO) run . --compare --out $(CURDIR)/$(PEERS_OUT)/results-dbos.json --toolbatch $(CURDIR)/$(PEERS_OUT)/results-toolbatch.json
 
 # run: run the engine (embedded NATS unless ARGS say otherwise).
 # The engine is built first and exec'd, so that the signals make gets
