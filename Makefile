@@ -55,9 +55,11 @@ ts-test: ts-deps
 
 # bench-peers: DBOS Transact for Go on PostgreSQL (a cluster started in a
 # temporary directory) with W1's and W2's shapes, then toolbatch's W1 and W2
-# in the same run, then their ratios (docs/performance.md). bench/peers is a
+# in the same run, alternating for PEERS_ROUNDS rounds, then each round's
+# ratios and their medians (docs/performance.md). bench/peers is a
 # module of its own: the project's go.mod does not depend on DBOS.
-PEERS_OUT ?= bench/peers
+PEERS_OUT ?= bench/peers/results
+PEERS_ROUNDS ?= 3
 bench-peers:
 	@if ! command -v pg_ctl >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -66,9 +68,13 @@ bench-peers:
 			echo "bench-peers needs PostgreSQL: install the postgresql package" >&2; exit 1; \
 		fi; \
 	fi
-	cd bench/peers && $(GO) run . --out $(CURDIR)/$(PEERS_OUT)/results-dbos.json
-	$(GO) run ./bench --go "$(GO)" --modes default --skip census,ceiling,parked,w3,w4,mcp,failover --out $(PEERS_OUT)/results-toolbatch.json
-	cd bench/peers && $(GO) run . --compare --out $(CURDIR)/$(PEERS_OUT)/results-dbos.json --toolbatch $(CURDIR)/$(PEERS_OUT)/results-toolbatch.json
+	@mkdir -p $(PEERS_OUT) && rm -f $(PEERS_OUT)/dbos-*.json $(PEERS_OUT)/toolbatch-*.json
+	for i in $$(seq $(PEERS_ROUNDS)); do \
+		(cd bench/peers && $(GO) run . --reps 1 --out $(abspath $(PEERS_OUT))/dbos-$$i.json) && \
+		$(GO) run ./bench --go "$(GO)" --reps 1 --modes default --skip census,ceiling,parked,w3,w4,mcp,failover --out $(PEERS_OUT)/toolbatch-$$i.json \
+		|| exit 1; \
+	done
+	cd bench/peers && $(GO) run . --compare --dir $(abspath $(PEERS_OUT))
 
 # run: run the engine (embedded NATS unless ARGS say otherwise).
 # The engine is built first and exec'd, so that the signals make gets

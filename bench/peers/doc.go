@@ -1,8 +1,9 @@
 // Command peers measures DBOS Transact for Go on PostgreSQL with the shapes
 // of toolbatch's W1 and W2 (make bench-peers), on a PostgreSQL cluster it
-// starts in a temporary directory and stops, and prints the ratios of the
-// engine's figures from a toolbatch bench run of the same make invocation
-// (--toolbatch FILE) to DBOS's.
+// starts in a temporary directory and stops. make bench-peers alternates
+// it with toolbatch's bench (W1 and W2 only) for a few rounds, and then
+// this program (--compare) prints each round's ratios of the engine's
+// figures to DBOS's, and their medians.
 //
 // It is a module of its own so that the project's go.mod does not depend
 // on DBOS.

@@ -29,7 +29,7 @@ type options struct {
 	w2runs, steps int
 	pgBin         string
 	out           string
-	toolbatch     string
+	dir           string
 	compare       bool
 }
 
@@ -56,8 +56,8 @@ func main() {
 	flag.IntVar(&o.steps, "steps", 4, "concurrent steps per workflow (a batch's calls)")
 	flag.StringVar(&o.pgBin, "pg-bin", "", "directory of initdb and pg_ctl (default: found on PATH or in /usr/lib/postgresql/*/bin)")
 	flag.StringVar(&o.out, "out", "", "write the result as JSON here")
-	flag.StringVar(&o.toolbatch, "toolbatch", "", "with --compare: a toolbatch bench results file of the same run")
-	flag.BoolVar(&o.compare, "compare", false, "measure nothing: print the ratios of --toolbatch's figures to --out's")
+	flag.StringVar(&o.dir, "dir", "", "with --compare: the directory of the rounds' dbos-<i>.json and toolbatch-<i>.json")
+	flag.BoolVar(&o.compare, "compare", false, "measure nothing: print the ratios of each round's toolbatch figures to DBOS's, and their medians")
 	flag.Parse()
 	if err := run(o, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "peers:", err)
@@ -67,8 +67,8 @@ func main() {
 
 func run(o options, stdout io.Writer) error {
 	if o.compare {
-		if o.toolbatch == "" || o.out == "" {
-			return errors.New("--compare needs --toolbatch FILE and --out FILE")
+		if o.dir == "" {
+			return errors.New("--compare needs --dir DIR")
 		}
 		return compare(o, stdout)
 	}
@@ -196,44 +196,61 @@ func throughput(o options, one func() (time.Duration, error)) (float64, error) {
 	return float64(n) / elapsed.Seconds(), nil
 }
 
-// compare prints toolbatch's figures of the same run next to DBOS's.
+// toolbatchRun is what compare reads of a toolbatch bench results file.
+type toolbatchRun struct {
+	Command string `json:"command"`
+	Modes   []struct {
+		Mode   string `json:"mode"`
+		W1Noop *struct {
+			P50 float64 `json:"p50_ms"`
+		} `json:"w1_noop"`
+		W1Echo *struct {
+			P50 float64 `json:"p50_ms"`
+		} `json:"w1_echo"`
+		W2 *struct {
+			Rate float64 `json:"batches_per_s"`
+		} `json:"w2"`
+	} `json:"modes"`
+}
+
+// compare prints, round by round, toolbatch's figures next to DBOS's of
+// the same round (dbos-<i>.json, toolbatch-<i>.json in --dir), and the
+// median of each ratio over the rounds: rounds alternate the two, so that
+// both see the machine as it is at that moment.
 func compare(o options, stdout io.Writer) error {
+	var noop, echo, w2 []float64
 	var peer Result
-	if err := readJSON(o.out, &peer); err != nil {
-		return err
-	}
-	var tb struct {
-		Command string `json:"command"`
-		Modes   []struct {
-			Mode   string `json:"mode"`
-			W1Noop *struct {
-				P50 float64 `json:"p50_ms"`
-			} `json:"w1_noop"`
-			W1Echo *struct {
-				P50 float64 `json:"p50_ms"`
-			} `json:"w1_echo"`
-			W2 *struct {
-				Rate float64 `json:"batches_per_s"`
-			} `json:"w2"`
-		} `json:"modes"`
-	}
-	if err := readJSON(o.toolbatch, &tb); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "\nsame run: toolbatch (%s) against %s on PostgreSQL %s\n", tb.Command, peer.Peer, peer.Postgres)
-	fmt.Fprintf(stdout, "  %-52s %10s %10s %8s\n", "", "toolbatch", "DBOS", "ratio")
-	for _, m := range tb.Modes {
-		if m.W1Noop != nil {
-			fmt.Fprintf(stdout, "  %-52s %7.2f ms %7.2f ms %7.2fx\n", "W1 p50, 4 worker noop calls ("+m.Mode+")", m.W1Noop.P50, peer.W1, m.W1Noop.P50/peer.W1)
+	var cmd string
+	for i := 1; ; i++ {
+		var tb toolbatchRun
+		var p Result
+		err := readJSON(filepath.Join(o.dir, fmt.Sprintf("dbos-%d.json", i)), &p)
+		if errors.Is(err, os.ErrNotExist) && i > 1 {
+			break
 		}
-		if m.W1Echo != nil {
-			fmt.Fprintf(stdout, "  %-52s %7.2f ms %7.2f ms %7.2fx\n", "W1 p50, 4 brain echo calls ("+m.Mode+")", m.W1Echo.P50, peer.W1, m.W1Echo.P50/peer.W1)
+		if err != nil {
+			return err
 		}
-		if m.W2 != nil {
-			fmt.Fprintf(stdout, "  %-52s %8.0f/s %8.0f/s %7.2fx\n", fmt.Sprintf("W2 batches/s, %d runs (%s)", peer.W2Runs, m.Mode), m.W2.Rate, peer.W2, m.W2.Rate/peer.W2)
+		if err := readJSON(filepath.Join(o.dir, fmt.Sprintf("toolbatch-%d.json", i)), &tb); err != nil {
+			return err
+		}
+		peer, cmd = p, tb.Command
+		for _, m := range tb.Modes {
+			if m.Mode != "default" || m.W1Noop == nil || m.W1Echo == nil || m.W2 == nil {
+				continue
+			}
+			fmt.Fprintf(stdout, "round %d: W1 noop %.2f ms, echo %.2f ms vs DBOS %.2f ms (%.2fx, %.2fx); W2 %.0f/s vs DBOS %.0f/s (%.2fx)\n",
+				i, m.W1Noop.P50, m.W1Echo.P50, p.W1, m.W1Noop.P50/p.W1, m.W1Echo.P50/p.W1, m.W2.Rate, p.W2, m.W2.Rate/p.W2)
+			noop, echo, w2 = append(noop, m.W1Noop.P50/p.W1), append(echo, m.W1Echo.P50/p.W1), append(w2, m.W2.Rate/p.W2)
 		}
 	}
-	fmt.Fprintln(stdout, "  (W1: lower is better, the ratio is toolbatch/DBOS latency; W2: higher is better, toolbatch/DBOS throughput)")
+	if len(noop) == 0 {
+		return errors.New("no round with toolbatch's default-mode W1 and W2")
+	}
+	fmt.Fprintf(stdout, "\nsame run, %d rounds: toolbatch (%s) against %s on %s\n", len(noop), cmd, peer.Peer, peer.Postgres)
+	fmt.Fprintf(stdout, "  W1 p50, 4 worker noop calls, toolbatch/DBOS latency: %.2fx (target at most 0.5x)\n", median(noop))
+	fmt.Fprintf(stdout, "  W1 p50, 4 brain echo calls, toolbatch/DBOS latency:  %.2fx\n", median(echo))
+	fmt.Fprintf(stdout, "  W2, %d runs at once, toolbatch/DBOS batches/s:       %.2fx (target at least 3x)\n", peer.W2Runs, median(w2))
 	return nil
 }
 
