@@ -338,6 +338,8 @@ type loopConfig struct {
 	tool        string
 	calls       int
 	stepsPerRun int
+	// pause is an idle time after each batch (W5's model turn).
+	pause time.Duration
 }
 
 // batchTimeout bounds one batch of a client loop.
@@ -383,6 +385,12 @@ func clientLoop(ctx context.Context, lc loopConfig, stop <-chan struct{}, record
 				return err
 			}
 			record(sample{end: time.Now(), lat: time.Since(start)})
+			if lc.pause > 0 {
+				select {
+				case <-stop:
+				case <-time.After(lc.pause): // the pause is a length of time, not a condition
+				}
+			}
 		}
 		w.stop()
 	}

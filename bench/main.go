@@ -38,6 +38,7 @@ type Results struct {
 	Parked     *ParkedResult   `json:"parked_runs,omitempty"`
 	W3         *W3Result       `json:"w3_replay,omitempty"`
 	W4         *W4Result       `json:"w4_sandbox,omitempty"`
+	W5         *W5Result       `json:"w5_sandboxed_batch,omitempty"`
 	MCP        *MCPResult      `json:"mcp_call,omitempty"`
 	Failover   *FailoverResult `json:"failover,omitempty"`
 	Targets    []TargetResult  `json:"targets"`
@@ -129,6 +130,7 @@ type options struct {
 	w3load        time.Duration
 	parked        int
 	w4calls       int
+	w5pause       time.Duration
 	mcpCalls      int
 	modes         string
 	skip          string
@@ -182,9 +184,10 @@ func run(args []string) error {
 	fs.DurationVar(&o.w3load, "w3-load-limit", 90*time.Second, "W3: stop loading NATS after this long (the NATS figures then cover fewer events)")
 	fs.IntVar(&o.parked, "parked", 10000, "runs to park for the memory figure (0: skip)")
 	fs.IntVar(&o.w4calls, "w4-calls", 40, "W4: calls per repetition")
+	fs.DurationVar(&o.w5pause, "w5-pause", 250*time.Millisecond, "W5: idle pause after each batch (the model's turn)")
 	fs.IntVar(&o.mcpCalls, "mcp-calls", 10, "MCP: calls per repetition")
 	fs.StringVar(&o.modes, "modes", "default,sync_always", "modes: default, sync_always, unsigned (the default mode with the engine's --unsigned: what signing costs), metrics (the default mode with --metrics-listen, scraped every second: what metrics cost), observed (metrics as in the metrics mode and OpenTelemetry traces exported to an OTLP receiver in the bench: what observability costs); a mode may be given more than once")
-	fs.StringVar(&o.skip, "skip", "", "comma-separated parts to skip: w1, w2, census, ceiling, parked, w3, w4, mcp, failover")
+	fs.StringVar(&o.skip, "skip", "", "comma-separated parts to skip: w1, w2, census, ceiling, parked, w3, w4, w5, mcp, failover")
 	fs.IntVar(&o.foReps, "failover-reps", 5, "failover: repetitions of restart, takeover and projector takeover")
 	fs.IntVar(&o.foClusterReps, "failover-cluster-reps", 3, "failover: repetitions of each fault of the 3-node cluster (0: skip the cluster)")
 	fs.StringVar(&o.goBin, "go", "go", "the go command that builds the programs")
@@ -287,6 +290,14 @@ func run(args []string) error {
 			return fmt.Errorf("W4: %w", err)
 		}
 		res.W4 = &w4
+	}
+	if !skip["w5"] {
+		progress("W5: batches of 4 sandboxed /bin/true calls after an idle pause")
+		w5, err := runW5(ctx, bins, o.reps, o.w1, o.w5pause)
+		if err != nil {
+			return fmt.Errorf("W5: %w", err)
+		}
+		res.W5 = &w5
 	}
 	if !skip["mcp"] {
 		progress("MCP: one call of an MCP tool per sandbox, against a bare client")
@@ -624,6 +635,13 @@ func targets(r *Results) []TargetResult {
 				float64(r.W4.PrestartedOverBare), float64(r.W4.BackToBackPrestartedOverBare), fmtNum(r.W4.BwrapP50ms, ""), float64(r.W4.BwrapOverBare)),
 			met)
 	}
+	if x := r.W5; x != nil && x.Skipped == "" && def != nil && def.W1Noop != nil {
+		bound := float64(def.W1Noop.P50ms) + 4*1.5*float64(x.BareP50ms)
+		add("W5 p50 <= W1 noop p50 + 4 x 1.5 x a bare exec",
+			fmt.Sprintf("%s ms vs %.2f ms (W1 noop %s ms, bare exec %s ms; isolation none %s ms)", fmtNum(x.BwrapP50ms, ""), bound,
+				fmtNum(def.W1Noop.P50ms, ""), fmtNum(x.BareP50ms, ""), fmtNum(x.NoneP50ms, "")),
+			boolp(float64(x.BwrapP50ms) <= bound))
+	}
 	// The comparison with DBOS is measured in the same run by make
 	// bench-peers (bench/peers), never against a figure from elsewhere.
 	if f := r.Failover; f != nil {
@@ -749,6 +767,14 @@ func printTable(w io.Writer, r *Results) {
 			x.WholeSamples, fmtNum(x.WholePerCallP50ms, ""), fmtNum(x.WholeSharedP50ms, ""))
 		if x.Skipped != "" {
 			fmt.Fprintf(w, "    skipped: %s\n", x.Skipped)
+		}
+		fmt.Fprintln(w)
+	}
+	if x := r.W5; x != nil {
+		fmt.Fprintf(w, "== W5 a sandboxed batch (%d x /bin/true on a worker, %s pause after each batch, prestart %d; %d batches): bubblewrap p50 %s ms (p99 %s); isolation none %s ms; bare fork+exec %s ms\n",
+			x.Calls, x.Pause, x.Prestart, x.Batches, fmtNum(x.BwrapP50ms, ""), fmtNum(x.BwrapP99ms, ""), fmtNum(x.NoneP50ms, ""), fmtNum(x.BareP50ms, ""))
+		if x.Skipped != "" {
+			fmt.Fprintf(w, "    %s\n", x.Skipped)
 		}
 		fmt.Fprintln(w)
 	}

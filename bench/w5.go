@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+)
+
+// W5Result is a sandboxed batch: W1's shape with 4 calls of /bin/true in
+// bubblewrap on a sandbox worker, each batch after an idle pause (a
+// model's turn), against the same calls with isolation none and a bare
+// fork+exec of the same binary, measured in the same run.
+type W5Result struct {
+	Calls      int    `json:"calls_per_batch"`
+	Pause      string `json:"pause_between_batches"`
+	Prestart   int    `json:"prestart"`
+	Batches    int    `json:"batches"`
+	BwrapP50ms Num    `json:"bubblewrap_p50_ms"`
+	BwrapP99ms Num    `json:"bubblewrap_p99_ms"`
+	NoneP50ms  Num    `json:"isolation_none_p50_ms"`
+	BareP50ms  Num    `json:"bare_exec_p50_ms"`
+	Skipped    string `json:"skipped,omitempty"`
+}
+
+const w5Catalog = `# toolbatch benchmark W5 catalog (bench/w5.go)
+tools:
+  - id: "true"
+    target: sandbox
+    recovery: {mode: replay_safe, max_attempts: 3}
+`
+
+func w5Worker(isolation string, prestart int) string {
+	return fmt.Sprintf(`# toolbatch benchmark W5 worker (bench/w5.go)
+pools: [default]
+isolation: %s
+prestart: %d
+tools:
+  - id: "true"
+    command: ["/bin/true"]
+    capability: replay_safe
+`, isolation, prestart)
+}
+
+// w5Prestart is the worker's pre-started sandboxes: one per call of a
+// batch.
+const w5Prestart = 4
+
+func runW5(ctx context.Context, bins binaries, reps int, dur, pause time.Duration) (W5Result, error) {
+	res := W5Result{Calls: 4, Pause: pause.String(), Prestart: w5Prestart}
+	if _, err := exec.LookPath("bwrap"); err != nil {
+		res.Skipped = "bubblewrap is not installed (make sandbox-deps)"
+		return res, nil
+	}
+	// The sandbox user must reach the workers' work roots.
+	dir, err := reachableDir("toolbatch-bench-w5-")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(dir)
+	clusters := map[string]*cluster{}
+	defer func() {
+		for _, c := range clusters {
+			c.stop()
+		}
+	}()
+	for _, v := range []struct {
+		name     string
+		prestart int
+	}{{"bubblewrap", w5Prestart}, {"none", 0}} {
+		c, err := startCluster(filepath.Join(dir, v.name), clusterOptions{engineBin: bins.engine, workerBin: bins.worker,
+			workers: 1, concurrency: 4, clientConns: 1, catalog: w5Catalog, worker: w5Worker(v.name, v.prestart)})
+		if err != nil {
+			return res, fmt.Errorf("%s: %w", v.name, err)
+		}
+		clusters[v.name] = c
+	}
+	loops := 0
+	loop := func(name string, d time.Duration, to *[]time.Duration) error {
+		c := clusters[name]
+		loops++ // each loop its own runs: a run's batch submitted again is answered from the log
+		stop := make(chan struct{})
+		timer := time.AfterFunc(d, func() { close(stop) })
+		defer timer.Stop()
+		return clientLoop(ctx, loopConfig{client: c.clients[0], js: c.jss[0], prefix: "toolbatch", runPrefix: fmt.Sprintf("w5-%s-%d", name, loops),
+			tool: "true", calls: res.Calls, stepsPerRun: 10, pause: pause}, stop, func(s sample) {
+			if to != nil {
+				*to = append(*to, s.lat)
+			}
+		})
+	}
+	bare := func(n int, to *[]time.Duration) error {
+		for range n {
+			t := time.Now()
+			if err := exec.Command("/bin/true").Run(); err != nil {
+				return err
+			}
+			*to = append(*to, time.Since(t))
+		}
+		return nil
+	}
+	for _, name := range []string{"bubblewrap", "none"} { // warm-up
+		if err := loop(name, time.Second, nil); err != nil {
+			return res, fmt.Errorf("W5 %s: %w", name, err)
+		}
+	}
+	// The variants alternate, so that each sees the machine the others do.
+	var bw, bw99, none, bareP []float64
+	for range reps {
+		var b, n, e []time.Duration
+		if err := loop("bubblewrap", dur, &b); err != nil {
+			return res, fmt.Errorf("W5 bubblewrap: %w", err)
+		}
+		if err := loop("none", dur, &n); err != nil {
+			return res, fmt.Errorf("W5 none: %w", err)
+		}
+		if err := bare(200, &e); err != nil {
+			return res, fmt.Errorf("W5 bare exec: %w", err)
+		}
+		res.Batches += len(b)
+		bw, bw99 = append(bw, percentile(b, 50)), append(bw99, percentile(b, 99))
+		none, bareP = append(none, percentile(n, 50)), append(bareP, percentile(e, 50))
+	}
+	res.BwrapP50ms, res.BwrapP99ms = Num(median(bw)), Num(median(bw99))
+	res.NoneP50ms, res.BareP50ms = Num(median(none)), Num(median(bareP))
+	for _, c := range clusters {
+		if err := c.checkAlive(); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
