@@ -17,6 +17,10 @@
 //     events, from a file and from NATS;
 //   - W4 sandbox cost: /bin/true through sandbox.Runner with bubblewrap
 //     against a bare fork and exec;
+//   - W5 a sandboxed batch (w5.go): W1's shape with 4 calls of /bin/true
+//     on a sandbox worker in pre-started bubblewrap sandboxes, each batch
+//     after an idle pause (--w5-pause, a model's turn), against the same
+//     with isolation none and a bare exec, in the same run;
 //   - failover (issue 16, failover.go): against nats-server processes
 //     built from the module's requirement, how long runs wait after a
 //     kill -9 of their engine (restarted with its id, or taken over by
