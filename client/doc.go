@@ -23,6 +23,11 @@
 // refusal arrive as out messages. Publishing again after an error is safe:
 // a retry carries the same Nats-Msg-Id and the stream drops the duplicate.
 //
+// SendResume and SendControl publish as Resume and the controls do and
+// return where the inbox stored the command: the engine's refusal of it is
+// the run's .refused message with Nats-Msg-Id
+// protocol.RefusedMsgID(InboxSeq) (the console waits for it so).
+//
 // Infrastructure failures wrap ErrPublish or ErrWatch; an out message that
 // cannot be read is a *DecodeError (ErrUndecodable), never skipped.
 //
