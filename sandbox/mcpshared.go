@@ -190,12 +190,7 @@ func (s *sharedServer) ensure(ctx context.Context) (*sharedLive, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot create the working directory: %w", err)
 	}
-	var argv []string
-	if r.cfg.Isolation == IsolationBubblewrap {
-		argv = append(r.bwrapArgs(t, workdir, 0), r.env, "-u", "PWD", "--")
-	}
-	argv = append(argv, r.limitArgs(t, prog)...)
-	p, err := r.start(t.ID, argv, toolEnv(t, Call{}, workdir), workdir, nil)
+	p, err := r.start(t.ID, r.argv(t, workdir, prog), toolEnv(t, Call{}, workdir), workdir, nil)
 	if err != nil {
 		removeWorkdir(workdir)
 		return nil, err

@@ -81,16 +81,22 @@ func (r *Runner) runProcess(ctx context.Context, t ToolConfig, call Call) Result
 	}
 	defer removeWorkdir(workdir)
 
-	var argv []string
-	if r.cfg.Isolation == IsolationBubblewrap {
-		argv = append(r.bwrapArgs(t, workdir, 0), r.env, "-u", "PWD", "--")
-	}
-	argv = append(argv, r.limitArgs(t, prog)...)
-	p, err := r.start(t.ID, argv, toolEnv(t, call, workdir), workdir, nil)
+	p, err := r.start(t.ID, r.argv(t, workdir, prog), toolEnv(t, call, workdir), workdir, nil)
 	if err != nil {
 		return interpret(t, call, outcome{startErr: err})
 	}
 	return interpret(t, call, r.finish(ctx, t, p, stdin, ioOf(p)))
+}
+
+// argv is the command line of a sandbox started for its process: bubblewrap
+// with an empty environment (bubblewrap isolation), then the rlimits and
+// the tool's program.
+func (r *Runner) argv(t ToolConfig, workdir, prog string) []string {
+	var argv []string
+	if r.cfg.Isolation == IsolationBubblewrap {
+		argv = append(r.bwrapArgs(t, workdir, 0), r.env, "-u", "PWD", "--")
+	}
+	return append(argv, r.limitArgs(t, prog)...)
 }
 
 // toolEnv returns the tool's whole environment: nothing of the worker's.

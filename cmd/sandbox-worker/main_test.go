@@ -162,6 +162,21 @@ func (c *cluster) effectLines(t *testing.T) map[string][]string {
 	return out
 }
 
+// nextTicket reads the watch until a ticket of batchID (of any batch when
+// batchID is empty) is awaited, and returns it.
+func nextTicket(t *testing.T, ctx context.Context, w *client.Watch, batchID string) *protocol.AwaitingOut {
+	t.Helper()
+	for {
+		m, err := w.Next(ctx)
+		if err != nil {
+			t.Fatalf("waiting for a ticket: %v", err)
+		}
+		if m.Awaiting != nil && (batchID == "" || m.Awaiting.BatchID == batchID) {
+			return m.Awaiting
+		}
+	}
+}
+
 func batch(run string, step int64, tools ...string) *protocol.Submit {
 	s := &protocol.Submit{RunID: run, ThreadID: "t", Step: step, Assistant: events.Message{ID: "m"}}
 	for i, tool := range tools {

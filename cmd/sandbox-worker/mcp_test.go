@@ -203,14 +203,7 @@ func TestMCPToolsThroughWorkers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ticket *protocol.AwaitingOut
-	for ticket == nil {
-		m, err := w.Next(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ticket = m.Awaiting
-	}
+	ticket := nextTicket(t, ctx, w, "")
 	w.Stop()
 	if ticket.Reason != events.WaitPermission || ticket.ToolID != "write" {
 		t.Fatalf("ticket %+v", ticket)

@@ -19,7 +19,6 @@ import (
 	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/internal/testproc"
 	"github.com/toolbatch/toolbatch/internal/testwait"
-	"github.com/toolbatch/toolbatch/protocol"
 )
 
 const metricsCatalog = `
@@ -230,16 +229,7 @@ func TestMetricsOfAKnownWorkload(t *testing.T) {
 	if err := cl.Submit(ctx, batch("m", 2, "send")); err != nil {
 		t.Fatal(err)
 	}
-	var ticket *protocol.AwaitingOut
-	for ticket == nil {
-		msg, err := watch.Next(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if msg.Awaiting != nil && msg.Awaiting.BatchID == "m/2" {
-			ticket = msg.Awaiting
-		}
-	}
+	ticket := nextTicket(t, ctx, watch, "m/2")
 	open := func(want float64) func() bool {
 		return func() bool {
 			got, ok := sample(scrape(t, engineAddr), "toolbatch_tickets_open", "reason", string(events.WaitPermission))

@@ -166,14 +166,7 @@ func TestSecuredDeployment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ticket *protocol.AwaitingOut
-	for ticket == nil {
-		m, err := w.Next(ctx)
-		if err != nil {
-			t.Fatalf("waiting for the ticket: %v", err)
-		}
-		ticket = m.Awaiting
-	}
+	ticket := nextTicket(t, ctx, w, "")
 	w.Stop()
 
 	// an approver lists the open tickets with its own credentials; the

@@ -22,7 +22,6 @@ import (
 	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/internal/testproc"
 	"github.com/toolbatch/toolbatch/internal/testwait"
-	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // receiver is an OTLP/HTTP trace receiver: it keeps every span exported to
@@ -157,14 +156,7 @@ func TestTraceThroughEngineWorkerAndTool(t *testing.T) {
 	if err := cl.Submit(client.WithTraceParent(ctx, "00-"+traceID+"-"+parentID+"-01"), batch("tr", 1, "echo", "fail", "dangerous", "sb_env", "send")); err != nil {
 		t.Fatal(err)
 	}
-	var ticket *protocol.AwaitingOut
-	for ticket == nil {
-		msg, err := watch.Next(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ticket = msg.Awaiting
-	}
+	ticket := nextTicket(t, ctx, watch, "")
 	// the four calls before the ticket and the worker's span are exported
 	testwait.Until(t, ctx, "the spans of the calls before the ticket", func() bool {
 		return len(recv.named("execute_tool sb_env")) == 1 && len(recv.named("toolbatch.sandbox sb_env")) == 1 &&
