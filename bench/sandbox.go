@@ -46,6 +46,8 @@ type W4Result struct {
 	Skipped                      string `json:"skipped,omitempty"`
 }
 
+// w4Config is the worker config of W4's runners and of W5's workers: one
+// tool, /bin/true.
 func w4Config(isolation string, prestart int) string {
 	return fmt.Sprintf(`pools: [default]
 isolation: %s

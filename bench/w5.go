@@ -32,18 +32,6 @@ tools:
     recovery: {mode: replay_safe, max_attempts: 3}
 `
 
-func w5Worker(isolation string, prestart int) string {
-	return fmt.Sprintf(`# toolbatch benchmark W5 worker (bench/w5.go)
-pools: [default]
-isolation: %s
-prestart: %d
-tools:
-  - id: "true"
-    command: ["/bin/true"]
-    capability: replay_safe
-`, isolation, prestart)
-}
-
 // w5Prestart is the worker's pre-started sandboxes: one per call of a
 // batch.
 const w5Prestart = 4
@@ -71,7 +59,7 @@ func runW5(ctx context.Context, bins binaries, reps int, dur, pause time.Duratio
 		prestart int
 	}{{"bubblewrap", w5Prestart}, {"none", 0}} {
 		c, err := startCluster(filepath.Join(dir, v.name), clusterOptions{engineBin: bins.engine, workerBin: bins.worker,
-			workers: 1, concurrency: 4, clientConns: 1, catalog: w5Catalog, worker: w5Worker(v.name, v.prestart)})
+			workers: 1, concurrency: 4, clientConns: 1, catalog: w5Catalog, worker: w4Config(v.name, v.prestart)})
 		if err != nil {
 			return res, fmt.Errorf("%s: %w", v.name, err)
 		}

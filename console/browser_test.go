@@ -18,7 +18,6 @@ import (
 
 	"github.com/toolbatch/toolbatch/access"
 	"github.com/toolbatch/toolbatch/client"
-	"github.com/toolbatch/toolbatch/console"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/testproc"
 	"github.com/toolbatch/toolbatch/internal/testwait"
@@ -551,5 +550,4 @@ func TestConsoleInABrowser(t *testing.T) {
 		}
 		shot(t, tab, "audit")
 	})
-	_ = console.PageSize
 }

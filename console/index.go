@@ -116,6 +116,14 @@ func (ix *index) follow(ctx context.Context, js jetstream.JetStream, names proto
 	})
 }
 
+// ready reports whether the index has read the stream up to where it was
+// when it started.
+func (ix *index) ready() bool {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return ix.caught
+}
+
 func (ix *index) setCaught() {
 	ix.mu.Lock()
 	ix.caught = true

@@ -113,12 +113,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 // Ready reports whether the console has read the events stream and the
 // tickets bucket up to where they were when it started.
-func (s *Server) Ready() bool {
-	s.index.mu.RLock()
-	caught := s.index.caught
-	s.index.mu.RUnlock()
-	return caught && s.tickets.ready()
-}
+func (s *Server) Ready() bool { return s.index.ready() && s.tickets.ready() }
 
 // Handler serves the console's pages.
 func (s *Server) Handler() http.Handler {
@@ -193,10 +188,7 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	if !s.cfg.NC.IsConnected() {
 		not = append(not, "not connected to NATS")
 	}
-	s.index.mu.RLock()
-	caught := s.index.caught
-	s.index.mu.RUnlock()
-	if !caught {
+	if !s.index.ready() {
 		not = append(not, "still reading the events stream")
 	}
 	if !s.tickets.ready() {

@@ -380,25 +380,20 @@ func permissionMatrix(t *testing.T, d *deployment) {
 	d1 := d.connect(t, "d1")
 	d1.allowed(t, "delegate service subscribes to delegations", subscribe(d1, n.Delegate("child")))
 	aud := d.connect(t, "aud")
-	aud.allowed(t, "auditor reads the log", do(func(ctx context.Context) error {
-		count := 0
-		err := protocol.ReadOrdered(ctx, aud.js, n.EventsStream(), protocol.ReadOptions{Subjects: []string{n.Events("r1")}},
-			func(jetstream.Msg, *jetstream.MsgMetadata) error { count++; return nil })
-		if err == nil && count == 0 {
-			err = errors.New("no commits")
-		}
-		return err
-	}))
+	readsTheLog := func(c *conn) op {
+		return do(func(ctx context.Context) error {
+			count := 0
+			err := protocol.ReadOrdered(ctx, c.js, n.EventsStream(), protocol.ReadOptions{Subjects: []string{n.Events("r1")}},
+				func(jetstream.Msg, *jetstream.MsgMetadata) error { count++; return nil })
+			if err == nil && count == 0 {
+				err = errors.New("no commits")
+			}
+			return err
+		})
+	}
+	aud.allowed(t, "auditor reads the log", readsTheLog(aud))
 	con := d.connect(t, "con")
-	con.allowed(t, "console reads the log", do(func(ctx context.Context) error {
-		count := 0
-		err := protocol.ReadOrdered(ctx, con.js, n.EventsStream(), protocol.ReadOptions{Subjects: []string{n.Events("r1")}},
-			func(jetstream.Msg, *jetstream.MsgMetadata) error { count++; return nil })
-		if err == nil && count == 0 {
-			err = errors.New("no commits")
-		}
-		return err
-	}))
+	con.allowed(t, "console reads the log", readsTheLog(con))
 	con.allowed(t, "console resumes as a principal it serves", jsPublish(con, n.ResumeAs("r2", "dave")))
 	con.allowed(t, "console controls a run", jsPublish(con, n.Control("r-none")))
 	adm.allowed(t, "admin reads the inbox stream", do(func(ctx context.Context) error {
