@@ -115,12 +115,12 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 		for _, b := range buckets {
 			pub(n.KVSubject(b, ">"))
 		}
-		sub(n.Pattern(protocol.ClaimFamily), n.Pattern(protocol.HeartbeatFamily), n.Pattern(protocol.ForwardFamily), n.Pattern(protocol.PingFamily),
+		sub(n.Pattern(protocol.ClaimFamily), n.Pattern(protocol.HeartbeatFamily), n.Pattern(protocol.ResultRequestFamily), n.Pattern(protocol.ForwardFamily), n.Pattern(protocol.PingFamily),
 			n.Pattern(protocol.CheckpointRequestFamily))
 		p.AllowResponses = true // claims and heartbeats are answered on the worker's inbox
 		p.Publish.Deny = l.destructive()
 	case RoleWorker:
-		pub(n.Pattern(protocol.ClaimFamily), n.Pattern(protocol.HeartbeatFamily), n.Pattern(protocol.ResultFamily))
+		pub(n.Pattern(protocol.ClaimFamily), n.Pattern(protocol.HeartbeatFamily), n.Pattern(protocol.ResultRequestFamily), n.Pattern(protocol.ResultFamily))
 		pub(streamInfo(kvStream(n, protocol.BucketWorkers)))
 		for _, pool := range u.Pools {
 			for _, tool := range l.PoolTools[pool] {

@@ -25,6 +25,7 @@ func (s *shard) drive(ctx, runCtx context.Context, rs *runState) error {
 				if err := s.flush(ctx, rs); err != nil {
 					return err
 				}
+				s.answerNow(rs)
 			}
 			decisions, err := s.e.gateDecisions(ctx, rs.run, w.CallIDs)
 			if err != nil {
@@ -43,8 +44,17 @@ func (s *shard) drive(ctx, runCtx context.Context, rs *runState) error {
 				return err
 			}
 		case aggregate.NextExecuting:
+			// A worker's result may bring its claim of the next call
+			// (sandbox.go): staged now, committed with what is staged.
+			chained, err := s.chain(ctx, rs, w.CallIDs)
+			if err != nil {
+				return err
+			}
 			if err := s.flush(ctx, rs); err != nil {
 				return err
+			}
+			if chained != nil {
+				s.granted(rs, chained)
 			}
 			s.startExecutors(runCtx, rs, w.CallIDs)
 			return nil

@@ -39,9 +39,18 @@ import (
 //     each heartbeat renews the lease. A lease that runs out is decided by
 //     the recovery table (LeaseExpired). After a restart the engine waits
 //     one lease period for heartbeats before it decides.
-//  4. The worker publishes the outcome on <prefix>.result.<run_id> with its
-//     claim token. A result whose token is not the call's current claim is
-//     refused (fencing), recorded as ResultRefused, and never applied.
+//  4. The worker asks the engine to record the outcome on
+//     <prefix>.api.result with its claim token; the reply comes once the
+//     result is decided and committed. A result whose token is not the
+//     call's current claim is refused (fencing), recorded as
+//     ResultRefused, and never applied. The request may offer the
+//     attempt's slot to the run's next call (chain): when that call's
+//     CallExecuting follows in the same drive, on a tool the worker
+//     offered, the engine decides the worker's claim of it, commits it with
+//     the result, and grants it in the reply; no dispatch notice or claim
+//     request is sent for it. A worker that no engine answers publishes the
+//     outcome on <prefix>.result.<run_id> in the inbox instead, where the
+//     run's owner takes it.
 //  5. No claim before the dispatch deadline: the call completes (or is
 //     retried, within max_attempts) with unavailable_before_dispatch.
 //
@@ -153,7 +162,7 @@ func (e *Engine) serveWorkers() ([]*nats.Subscription, error) {
 	for _, api := range []struct {
 		subject string
 		decode  func(*nats.Msg) (work, string, error)
-	}{{e.names.Claim(), decodeClaim}, {e.names.Heartbeat(), decodeHeartbeat}} {
+	}{{e.names.Claim(), decodeClaim}, {e.names.Heartbeat(), decodeHeartbeat}, {e.names.ResultRequest(), decodeResultReq}} {
 		// Every engine receives every request; only the run's owner answers.
 		sub, err := e.nc.Subscribe(api.subject, func(m *nats.Msg) {
 			w, op, err := api.decode(m)
@@ -202,10 +211,29 @@ func decodeHeartbeat(m *nats.Msg) (work, string, error) {
 	return hr, hr.body.OperationID, err
 }
 
-// respond answers a worker's request on its reply inbox, and nowhere
-// else: a request naming a stream's subject as its reply would otherwise
-// have the engine, which may write every stream, publish into it.
-func respond(m *nats.Msg, r protocol.ClaimReply) {
+// decodeResultReq decodes what names the request and its offer; the
+// result itself is decoded with the engine's limits where it is decided.
+func decodeResultReq(m *nats.Msg) (work, string, error) {
+	rr := &resultReq{req: m}
+	var head struct {
+		resultHead  `msgpack:",inline"`
+		WorkerID    string   `msgpack:"worker_id"`
+		Incarnation string   `msgpack:"incarnation"`
+		NextPool    string   `msgpack:"next_pool"`
+		NextTools   []string `msgpack:"next_tools"`
+	}
+	err := events.Unmarshal(m.Data, &head)
+	rr.body = protocol.ResultRequest{Result: protocol.Result{OperationID: head.OperationID, Attempt: head.Attempt, ClaimToken: head.ClaimToken},
+		WorkerID: head.WorkerID, Incarnation: head.Incarnation, NextPool: head.NextPool, NextTools: head.NextTools}
+	return rr, head.OperationID, err
+}
+
+// respond answers a worker's request (r a protocol.ClaimReply or
+// ResultReply) on its reply inbox, and nowhere else: a request naming a
+// stream's subject as its reply would otherwise have the engine, which may
+// write every stream, publish into it. (A ClaimReply that only says busy
+// reads as a ResultReply that recorded nothing: both name it "reason".)
+func respond(m *nats.Msg, r any) {
 	if !access.IsInbox(m.Reply) {
 		return
 	}
@@ -250,15 +278,22 @@ func (s *shard) onClaim(ctx context.Context, rs *runState, cr *claimReq) error {
 		respond(cr.req, protocol.ClaimReply{Reason: err.Error()})
 		return nil
 	}
-	// The grant as the log holds it: new, or the one this worker process
-	// asks for again.
-	c, _ := rs.run.OpenBatch().Call(callID)
-	token := c.Claim.Token
-	rs.leases[callID] = lease{attempt: req.Attempt, token: token, deadline: time.Now().Add(s.e.cfg.Lease)}
-	delete(rs.unclaimed, callID)
-	respond(cr.req, protocol.ClaimReply{Granted: true, ClaimToken: token, LeaseMS: leaseMS, Job: &protocol.Dispatch{
-		BatchID: batchID, RunID: rs.id, CallID: callID, ToolID: c.ToolID, Arguments: c.Arguments, Attempt: req.Attempt, OperationID: req.OperationID}})
+	respond(cr.req, s.grant(rs, callID))
 	return nil
+}
+
+// grant is the reply that hands a claimed attempt to its worker, as the
+// log holds the claim (new, or the one this worker process asks for
+// again); from now on the attempt's lease is watched here.
+func (s *shard) grant(rs *runState, callID string) protocol.ClaimReply {
+	b := rs.run.OpenBatch()
+	c, _ := b.Call(callID)
+	rs.leases[callID] = lease{attempt: c.Claim.Attempt, token: c.Claim.Token, deadline: time.Now().Add(s.e.cfg.Lease)}
+	delete(rs.unclaimed, callID)
+	return protocol.ClaimReply{Granted: true, ClaimToken: c.Claim.Token, LeaseMS: s.e.cfg.Lease.Milliseconds(),
+		TraceParent: s.e.events.tracer.Attempt(rs.id, callID, c.Claim.Attempt),
+		Job: &protocol.Dispatch{BatchID: b.ID, RunID: rs.id, CallID: callID, ToolID: c.ToolID, Arguments: c.Arguments,
+			Attempt: c.Claim.Attempt, OperationID: b.OperationID(callID)}}
 }
 
 // claimerMayRun refuses a claim from a worker that does not serve the
@@ -293,23 +328,15 @@ func (s *shard) onHeartbeat(rs *runState, hr *heartbeatReq) error {
 	return nil
 }
 
-// onResult applies a worker's result, or records it as refused.
+// onResult applies a worker's result from the inbox, or records it as
+// refused.
 func (s *shard) onResult(ctx context.Context, rs *runState, in *inboxMsg) error {
-	res, err := protocol.DecodeResult(in.msg.Data(), s.e.cfg.Limits)
+	res, err := s.e.decodeResult(in.msg.Data())
 	if err != nil {
-		// A result that names its attempt but whose outcome is malformed
-		// (an invalid staged command, an oversized output) completes the
-		// call with an error output, as a brain tool's would; one that
-		// names nothing is terminated.
-		var head resultHead
-		if herr := events.Unmarshal(in.msg.Data(), &head); herr != nil || head.OperationID == "" {
-			s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("undecodable result: terminated")
-			return in.msg.TermWithReason("undecodable result: " + err.Error())
-		}
-		res = &protocol.Result{OperationID: head.OperationID, Attempt: head.Attempt, ClaimToken: head.ClaimToken,
-			Error: &events.ToolError{Kind: events.ErrorExecution, Message: "malformed result from the worker: " + err.Error()}}
+		s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("undecodable result: terminated")
+		return in.msg.TermWithReason("undecodable result: " + err.Error())
 	}
-	runID, batchID, callID, ok := splitOperationID(res.OperationID)
+	runID, _, _, ok := splitOperationID(res.OperationID)
 	if !ok {
 		return in.msg.TermWithReason("result with a bad operation id " + res.OperationID)
 	}
@@ -317,12 +344,75 @@ func (s *shard) onResult(ctx context.Context, rs *runState, in *inboxMsg) error 
 		s.e.log.Warn().Str(fieldRunID, rs.id).Str("operation_id", res.OperationID).Msg("result names another run: terminated")
 		return in.msg.TermWithReason("result for operation " + res.OperationID + " published on run " + rs.id + "'s subject")
 	}
+	refused, err := s.takeResult(ctx, rs, res)
+	if err != nil {
+		return err // not recorded: the message comes back
+	}
+	if refused != "" {
+		return s.settle(rs, in.msg)
+	}
+	rs.held = append(rs.held, in.msg)
+	return nil // handle drives the run
+}
+
+// onResultReq decides a worker's result asked on <prefix>.api.result; the
+// reply (handle sends it after the drive, so that the result and whatever
+// the drive decided with it are committed) says it is recorded, and grants
+// the run's next call when the worker offered to take it (chain) or was
+// granted a call of this run it may not have heard of.
+func (s *shard) onResultReq(ctx context.Context, rs *runState, rr *resultReq) error {
+	res, err := s.e.decodeResult(rr.req.Data)
+	if err != nil {
+		rr.reply = protocol.ResultReply{Reason: "undecodable result: " + err.Error()}
+		return nil
+	}
+	refused, err := s.takeResult(ctx, rs, res)
+	if err != nil {
+		return err // not recorded: answered busy, the worker asks again
+	}
+	rr.reply = protocol.ResultReply{Recorded: true, Refused: refused}
+	if refused != "" {
+		// Asked again after its answer was lost, say: the grant that
+		// answer carried comes again (the worker runs an attempt once
+		// however many times it hears of it).
+		rr.reply.Next = s.regrant(rs, rr.body.WorkerID, rr.body.Incarnation)
+		return nil
+	}
+	if rr.body.NextPool != "" && len(rr.body.NextTools) > 0 {
+		rs.offer = rr
+	}
+	return nil // handle drives the run
+}
+
+// decodeResult decodes a worker's result with the engine's limits. A
+// result that names its attempt but whose outcome is malformed (an invalid
+// staged command, an oversized output) completes the call with an error
+// output, as a brain tool's would; one that names nothing is an error.
+func (e *Engine) decodeResult(body []byte) (*protocol.Result, error) {
+	res, err := protocol.DecodeResult(body, e.cfg.Limits)
+	if err == nil {
+		return res, nil
+	}
+	var head resultHead
+	if herr := events.Unmarshal(body, &head); herr != nil || head.OperationID == "" {
+		return nil, err
+	}
+	return &protocol.Result{OperationID: head.OperationID, Attempt: head.Attempt, ClaimToken: head.ClaimToken,
+		Error: &events.ToolError{Kind: events.ErrorExecution, Message: "malformed result from the worker: " + err.Error()}}, nil
+}
+
+// takeResult decides a result of the run: applied (the attempt's lease
+// and flight end here; handle drives the run) or refused, with why (the
+// refusal, when it is recorded, is flushed). An error is no decision:
+// nothing was recorded.
+func (s *shard) takeResult(ctx context.Context, rs *runState, res *protocol.Result) (string, error) {
+	_, batchID, callID, _ := splitOperationID(res.OperationID)
 	evs, err := s.decide(ctx, rs, aggregate.Result{BatchID: batchID, Complete: aggregate.Complete{CallID: callID, Attempt: res.Attempt,
 		ClaimToken: res.ClaimToken, Output: res.Output, Error: res.Error, Limits: s.e.outputLimits(), At: s.e.cfg.Now()}})
 	if err != nil && !aggregate.IsDecision(err) {
-		return err // not recorded: the message comes back
+		return "", err
 	}
-	var refused string // why the result is not applied
+	var refused string
 	if err != nil {
 		refused = err.Error() // another batch's, or a call that is gone
 	} else if ref, ok := sole[*events.ResultRefused](evs); ok {
@@ -330,15 +420,89 @@ func (s *shard) onResult(ctx context.Context, rs *runState, in *inboxMsg) error 
 	}
 	if refused != "" {
 		if err := s.flush(ctx, rs); err != nil {
-			return err
+			return "", err
 		}
 		s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, callID).Str("reason", refused).Msg("result refused")
-		return s.settle(rs, in.msg)
+		return refused, nil
 	}
 	delete(rs.leases, callID)
 	delete(rs.inflight, fmt.Sprintf("%s/%d", callID, res.Attempt))
-	rs.held = append(rs.held, in.msg)
-	return nil // handle drives the run
+	return "", nil
+}
+
+// chain claims for the worker of the result request being handled, when
+// it offered its slot, the first of the run's executing calls that no
+// executor has entered here and that runs in the offered pool on an
+// offered tool. The claim is staged with the result, so the drive's flush
+// commits both; it is decided as any claim (a call the aggregate will not
+// let it claim is dispatched as usual). It returns the request, with the
+// call it claimed, or nil.
+func (s *shard) chain(ctx context.Context, rs *runState, callIDs []string) (*resultReq, error) {
+	rr := rs.offer
+	rs.offer = nil
+	if rr == nil {
+		return nil, nil
+	}
+	b := rs.run.OpenBatch()
+	for _, id := range callIDs {
+		c, _ := b.Call(id)
+		if c == nil || c.Tool.Target != events.TargetSandbox || rs.inflight[fmt.Sprintf("%s/%d", id, c.Attempt)] ||
+			poolOf(c.Tool) != rr.body.NextPool || !slices.Contains(rr.body.NextTools, c.ToolID) {
+			continue
+		}
+		if s.e.claimerMayRun(rr.req.Reply, rs, id) != nil {
+			return nil, nil
+		}
+		_, err := s.decide(ctx, rs, aggregate.Claim{CallID: id, Attempt: c.Attempt, WorkerID: rr.body.WorkerID,
+			Incarnation: rr.body.Incarnation, Token: newID(), LeaseMS: s.e.cfg.Lease.Milliseconds(), At: s.e.cfg.Now()})
+		if aggregate.IsDecision(err) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		rr.chained = id
+		return rr, nil
+	}
+	return nil, nil
+}
+
+// answerNow answers the result request being handled before the drive
+// goes on, when what follows may take its time (an external gate): the
+// result is committed, and no call is granted with it.
+func (s *shard) answerNow(rs *runState) {
+	if rr := rs.offer; rr != nil {
+		rs.offer = nil
+		respond(rr.req, rr.reply)
+		rr.answered = true
+	}
+}
+
+// granted hands a call chain claimed, now committed, to its worker: the
+// grant goes in the result request's reply, and the call is in flight
+// here (no dispatch notice is sent for it).
+func (s *shard) granted(rs *runState, rr *resultReq) {
+	c, _ := rs.run.OpenBatch().Call(rr.chained)
+	rs.inflight[fmt.Sprintf("%s/%d", rr.chained, c.Attempt)] = true
+	g := s.grant(rs, rr.chained)
+	rr.reply.Next = &g
+}
+
+// regrant is the grant of a call of the run's open batch that the worker
+// process holds the current claim of, or nil.
+func (s *shard) regrant(rs *runState, workerID, incarnation string) *protocol.ClaimReply {
+	b := rs.run.OpenBatch()
+	if b == nil || incarnation == "" {
+		return nil
+	}
+	for id, l := range rs.leases {
+		c, _ := b.Call(id)
+		if c != nil && c.Claim != nil && c.Claim.Token == l.token && c.Claim.WorkerID == workerID && c.Claim.Incarnation == incarnation {
+			g := s.grant(rs, id)
+			return &g
+		}
+	}
+	return nil
 }
 
 // checkLeases decides the attempts whose lease or dispatch deadline ran

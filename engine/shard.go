@@ -22,7 +22,7 @@ type item struct {
 }
 
 // work is one kind of work item: *inboxMsg, *outcome, *claimReq,
-// *heartbeatReq, *leaseExpiry, *unclaimedExpiry or *reclaimRun. Each is decoded once,
+// *heartbeatReq, *resultReq, *leaseExpiry, *unclaimedExpiry or *reclaimRun. Each is decoded once,
 // where it enters the engine, and the run is driven once per item.
 type work interface{ kindName() string }
 
@@ -46,10 +46,24 @@ type heartbeatReq struct {
 	body protocol.Heartbeat
 }
 
+// resultReq is a worker's request to record its result: its body (the
+// result, decoded with the engine's limits where it is decided) and what
+// the reply will say.
+type resultReq struct {
+	req   *nats.Msg
+	body  protocol.ResultRequest
+	reply protocol.ResultReply
+	// chained is the call the drive claimed for the worker (chain);
+	// answered: the reply is sent (answerNow).
+	chained  string
+	answered bool
+}
+
 func (w *inboxMsg) kindName() string      { return w.kind }
 func (*outcome) kindName() string         { return "outcome" }
 func (*claimReq) kindName() string        { return "claim" }
 func (*heartbeatReq) kindName() string    { return "heartbeat" }
+func (*resultReq) kindName() string       { return "result request" }
 func (*leaseExpiry) kindName() string     { return "lease" }
 func (*unclaimedExpiry) kindName() string { return "unclaimed" }
 func (*reclaimRun) kindName() string      { return "reclaim" }
@@ -68,6 +82,8 @@ func (it item) request() *nats.Msg {
 	case *claimReq:
 		return w.req
 	case *heartbeatReq:
+		return w.req
+	case *resultReq:
 		return w.req
 	}
 	return nil
@@ -122,6 +138,9 @@ type runState struct {
 	// idleSince is when the owned run became quiescent here (zero: busy,
 	// or not owned).
 	idleSince time.Time
+	// offer is the result request being handled whose worker offers to
+	// take the run's next call (drive claims it for the worker: chain).
+	offer *resultReq
 }
 
 // shard serializes the work of the runs hashed to it.
@@ -243,6 +262,7 @@ func (s *shard) handle(runCtx context.Context, it item) {
 		return
 	}
 	var err error
+	defer func() { rs.offer = nil }()
 	for try := 0; try < 3; try++ {
 		if err = s.load(ctx, rs); err == nil {
 			err = s.handleOnce(ctx, runCtx, rs, it)
@@ -277,6 +297,8 @@ func (s *shard) handle(runCtx context.Context, it item) {
 		if req := it.request(); req != nil {
 			respond(req, protocol.ClaimReply{Reason: protocol.ReasonBusy})
 		}
+	} else if rr, ok := it.work.(*resultReq); ok && !rr.answered {
+		respond(rr.req, rr.reply) // after drive: the result and what it led to are in the log
 		if o := done; o != nil {
 			// Not recorded: keep the outcome and try again.
 			rs.inflight[fmt.Sprintf("%s/%d", o.callID, o.attempt)] = true
@@ -340,6 +362,8 @@ func (s *shard) handleOnce(ctx, runCtx context.Context, rs *runState, it item) e
 		return s.onClaim(ctx, rs, w)
 	case *heartbeatReq:
 		return s.onHeartbeat(rs, w)
+	case *resultReq:
+		return s.onResultReq(ctx, rs, w)
 	case *leaseExpiry:
 		return s.onLeaseExpired(ctx, rs, w)
 	case *unclaimedExpiry:

@@ -85,9 +85,13 @@ var (
 	TimerFireFamily = Family{"timer_fire", []string{"timer", "fire", TokRunID}, StreamTimers}
 	ClaimFamily     = Family{"claim", []string{"api", "claim"}, ""}
 	HeartbeatFamily = Family{"heartbeat", []string{"api", "heartbeat"}, ""}
-	GateFamily      = Family{"gate", []string{"gate"}, ""}
-	BrainFamily     = Family{"brain", []string{"brain", TokToolID}, ""}
-	DelegateFamily  = Family{"delegate", []string{"delegate", TokToolID}, ""}
+	// ResultRequestFamily is where a worker asks the run's owner to record
+	// its result (request/reply; the inbox's result subject is the
+	// fallback when no engine answers).
+	ResultRequestFamily = Family{"result_request", []string{"api", "result"}, ""}
+	GateFamily          = Family{"gate", []string{"gate"}, ""}
+	BrainFamily         = Family{"brain", []string{"brain", TokToolID}, ""}
+	DelegateFamily      = Family{"delegate", []string{"delegate", TokToolID}, ""}
 	// ForwardFamily carries the messages other engines forward to the owner of
 	// their run (engine internal).
 	ForwardFamily = Family{"forward", []string{"engine", TokEngineID, "forward"}, ""}
@@ -104,7 +108,7 @@ var (
 
 // Families lists every subject family, in the order of docs/protocol.md.
 var Families = []Family{EventsFamily, SubmitFamily, SubmitAsFamily, ResumeFamily, ResumeAsFamily, ControlFamily, ResultFamily, DispatchFamily, OutFamily,
-	TimerAtFamily, TimerFireFamily, ClaimFamily, HeartbeatFamily, GateFamily, BrainFamily, DelegateFamily, ForwardFamily, PingFamily,
+	TimerAtFamily, TimerFireFamily, ClaimFamily, HeartbeatFamily, ResultRequestFamily, GateFamily, BrainFamily, DelegateFamily, ForwardFamily, PingFamily,
 	CheckpointFamily, CheckpointRequestFamily}
 
 // Out kinds: the last token of an out subject.
@@ -282,6 +286,9 @@ func (n Names) TimerFire(runID string) string { return n.Subject(TimerFireFamily
 // Claim and Heartbeat are the engine's request/reply subjects for workers.
 func (n Names) Claim() string     { return n.Subject(ClaimFamily) }
 func (n Names) Heartbeat() string { return n.Subject(HeartbeatFamily) }
+
+// ResultRequest is where a worker asks the engine to record its result.
+func (n Names) ResultRequest() string { return n.Subject(ResultRequestFamily) }
 
 // Forward is where other engines forward the messages of the runs an
 // engine owns (core NATS, engine internal).

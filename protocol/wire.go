@@ -300,6 +300,10 @@ type ClaimReply struct {
 	LeaseMS    int64     `msgpack:"lease_ms,omitempty" json:"lease_ms,omitempty"`
 	Reason     string    `msgpack:"reason,omitempty" json:"reason,omitempty"`
 	Job        *Dispatch `msgpack:"job,omitempty" json:"job,omitempty"`
+	// TraceParent is the attempt's trace context, in a grant that no
+	// dispatch notice announced (ResultReply.Next): a notice carries it as
+	// its traceparent header.
+	TraceParent string `msgpack:"traceparent,omitempty" json:"traceparent,omitempty"`
 }
 
 // ReasonBusy in a refused ClaimReply means the engine could not decide
@@ -329,6 +333,36 @@ type Result struct {
 	ClaimToken  string            `msgpack:"claim_token" json:"claim_token"`
 	Output      *events.Output    `msgpack:"output,omitempty" json:"output,omitempty"`
 	Error       *events.ToolError `msgpack:"error,omitempty" json:"error,omitempty"`
+}
+
+// ResultRequest reports an attempt's outcome on <prefix>.api.result and
+// asks the engine that owns the run to record it: the fields of a Result,
+// the reporting worker, and optionally an offer to take the run's next
+// call. With NextPool and NextTools the worker says it will run, in the
+// slot the attempt frees, the run's next call if that call runs in
+// NextPool on one of NextTools: the engine then claims it for the worker
+// in the same commit as the result (a claim carried by the result, decided
+// as any claim) and grants it in the reply, and no dispatch notice or claim
+// request is sent for it.
+type ResultRequest struct {
+	Result      `msgpack:",inline"`
+	WorkerID    string   `msgpack:"worker_id" json:"worker_id"`
+	Incarnation string   `msgpack:"incarnation,omitempty" json:"incarnation,omitempty"`
+	NextPool    string   `msgpack:"next_pool,omitempty" json:"next_pool,omitempty"`
+	NextTools   []string `msgpack:"next_tools,omitempty" json:"next_tools,omitempty"`
+}
+
+// ResultReply answers a ResultRequest. Recorded means the engine decided
+// the result and its decision is in the log: applied, or refused (Refused
+// says why: a stale claim, a call that moved on); the worker is done with
+// it either way. Not recorded (Reason, protocol.ReasonBusy say) means
+// nothing was decided: ask again, or publish the result on the inbox. Next
+// is a grant of the run's next call to this worker, as a claim's reply.
+type ResultReply struct {
+	Recorded bool        `msgpack:"recorded" json:"recorded"`
+	Refused  string      `msgpack:"refused,omitempty" json:"refused,omitempty"`
+	Reason   string      `msgpack:"reason,omitempty" json:"reason,omitempty"`
+	Next     *ClaimReply `msgpack:"next,omitempty" json:"next,omitempty"`
 }
 
 // ErrResultShape is returned for a result with both or neither of output and

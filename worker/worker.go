@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -70,6 +71,8 @@ type Worker struct {
 	log    zerolog.Logger
 	// incarnation names this process in its claims.
 	incarnation string
+	// toolIDs are the tools it serves (in each of its pools).
+	toolIDs []string
 
 	mu sync.Mutex
 	// jobs are the attempts this process is claiming or running, by
@@ -169,7 +172,11 @@ func New(nc *nats.Conn, sc sandbox.Config, runner Runner, cfg Config) (*Worker, 
 	if err != nil {
 		return nil, err
 	}
-	return &Worker{cfg: cfg, tools: sc.Tools, runner: runner, nc: nc, js: js, log: cfg.Logger,
+	ids := make([]string, len(sc.Tools))
+	for i, t := range sc.Tools {
+		ids[i] = t.ID
+	}
+	return &Worker{cfg: cfg, tools: sc.Tools, toolIDs: ids, runner: runner, nc: nc, js: js, log: cfg.Logger,
 		incarnation: nuid.Next(), jobs: map[string]*job{}, ran: map[string]time.Time{}}, nil
 }
 
@@ -269,7 +276,7 @@ func (w *Worker) Run(drain, abort context.Context) error {
 				go func() {
 					defer running.Done()
 					defer func() { <-slots; w.cfg.Metrics.Busy(-1) }()
-					w.handle(runCtx, m)
+					w.handle(runCtx, drain, m)
 				}()
 			}
 		}()
@@ -340,8 +347,9 @@ func takeSlot(slots chan struct{}, drain context.Context, m jetstream.Msg) bool 
 	}
 }
 
-// handle claims, runs and reports one job.
-func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
+// handle claims, runs and reports one job, and then, in the same slot,
+// every call of its run the engine grants with the result (chain).
+func (w *Worker) handle(runCtx, drain context.Context, m jetstream.Msg) {
 	var d protocol.Dispatch
 	if err := events.Unmarshal(m.Data(), &d); err != nil {
 		w.log.Warn().Err(err).Str("subject", m.Subject()).Msg("undecodable dispatch: terminated")
@@ -355,12 +363,11 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 		log.Debug().Msg("delivered again while in hand: joined")
 		return
 	}
-	ran := false
-	defer func() { w.done(key, ran) }()
 	where, _ := w.names().Match(protocol.DispatchFamily, m.Subject()) // pool, tool
 	if len(where) != 2 {
 		log.Warn().Str("subject", m.Subject()).Msg("a job on a subject of no pool and tool: terminated")
 		j.each(func(m jetstream.Msg) error { return m.TermWithReason("not a dispatch subject: " + m.Subject()) })
+		w.done(key, false)
 		return
 	}
 	pool, tool := where[0], where[1]
@@ -369,31 +376,80 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 	if err == nil {
 		w.cfg.Metrics.Claim(pool, tool, reply.Granted)
 	}
-	if err != nil {
+	switch {
+	case err != nil:
 		log.Warn().Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Msg("claim unanswered: job given back")
 		j.each(func(m jetstream.Msg) error { return m.NakWithDelay(time.Second) })
-		return
-	}
-	if !reply.Granted && (reply.Reason == protocol.ReasonBusy || reply.Reason == protocol.ReasonClaimed) {
+	case !reply.Granted && (reply.Reason == protocol.ReasonBusy || reply.Reason == protocol.ReasonClaimed):
 		// Busy, or another worker holds the claim and may not have had its
 		// answer: give the job back for its holder (or the lease's end).
 		j.each(func(m jetstream.Msg) error { return m.NakWithDelay(time.Second) })
-		return
-	}
-	if !reply.Granted {
+	case !reply.Granted:
 		log.Info().Str("reason", reply.Reason).Msg("claim refused: job dropped")
 		j.each(jetstream.Msg.Ack)
-		return
-	}
 	// Run what the engine granted, not what the notice said: the job of
 	// the claim reply, which only an engine can send to this worker's
 	// inbox. It must be the attempt claimed, of a tool of this subject.
-	granted := reply.Job
-	if granted == nil || granted.OperationID != d.OperationID || granted.Attempt != d.Attempt || tool != granted.ToolID {
+	case reply.Job == nil || reply.Job.OperationID != d.OperationID || reply.Job.Attempt != d.Attempt || tool != reply.Job.ToolID:
 		log.Warn().Str("subject", m.Subject()).Msg("claim granted without this job: not run; the lease runs out and the engine decides")
 		j.each(jetstream.Msg.Ack)
+	default:
+		if reply.TraceParent == "" {
+			reply.TraceParent = m.Headers().Get(protocol.HeaderTraceParent)
+		}
+		for key != "" {
+			next := w.runGranted(runCtx, drain, j, pool, key, reply)
+			key, j = "", nil
+			if next != nil {
+				key, j = w.adopt(pool, *next)
+				reply = *next
+			}
+		}
 		return
 	}
+	w.done(key, false)
+}
+
+// adopt takes a call the engine granted with a result: its key and job, or
+// "" when it is not one to run here (already in hand or run, or not of a
+// tool of the pool; then its lease runs out and the engine decides).
+func (w *Worker) adopt(pool string, g protocol.ClaimReply) (string, *job) {
+	if !g.Granted || g.Job == nil || !w.serves(pool, g.Job.ToolID) {
+		w.log.Warn().Str("pool", pool).Msg("a grant with a result that is no job of this worker's: not run; its lease runs out and the engine decides")
+		return "", nil
+	}
+	key := fmt.Sprintf("%s/%d", g.Job.OperationID, g.Job.Attempt)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.ran[key]; ok {
+		return "", nil
+	}
+	if _, ok := w.jobs[key]; ok {
+		return "", nil
+	}
+	j := &job{}
+	w.jobs[key] = j
+	w.cfg.Metrics.Claim(pool, g.Job.ToolID, true)
+	return key, j
+}
+
+// serves reports whether the worker serves tool in pool.
+func (w *Worker) serves(pool, tool string) bool {
+	if !slices.Contains(w.cfg.Pools, pool) {
+		return false
+	}
+	return slices.Contains(w.toolIDs, tool)
+}
+
+// runGranted runs a granted attempt, heartbeating its lease, reports its
+// result and acknowledges its deliveries; it returns the run's next call
+// when the engine granted it with the result.
+func (w *Worker) runGranted(runCtx, drain context.Context, j *job, pool, key string, reply protocol.ClaimReply) *protocol.ClaimReply {
+	granted := *reply.Job
+	tool := granted.ToolID
+	log := w.log.With().Str("run_id", granted.RunID).Str("call_id", granted.CallID).Int("attempt", granted.Attempt).Logger()
+	ran := false
+	defer func() { w.done(key, ran) }()
 	lease := time.Duration(reply.LeaseMS) * time.Millisecond
 	if lease <= 0 {
 		lease = 10 * time.Second
@@ -411,7 +467,7 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 				return
 			case <-tick.C:
 				j.each(jetstream.Msg.InProgress)
-				r, err := w.request(w.names().Heartbeat(), protocol.Heartbeat{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, WorkerID: w.cfg.WorkerID})
+				r, err := w.request(w.names().Heartbeat(), protocol.Heartbeat{OperationID: granted.OperationID, Attempt: granted.Attempt, ClaimToken: reply.ClaimToken, WorkerID: w.cfg.WorkerID})
 				switch {
 				case err != nil:
 					w.cfg.Metrics.Heartbeat(metrics.HeartbeatFailed)
@@ -428,7 +484,7 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 			}
 		}
 	}()
-	span := w.cfg.Tracing.Sandbox(m.Headers().Get(protocol.HeaderTraceParent), pool, tool, granted.CallID, w.cfg.WorkerID, granted.Attempt)
+	span := w.cfg.Tracing.Sandbox(reply.TraceParent, pool, tool, granted.CallID, w.cfg.WorkerID, granted.Attempt)
 	began := time.Now()
 	res := w.runner.Run(toolCtx, sandbox.Call{ToolID: granted.ToolID, CallID: granted.CallID, OperationID: granted.OperationID, Attempt: granted.Attempt,
 		Arguments: granted.Arguments, TraceParent: span.ToolParent()})
@@ -438,17 +494,6 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 	}
 	stopTool()
 	<-beatDone
-	result := protocol.Result{OperationID: d.OperationID, Attempt: d.Attempt, ClaimToken: reply.ClaimToken, Output: res.Output, Error: res.Err}
-	if result.Output == nil && result.Error == nil {
-		result.Error = &events.ToolError{Kind: events.ErrorExecution, Message: "the tool reported nothing"}
-	}
-	body, err := events.Marshal(result)
-	if err != nil {
-		log.Error().Err(err).Msg("encode result")
-		return
-	}
-	msg := nats.NewMsg(w.names().Result(granted.RunID))
-	msg.Data = body
 	defer func() {
 		errType := ""
 		if res.Err != nil {
@@ -456,23 +501,85 @@ func (w *Worker) handle(runCtx context.Context, m jetstream.Msg) {
 		}
 		span.End(res.Class(), errType)
 	}()
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := w.js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("result/%s/%d/%s", d.OperationID, d.Attempt, reply.ClaimToken)))
-		cancel()
-		if err == nil {
-			break
-		}
-		log.Warn().Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Msg("publish result failed; retrying")
-		select {
-		case <-runCtx.Done():
-			return // aborted: the lease runs out and the engine decides
-		case <-time.After(time.Second):
-		}
+	result := protocol.Result{OperationID: granted.OperationID, Attempt: granted.Attempt, ClaimToken: reply.ClaimToken, Output: res.Output, Error: res.Err}
+	if result.Output == nil && result.Error == nil {
+		result.Error = &events.ToolError{Kind: events.ErrorExecution, Message: "the tool reported nothing"}
+	}
+	req := protocol.ResultRequest{Result: result, WorkerID: w.cfg.WorkerID, Incarnation: w.incarnation}
+	if drain.Err() == nil {
+		// The slot this attempt frees may take the run's next call.
+		req.NextPool = pool
+		req.NextTools = w.toolIDs
+	}
+	next, ok := w.report(runCtx, log, granted.RunID, req, lease)
+	if !ok {
+		return nil // aborted: the lease runs out and the engine decides
 	}
 	ran = true
 	j.each(jetstream.Msg.Ack)
 	log.Debug().Msg("done")
+	return next
+}
+
+// report hands a result to the engine. It asks on <prefix>.api.result
+// until an engine records it, for at most the lease (an engine answers
+// within milliseconds; one that does not may be taken over, and a request
+// asked again is answered again, with the same grant); when no engine
+// answers in that time, or none listens, it publishes the result on the
+// run's inbox subject, where it waits for whichever engine owns the run.
+// It returns the grant of the run's next call the engine answered with,
+// and false only when the worker was aborted first.
+func (w *Worker) report(runCtx context.Context, log zerolog.Logger, runID string, req protocol.ResultRequest, lease time.Duration) (*protocol.ClaimReply, bool) {
+	body, err := events.Marshal(req)
+	if err != nil {
+		log.Error().Err(err).Msg("encode result")
+		return nil, false
+	}
+	why := "no engine listens on " + w.names().ResultRequest()
+	for until := time.Now().Add(lease); time.Now().Before(until); {
+		var r protocol.ResultReply
+		msg, err := w.nc.Request(w.names().ResultRequest(), body, claimTimeout)
+		if err == nil {
+			err = events.Unmarshal(msg.Data, &r)
+		}
+		if err == nil && r.Recorded {
+			if r.Refused != "" {
+				log.Info().Str("reason", r.Refused).Msg("result refused by the engine")
+			}
+			return r.Next, true
+		}
+		if errors.Is(err, nats.ErrNoResponders) {
+			why = "no engine listens on " + w.names().ResultRequest()
+			break
+		}
+		if err == nil {
+			err = errors.New(r.Reason)
+		}
+		why = fmt.Sprintf("no engine recorded it on %s within the lease (%v; a worker credential made before that subject existed lacks it: make it again)", w.names().ResultRequest(), err)
+		log.Debug().Err(err).Msg("result not recorded yet; asking again")
+		select {
+		case <-runCtx.Done():
+			return nil, false
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	log.Warn().Str("why", why).Msg("result published on the inbox, where the run's owner takes it")
+	msg := nats.NewMsg(w.names().Result(runID))
+	msg.Data, _ = events.Marshal(req.Result)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := w.js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("result/%s/%d/%s", req.OperationID, req.Attempt, req.ClaimToken)))
+		cancel()
+		if err == nil {
+			return nil, true
+		}
+		log.Warn().Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Msg("publish result failed; retrying")
+		select {
+		case <-runCtx.Done():
+			return nil, false
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 func (w *Worker) request(subject string, v any) (protocol.ClaimReply, error) {
