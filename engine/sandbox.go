@@ -340,6 +340,9 @@ func (s *shard) onResult(ctx context.Context, rs *runState, in *inboxMsg) error 
 	if !ok {
 		return in.msg.TermWithReason("result with a bad operation id " + res.OperationID)
 	}
+	if rs.answered[resultID(res)] {
+		return s.settle(rs, in.msg) // recorded when asked on api.result
+	}
 	if runID != rs.id {
 		s.e.log.Warn().Str(fieldRunID, rs.id).Str("operation_id", res.OperationID).Msg("result names another run: terminated")
 		return in.msg.TermWithReason("result for operation " + res.OperationID + " published on run " + rs.id + "'s subject")
@@ -355,6 +358,11 @@ func (s *shard) onResult(ctx context.Context, rs *runState, in *inboxMsg) error 
 	return nil // handle drives the run
 }
 
+// resultID names a result: its attempt and claim.
+func resultID(r *protocol.Result) string {
+	return fmt.Sprintf("%s/%d/%s", r.OperationID, r.Attempt, r.ClaimToken)
+}
+
 // onResultReq decides a worker's result asked on <prefix>.api.result; the
 // reply (handle sends it after the drive, so that the result and whatever
 // the drive decided with it are committed) says it is recorded, and grants
@@ -366,19 +374,20 @@ func (s *shard) onResultReq(ctx context.Context, rs *runState, rr *resultReq) er
 		rr.reply = protocol.ResultReply{Reason: "undecodable result: " + err.Error()}
 		return nil
 	}
+	rr.id = resultID(res)
+	if rs.answered[rr.id] {
+		// Asked again after its answer was lost: recorded, and the grant
+		// that answer carried comes again (the worker runs an attempt once
+		// however many times it hears of it).
+		rr.reply = protocol.ResultReply{Recorded: true, Next: s.regrant(rs, rr.body.WorkerID, rr.body.Incarnation)}
+		return nil
+	}
 	refused, err := s.takeResult(ctx, rs, res)
 	if err != nil {
 		return err // not recorded: answered busy, the worker asks again
 	}
 	rr.reply = protocol.ResultReply{Recorded: true, Refused: refused}
-	if refused != "" {
-		// Asked again after its answer was lost, say: the grant that
-		// answer carried comes again (the worker runs an attempt once
-		// however many times it hears of it).
-		rr.reply.Next = s.regrant(rs, rr.body.WorkerID, rr.body.Incarnation)
-		return nil
-	}
-	if rr.body.NextPool != "" && len(rr.body.NextTools) > 0 {
+	if refused == "" && rr.body.NextPool != "" && len(rr.body.NextTools) > 0 {
 		rs.offer = rr
 	}
 	return nil // handle drives the run
@@ -473,10 +482,26 @@ func (s *shard) chain(ctx context.Context, rs *runState, callIDs []string) (*res
 func (s *shard) answerNow(rs *runState) {
 	if rr := rs.offer; rr != nil {
 		rs.offer = nil
-		respond(rr.req, rr.reply)
-		rr.answered = true
+		s.answer(rs, rr)
 	}
 }
+
+// answer sends a result request's reply, once what it says is committed,
+// and remembers the result it recorded.
+func (s *shard) answer(rs *runState, rr *resultReq) {
+	respond(rr.req, rr.reply)
+	rr.answered = true
+	if !rr.reply.Recorded || rr.reply.Refused != "" {
+		return
+	}
+	if rs.answered == nil || len(rs.answered) >= maxAnswered {
+		rs.answered = map[string]bool{} // older ones: refused if they come again
+	}
+	rs.answered[rr.id] = true
+}
+
+// maxAnswered bounds the results remembered per run.
+const maxAnswered = 64
 
 // granted hands a call chain claimed, now committed, to its worker: the
 // grant goes in the result request's reply, and the call is in flight

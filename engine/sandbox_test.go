@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -269,4 +270,173 @@ func runLogged(t *testing.T, url string, cat *catalog.Catalog) (*engine.Engine, 
 	t.Cleanup(func() { stop(); <-done })
 	<-eng.Ready()
 	return eng, logs
+}
+
+// TestResultCarriesTheNextClaim plays a sandbox worker over raw NATS on
+// <prefix>.api.result: a result that offers its slot to the run's next
+// call of an offered tool is committed with the worker's claim of that
+// call, and the reply grants it, so no dispatch notice is sent for it; the
+// same request asked again (its answer lost) is answered with the same
+// grant; a call of a tool the worker did not offer is dispatched as
+// usual; and each call completes once.
+func TestResultCarriesTheNextClaim(t *testing.T) {
+	cat := mustCatalog(t, `
+tools:
+  - {id: build, target: sandbox, recovery: {mode: replay_safe, max_attempts: 3}, dispatch_deadline: 20s}
+  - {id: lint, target: sandbox, recovery: {mode: replay_safe, max_attempts: 3}, dispatch_deadline: 20s}
+`)
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{Catalog: cat})
+	nc := testnats.Connect(t, url)
+	js := testnats.JetStream(t, nc)
+	c := newClient(t, url)
+	ctx := ctxT(t, 30*time.Second)
+	putKey(t, ctx, js, "TOOLBATCH_WORKERS", "sandbox.default.build.w", "replay_safe")
+	putKey(t, ctx, js, "TOOLBATCH_WORKERS", "sandbox.default.lint.w", "replay_safe")
+	notices := func() uint64 {
+		t.Helper()
+		s, err := js.Stream(ctx, "TOOLBATCH_DISPATCH")
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.LastSeq
+	}
+	next := func(tool string) protocol.Dispatch {
+		t.Helper()
+		cons, err := js.Consumer(ctx, "TOOLBATCH_DISPATCH", protocol.PoolConsumer("default", tool))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := cons.Next(jetstream.FetchMaxWait(10 * time.Second))
+		if err != nil {
+			t.Fatalf("no dispatch of %s: %v", tool, err)
+		}
+		_ = m.Ack()
+		var d protocol.Dispatch
+		if err := events.Unmarshal(m.Data(), &d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	claim := func(d protocol.Dispatch) protocol.ClaimReply {
+		t.Helper()
+		body, _ := events.Marshal(protocol.ClaimRequest{OperationID: d.OperationID, Attempt: d.Attempt, WorkerID: "w", Incarnation: "p1"})
+		m, err := nc.Request("toolbatch.api.claim", body, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r protocol.ClaimReply
+		if err := events.Unmarshal(m.Data, &r); err != nil || !r.Granted {
+			t.Fatalf("claim of %s: %+v %v", d.OperationID, r, err)
+		}
+		return r
+	}
+	report := func(g protocol.ClaimReply, text string, offer ...string) protocol.ResultReply {
+		t.Helper()
+		o := events.TextOutput(g.Job.CallID, text)
+		req := protocol.ResultRequest{Result: protocol.Result{OperationID: g.Job.OperationID, Attempt: g.Job.Attempt, ClaimToken: g.ClaimToken, Output: &o},
+			WorkerID: "w", Incarnation: "p1"}
+		if len(offer) > 0 {
+			req.NextPool, req.NextTools = "default", offer
+		}
+		body, _ := events.Marshal(req)
+		m, err := nc.Request("toolbatch.api.result", body, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r protocol.ResultReply
+		if err := events.Unmarshal(m.Data, &r); err != nil || !r.Recorded {
+			t.Fatalf("result of %s: %+v %v", g.Job.OperationID, r, err)
+		}
+		return r
+	}
+
+	if err := c.Submit(ctx, submitOf("chain", 1, "build", `{"n":1}`, "build", `{"n":2}`, "lint", `{"n":3}`)); err != nil {
+		t.Fatal(err)
+	}
+	g1 := claim(next("build"))
+	r1 := report(g1, "built 1", "build", "lint")
+	g2 := r1.Next
+	if g2 == nil || !g2.Granted || g2.Job == nil || g2.Job.CallID != "c2" || string(g2.Job.Arguments) != `{"n":2}` || g2.ClaimToken == "" {
+		t.Fatalf("the result's reply does not grant c2: %+v", r1)
+	}
+	if n := notices(); n != 1 {
+		t.Fatalf("%d dispatch notices after c2 was granted with c1's result, want 1", n)
+	}
+	// Its answer lost, the worker asks again: recorded (not refused: the
+	// same result), and the grant of c2 comes again.
+	again := report(g1, "built 1")
+	if again.Refused != "" || again.Next == nil || again.Next.ClaimToken != g2.ClaimToken || again.Next.Job.CallID != "c2" {
+		t.Fatalf("asked again: %+v, want recorded with c2's grant %s", again, g2.ClaimToken)
+	}
+	// The same result published on the inbox after it (the worker heard
+	// nothing) is not refused either; a forged token still is.
+	o1 := events.TextOutput("c1", "built 1")
+	for _, token := range []string{g1.ClaimToken, "forged"} {
+		body, _ := events.Marshal(protocol.Result{OperationID: g1.Job.OperationID, Attempt: 1, ClaimToken: token, Output: &o1})
+		m := nats.NewMsg("toolbatch.result.chain")
+		m.Data = body
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Taken in order: once the forged one is refused, the other was taken.
+	testwait.Until(t, ctx, "the forged result refused", func() bool {
+		return slices.ContainsFunc(runCommits(t, ctx, js, "chain"), func(c []string) bool { return slices.Contains(c, "ResultRefused") })
+	})
+	// The worker offers build only: c3 (lint) is dispatched.
+	if r := report(*g2, "built 2", "build"); r.Next != nil {
+		t.Fatalf("c3 granted to a worker that offered build only: %+v", r.Next)
+	}
+	d3 := next("lint")
+	if d3.CallID != "c3" || notices() != 2 {
+		t.Fatalf("dispatch %+v, %d notices", d3, notices())
+	}
+	report(claim(d3), "linted")
+	res, err := c.WaitResults(ctx, "chain", "chain/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(resultTexts(res)); got != `[c1=ok "built 1" c2=ok "built 2" c3=ok "linted"]` {
+		t.Fatalf("results: %s", got)
+	}
+	// c2's claim is in c1's completion commit; each call completes once.
+	var commits []string
+	for _, ev := range runCommits(t, ctx, js, "chain") {
+		commits = append(commits, strings.Join(ev, " "))
+	}
+	want := []string{"BatchSubmitted CallGated CallExecuting", "CallClaimed", "CallCompleted CallGated CallExecuting CallClaimed",
+		"ResultRefused", "CallCompleted CallGated CallExecuting", "CallClaimed", "CallCompleted BatchFinalized"}
+	if strings.Join(commits, " | ") != strings.Join(want, " | ") {
+		t.Fatalf("commits\n got %q\nwant %q", commits, want)
+	}
+}
+
+// runCommits reads the event types of each commit of a run's log.
+func runCommits(t *testing.T, ctx context.Context, js jetstream.JetStream, runID string) [][]string {
+	t.Helper()
+	last := lastCommit(t, ctx, js, runID)
+	ord, err := js.OrderedConsumer(ctx, "TOOLBATCH_EVENTS", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"toolbatch.events." + runID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]string
+	for {
+		m, err := ord.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatalf("read the log of %s: %v", runID, err)
+		}
+		var types []string
+		for _, v := range m.Headers().Values(protocol.HeaderEvent) {
+			types = append(types, v)
+		}
+		out = append(out, types)
+		if meta, err := m.Metadata(); err != nil || meta.Sequence.Stream >= last {
+			return out
+		}
+	}
 }

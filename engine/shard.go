@@ -53,8 +53,9 @@ type resultReq struct {
 	req   *nats.Msg
 	body  protocol.ResultRequest
 	reply protocol.ResultReply
-	// chained is the call the drive claimed for the worker (chain);
-	// answered: the reply is sent (answerNow).
+	// id is the result's resultID; chained the call the drive claimed
+	// for the worker (chain); answered: the reply is sent.
+	id       string
 	chained  string
 	answered bool
 }
@@ -141,6 +142,11 @@ type runState struct {
 	// offer is the result request being handled whose worker offers to
 	// take the run's next call (drive claims it for the worker: chain).
 	offer *resultReq
+	// answered are the results asked on api.result that this engine
+	// recorded and answered, by resultID: the same one asked again (its
+	// answer lost) or published on the inbox after it (the worker heard
+	// nothing) is the same result, not one to refuse.
+	answered map[string]bool
 }
 
 // shard serializes the work of the runs hashed to it.
@@ -298,7 +304,7 @@ func (s *shard) handle(runCtx context.Context, it item) {
 			respond(req, protocol.ClaimReply{Reason: protocol.ReasonBusy})
 		}
 	} else if rr, ok := it.work.(*resultReq); ok && !rr.answered {
-		respond(rr.req, rr.reply) // after drive: the result and what it led to are in the log
+		s.answer(rs, rr) // after drive: the result and what it led to are in the log
 		if o := done; o != nil {
 			// Not recorded: keep the outcome and try again.
 			rs.inflight[fmt.Sprintf("%s/%d", o.callID, o.attempt)] = true
