@@ -403,13 +403,16 @@ func permissionMatrix(t *testing.T, d *deployment) {
 
 	// A sandbox call is granted only to a worker of its pool: w2 (pool
 	// gpu) is refused the claim of a default-pool call, w1 gets it with
-	// the job, and its result completes the call.
-	if err := cl.Submit(ctx, submitOf("rs", "build", `{"target":"all"}`)); err != nil {
+	// the job. Its result, reported by w2 with w1's token and an offer to
+	// take the next call, is recorded, but the next call (default pool)
+	// is not granted to w2: it is dispatched, and w1's claim and result
+	// complete it.
+	if err := cl.Submit(ctx, submitOf("rs", "build", `{"target":"all"}`, "build", `{"target":"docs"}`)); err != nil {
 		t.Fatal(err)
 	}
-	claim := func(c *conn, worker string) protocol.ClaimReply {
+	claim := func(c *conn, worker string, op string) protocol.ClaimReply {
 		t.Helper()
-		body, _ := events.Marshal(protocol.ClaimRequest{OperationID: "rs/1/c1", Attempt: 1, WorkerID: worker})
+		body, _ := events.Marshal(protocol.ClaimRequest{OperationID: op, Attempt: 1, WorkerID: worker})
 		for {
 			m, err := c.nc.RequestWithContext(ctx, n.Claim(), body)
 			if err != nil {
@@ -430,15 +433,30 @@ func permissionMatrix(t *testing.T, d *deployment) {
 		}
 	}
 	w2 := d.connect(t, "w2")
-	if r := claim(w2, "w2"); r.Granted || !strings.Contains(r.Reason, "not a worker of pool default") {
+	if r := claim(w2, "w2", "rs/1/c1"); r.Granted || !strings.Contains(r.Reason, "not a worker of pool default") {
 		t.Fatalf("a gpu worker claiming a default-pool call: %+v", r)
 	}
-	g := claim(w1, "w1")
+	g := claim(w1, "w1", "rs/1/c1")
 	if !g.Granted || g.Job == nil || string(g.Job.Arguments) != `{"target":"all"}` {
 		t.Fatalf("the pool's worker claiming: %+v", g)
 	}
 	out := events.TextOutput("c1", "built")
-	body, _ := events.Marshal(protocol.Result{OperationID: "rs/1/c1", Attempt: 1, ClaimToken: g.ClaimToken, Output: &out})
+	body, _ := events.Marshal(protocol.ResultRequest{Result: protocol.Result{OperationID: "rs/1/c1", Attempt: 1, ClaimToken: g.ClaimToken, Output: &out},
+		WorkerID: "w2", NextPool: "default", NextTools: []string{"build"}})
+	m, err := w2.nc.RequestWithContext(ctx, n.ResultRequest(), body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rr protocol.ResultReply
+	if err := events.Unmarshal(m.Data, &rr); err != nil || !rr.Recorded || rr.Next != nil {
+		t.Fatalf("a gpu worker's result offering to take a default-pool call: %+v %v", rr, err)
+	}
+	g2 := claim(w1, "w1", "rs/1/c2")
+	if !g2.Granted {
+		t.Fatalf("the pool's worker claiming the next call: %+v", g2)
+	}
+	out2 := events.TextOutput("c2", "built docs")
+	body, _ = events.Marshal(protocol.Result{OperationID: "rs/1/c2", Attempt: 1, ClaimToken: g2.ClaimToken, Output: &out2})
 	if _, err := w1.js.Publish(ctx, n.Result("rs"), body); err != nil {
 		t.Fatal(err)
 	}
@@ -524,6 +542,8 @@ func permissionMatrix(t *testing.T, d *deployment) {
 		{"w1", "subscribe to the shared inbox prefix", func(c *conn) op { return subscribe(c, "_INBOX.>") }},
 		{"w1", "subscribe to another worker's inbox", func(c *conn) op { return subscribe(c, access.InboxPrefix(w2key)+".>") }},
 		{"w1", "subscribe to the claim subject (answer claims)", func(c *conn) op { return subscribe(c, n.Claim()) }},
+		{"w1", "subscribe to the result subject (answer results, grant next calls)", func(c *conn) op { return subscribe(c, n.ResultRequest()) }},
+		{"c1", "report a worker's result on api.result", func(c *conn) op { return publish(c, n.ResultRequest()) }},
 		{"w1", "publish a claim grant to another worker's inbox", func(c *conn) op { return publish(c, access.InboxPrefix(w2key)+".x.y") }},
 		{"w1", "publish to an engine's forward subject", func(c *conn) op { return publish(c, n.Forward("e1")) }},
 		{"w1", "answer an engine's liveness probes (keep a dead engine alive)", func(c *conn) op { return subscribe(c, n.Ping("e1")) }},
@@ -650,13 +670,17 @@ func permissionMatrix(t *testing.T, d *deployment) {
 	}
 }
 
-func submitOf(runID, tool, args string) *protocol.Submit {
-	in, err := events.CanonicalJSON([]byte(args))
-	if err != nil {
-		panic(err)
+// submitOf is a batch of calls c1, c2, ... of (tool, arguments) pairs.
+func submitOf(runID string, calls ...string) *protocol.Submit {
+	s := &protocol.Submit{RunID: runID, ThreadID: "t", Step: 1, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{events.TextBlock("calling")}}}
+	for i := 0; i+1 < len(calls); i += 2 {
+		in, err := events.CanonicalJSON([]byte(calls[i+1]))
+		if err != nil {
+			panic(err)
+		}
+		s.Assistant.Content = append(s.Assistant.Content, events.ContentBlock{Type: events.BlockToolUse, ID: fmt.Sprintf("c%d", i/2+1), Name: calls[i], Input: in})
 	}
-	return &protocol.Submit{RunID: runID, ThreadID: "t", Step: 1, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{
-		events.TextBlock("calling"), {Type: events.BlockToolUse, ID: "c1", Name: tool, Input: in}}}}
+	return s
 }
 
 // awaiting waits for the run's ticket.
