@@ -156,7 +156,8 @@ func (s *shard) noteIdle(ctx context.Context, rs *runState) {
 }
 
 // releaseIdle gives up the runs quiescent here for longer than the linger
-// (all of them, at shutdown); the cache may then let them go.
+// (all of them, at shutdown); the cache may then let them go (the lease
+// tick's evict).
 func (s *shard) releaseIdle(all bool) {
 	linger := min(ownerLinger, s.e.cfg.AckWait/3)
 	var ctx context.Context
@@ -170,9 +171,6 @@ func (s *shard) releaseIdle(all bool) {
 			defer cancel()
 		}
 		s.release(ctx, rs)
-	}
-	if ctx != nil {
-		s.evict()
 	}
 }
 

@@ -209,6 +209,7 @@ func (s *shard) loop(ctx context.Context) {
 		case <-leaseTick.C:
 			s.checkLeases()
 			s.releaseIdle(false)
+			s.evict()
 		case <-tick.C:
 			s.keepAlive(ctx)
 		}
@@ -312,7 +313,9 @@ func (s *shard) handle(runCtx context.Context, it item) {
 		}
 	}
 	s.noteIdle(ctx, rs)
-	s.evict()
+	if len(s.runs) > s.bound.max {
+		s.evict() // the bytes bound is checked on the lease tick: evict reads every run
+	}
 }
 
 // busyDelay is how long a message of a run another engine owns waits
