@@ -1339,3 +1339,70 @@ func TestTraceParentKeptInTheLog(t *testing.T) {
 		}
 	}
 }
+
+// TestAnOutcomeNotRecordedIsRecordedLater: a brain call's outcome that
+// arrives while the log refuses appends (here the events stream takes no
+// message of a commit's size for a while) is kept and recorded once the
+// log takes it: the results come, and the tool, a never_replay host
+// service, was entered once.
+func TestAnOutcomeNotRecordedIsRecordedLater(t *testing.T) {
+	cat := mustCatalog(t, `
+tools:
+  - {id: charge, recovery: {mode: never_replay}}
+`)
+	url := testnats.Start(t, t.TempDir())
+	nc := testnats.Connect(t, url)
+	js := testnats.JetStream(t, nc)
+	ctx := ctxT(t, 60*time.Second)
+	_, logs := runLogged(t, url, cat)
+	c := newClient(t, url)
+	entered := make(chan *nats.Msg, 4)
+	if _, err := nc.Subscribe("toolbatch.brain.charge", func(m *nats.Msg) { entered <- m }); err != nil {
+		t.Fatal(err)
+	}
+	log, err := js.Stream(ctx, "TOOLBATCH_EVENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := log.CachedInfo().Config
+	if err := c.Submit(ctx, submitOf("oc", 1, "charge", `{"cents":5}`)); err != nil {
+		t.Fatal(err)
+	}
+	var req *nats.Msg
+	select {
+	case req = <-entered:
+	case <-ctx.Done():
+		t.Fatal("the tool was never entered")
+	}
+	// The log refuses every commit now; the tool answers.
+	small := cfg
+	small.MaxMsgSize = 16
+	if _, err := js.UpdateStream(ctx, small); err != nil {
+		t.Fatal(err)
+	}
+	var brq protocol.BrainRequest
+	if err := events.Unmarshal(req.Data, &brq); err != nil {
+		t.Fatal(err)
+	}
+	o := events.TextOutput(brq.CallID, "charged")
+	body, _ := events.Marshal(protocol.BrainReply{Output: &o})
+	if err := req.Respond(body); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Until(t, ctx, "the outcome's commit refused", func() bool { return strings.Contains(logs.String(), "work failed; will retry") })
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.WaitResults(ctx, "oc", "oc/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(resultTexts(res)); got != `[c1=ok "charged"]` {
+		t.Fatalf("results: %s", got)
+	}
+	select {
+	case again := <-entered:
+		t.Fatalf("the never_replay tool was entered again: %s", again.Data)
+	default:
+	}
+}

@@ -304,13 +304,13 @@ func (s *shard) handle(runCtx context.Context, it item) {
 		if req := it.request(); req != nil {
 			respond(req, protocol.ClaimReply{Reason: protocol.ReasonBusy})
 		}
-	} else if rr, ok := it.work.(*resultReq); ok && !rr.answered {
-		s.answer(rs, rr) // after drive: the result and what it led to are in the log
 		if o := done; o != nil {
 			// Not recorded: keep the outcome and try again.
 			rs.inflight[fmt.Sprintf("%s/%d", o.callID, o.attempt)] = true
 			time.AfterFunc(time.Second, func() { s.postCtx(runCtx, item{runID: rs.id, work: o}) })
 		}
+	} else if rr, ok := it.work.(*resultReq); ok && !rr.answered {
+		s.answer(rs, rr) // after drive: the result and what it led to are in the log
 	}
 	s.noteIdle(ctx, rs)
 	if len(s.runs) > s.bound.max {
