@@ -379,7 +379,7 @@ func (s *shard) onResultReq(ctx context.Context, rs *runState, rr *resultReq) er
 		// Asked again after its answer was lost: recorded, and the grant
 		// that answer carried comes again (the worker runs an attempt once
 		// however many times it hears of it).
-		rr.reply = protocol.ResultReply{Recorded: true, Next: s.regrant(rs, rr.body.WorkerID, rr.body.Incarnation)}
+		rr.reply = protocol.ResultReply{Recorded: true, Next: s.regrant(rs, rr)}
 		return nil
 	}
 	refused, err := s.takeResult(ctx, rs, res)
@@ -387,7 +387,14 @@ func (s *shard) onResultReq(ctx context.Context, rs *runState, rr *resultReq) er
 		return err // not recorded: answered busy, the worker asks again
 	}
 	rr.reply = protocol.ResultReply{Recorded: true, Refused: refused}
-	if refused == "" && rr.body.NextPool != "" && len(rr.body.NextTools) > 0 {
+	if refused != "" {
+		// Asked again of an engine that took the run over from the one
+		// that recorded it (and granted the next call with it, say): the
+		// grant comes again.
+		rr.reply.Next = s.regrant(rs, rr)
+		return nil
+	}
+	if rr.body.NextPool != "" && len(rr.body.NextTools) > 0 {
 		rs.offer = rr
 	}
 	return nil // handle drives the run
@@ -513,16 +520,17 @@ func (s *shard) granted(rs *runState, rr *resultReq) {
 	rr.reply.Next = &g
 }
 
-// regrant is the grant of a call of the run's open batch that the worker
-// process holds the current claim of, or nil.
-func (s *shard) regrant(rs *runState, workerID, incarnation string) *protocol.ClaimReply {
+// regrant is the grant of a call of the run's open batch whose current
+// claim the requesting worker process holds, or nil.
+func (s *shard) regrant(rs *runState, rr *resultReq) *protocol.ClaimReply {
 	b := rs.run.OpenBatch()
-	if b == nil || incarnation == "" {
+	if b == nil || rr.body.Incarnation == "" {
 		return nil
 	}
 	for id, l := range rs.leases {
 		c, _ := b.Call(id)
-		if c != nil && c.Claim != nil && c.Claim.Token == l.token && c.Claim.WorkerID == workerID && c.Claim.Incarnation == incarnation {
+		if c != nil && c.Claim != nil && c.Claim.Token == l.token && c.Claim.WorkerID == rr.body.WorkerID &&
+			c.Claim.Incarnation == rr.body.Incarnation && s.e.claimerMayRun(rr.req.Reply, rs, id) == nil {
 			g := s.grant(rs, id)
 			return &g
 		}
