@@ -381,13 +381,19 @@ func TestRestartPublishesNothingTwice(t *testing.T) {
 	if _, err := c.WaitResults(ctx, "r6", "r6/1"); err != nil {
 		t.Fatal(err)
 	}
-	for i := 1; i <= 6; i++ {
-		var n uint64
+	oneResultsEach(t, ctx, js, 6)
+}
+
+// oneResultsEach checks that runs r1 to rn each have one results message.
+func oneResultsEach(t *testing.T, ctx context.Context, js jetstream.JetStream, n int) {
+	t.Helper()
+	for i := 1; i <= n; i++ {
+		var got uint64
 		for _, c := range subjectCounts(t, ctx, js, "TOOLBATCH_OUT", fmt.Sprintf("toolbatch.out.r%d.results", i)) {
-			n += c
+			got += c
 		}
-		if n != 1 {
-			t.Fatalf("run r%d: %d results messages, want 1", i, n)
+		if got != 1 {
+			t.Fatalf("run r%d: %d results messages, want 1", i, got)
 		}
 	}
 }
@@ -451,15 +457,7 @@ func TestProjectorOfAnEarlierVersionIsReplaced(t *testing.T) {
 	if cfg := cons.CachedInfo().Config; cfg.AckPolicy != jetstream.AckAllPolicy || cfg.OptStartSeq != floor+1 {
 		t.Fatalf("projector consumer: ack policy %v, start %d; want AckAll from %d", cfg.AckPolicy, cfg.OptStartSeq, floor+1)
 	}
-	for i := 1; i <= 4; i++ {
-		var n uint64
-		for _, c := range subjectCounts(t, ctx, js, "TOOLBATCH_OUT", fmt.Sprintf("toolbatch.out.r%d.results", i)) {
-			n += c
-		}
-		if n != 1 {
-			t.Fatalf("run r%d: %d results messages, want 1", i, n)
-		}
-	}
+	oneResultsEach(t, ctx, js, 4)
 }
 
 // TestTwoEnginesShareTheRuns runs two engines against one NATS: they may
