@@ -398,68 +398,6 @@ func oneResultsEach(t *testing.T, ctx context.Context, js jetstream.JetStream, n
 	}
 }
 
-// TestProjectorOfAnEarlierVersionIsReplaced: an engine finding the
-// projector's durable as an earlier version made it (each commit
-// acknowledged on its own) replaces it by one that acknowledges many at
-// once and starts after the old one's acknowledgement floor: nothing is
-// published twice, and what follows is published.
-func TestProjectorOfAnEarlierVersionIsReplaced(t *testing.T) {
-	url := testnats.Start(t, t.TempDir())
-	re := startEngine(t, url, engine.Config{})
-	c := newClient(t, url)
-	ctx := ctxT(t, 60*time.Second)
-	for i := 1; i <= 3; i++ {
-		if err := c.Submit(ctx, submitOf(fmt.Sprintf("r%d", i), 1, "echo", `{}`)); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := c.WaitResults(ctx, fmt.Sprintf("r%d", i), fmt.Sprintf("r%d/1", i)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	re.shutdown(t)
-	js := testnats.JetStream(t, testnats.Connect(t, url))
-	if err := js.DeleteConsumer(ctx, "TOOLBATCH_EVENTS", protocol.ConsumerProjector); err != nil {
-		t.Fatal(err)
-	}
-	old, err := js.CreateConsumer(ctx, "TOOLBATCH_EVENTS", jetstream.ConsumerConfig{Durable: protocol.ConsumerProjector, AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := js.Stream(ctx, "TOOLBATCH_EVENTS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	floor := info.State.LastSeq
-	for acked := uint64(0); acked < floor; acked++ {
-		m, err := old.Next(jetstream.FetchMaxWait(5 * time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := m.DoubleAck(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	startEngine(t, url, engine.Config{})
-	if err := c.Submit(ctx, submitOf("r4", 1, "echo", `{}`)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.WaitResults(ctx, "r4", "r4/1"); err != nil {
-		t.Fatal(err)
-	}
-	cons, err := js.Consumer(ctx, "TOOLBATCH_EVENTS", protocol.ConsumerProjector)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg := cons.CachedInfo().Config; cfg.AckPolicy != jetstream.AckAllPolicy || cfg.OptStartSeq != floor+1 {
-		t.Fatalf("projector consumer: ack policy %v, start %d; want AckAll from %d", cfg.AckPolicy, cfg.OptStartSeq, floor+1)
-	}
-	oneResultsEach(t, ctx, js, 4)
-}
-
 // TestTwoEnginesShareTheRuns runs two engines against one NATS: they may
 // waste work, never do wrong work: every batch gets exactly one results
 // message with every call's result.

@@ -21,10 +21,7 @@ import (
 
 // projectorRunner folds every commit of the events stream, in stream order,
 // through the projector and publishes what it derives on the out stream. Its
-// progress is the durable consumer's acknowledgement floor, acknowledged
-// (AckAll) for many commits at once: the last of each fetch (a fetch waits
-// at most a second), and, while commits keep coming, every
-// projectorAckEvery. Every out
+// progress is the durable consumer's acknowledgement floor. Every out
 // message carries its source (commit and index); the first time the runner
 // publishes on a subject it reads that subject's last message, and it skips
 // what is already there. So a commit delivered again after a crash, or the
@@ -63,8 +60,8 @@ type source struct {
 func (a source) after(b source) bool { return a.seq > b.seq || (a.seq == b.seq && a.idx > b.idx) }
 
 func newProjectorRunner(ctx context.Context, e *Engine) (*projectorRunner, error) {
-	cons, err := projectorConsumer(ctx, e.js, e.names.EventsStream(), jetstream.ConsumerConfig{
-		Durable: protocol.ConsumerProjector, AckPolicy: jetstream.AckAllPolicy, AckWait: min(e.cfg.AckWait, projectorAckWait),
+	cons, err := e.js.CreateOrUpdateConsumer(ctx, e.names.EventsStream(), jetstream.ConsumerConfig{
+		Durable: protocol.ConsumerProjector, AckPolicy: jetstream.AckExplicitPolicy, AckWait: min(e.cfg.AckWait, projectorAckWait),
 		MaxAckPending: 1024, MaxDeliver: -1, DeliverPolicy: jetstream.DeliverAllPolicy,
 		Description: "toolbatch projector: publishes out messages",
 	})
@@ -82,38 +79,12 @@ func newProjectorRunner(ctx context.Context, e *Engine) (*projectorRunner, error
 	return &projectorRunner{e: e, state: e.state, cons: cons, out: out, tickets: tickets, models: map[string]*projected{}, quarantined: map[string]bool{}}, nil
 }
 
-// projectorConsumer creates or updates the projector's durable. One made
-// by an earlier version acknowledged each commit (AckExplicit), which a
-// consumer cannot change: it is replaced by one that starts after its
-// acknowledgement floor (what it had delivered and not acknowledged is
-// delivered again, and publishes nothing twice).
-func projectorConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
-	old, err := js.Consumer(ctx, stream, cfg.Durable)
-	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return nil, err
-	}
-	if err == nil && old.CachedInfo().Config.AckPolicy != cfg.AckPolicy {
-		if floor := old.CachedInfo().AckFloor.Stream; floor > 0 {
-			cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
-		}
-		if err := js.DeleteConsumer(ctx, stream, cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return nil, err
-		}
-	}
-	c, err := js.CreateOrUpdateConsumer(ctx, stream, cfg)
-	if err != nil && cfg.DeliverPolicy != jetstream.DeliverAllPolicy {
-		// Another engine replaced it first, from the same floor.
-		return js.Consumer(ctx, stream, cfg.Durable)
-	}
-	return c, err
-}
-
-// projectorAckEvery is how often a stream of projected commits is
-// acknowledged: what a leader that dies had projected since is delivered
-// again to the next one, and publishes nothing twice.
-const projectorAckEvery = 100 * time.Millisecond
-
-// projectorAckWait is the projector consumer's ack wait: the leader
+// projectorAckWait is the projector consumer's ack wait. Each commit is
+// acknowledged on its own (AckExplicit), not many at once (AckAll): a new
+// leader may be delivered commits after those a leader it replaced had
+// fetched and not acknowledged, and acknowledging them all at once would
+// acknowledge those too, never projected (the chaos cluster suite found a
+// batch whose results were never published that way). The leader
 // acknowledges each commit within milliseconds (a commit retried in place
 // is kept in progress), so what a dead leader had fetched comes back to the
 // next leader soon after it takes the lead, before what follows.
@@ -150,36 +121,17 @@ func (p *projectorRunner) run(ctx context.Context) error {
 			p.e.log.Warn().Err(err).Msg("projector fetch failed")
 			continue
 		}
-		// unacked is the last commit projected and not acknowledged: its
-		// acknowledgement covers every one before it (AckAll).
-		var unacked jetstream.Msg
-		var since time.Time
-		ack := func() {
-			if unacked != nil {
-				_ = unacked.Ack()
-				unacked = nil
-			}
-		}
 		for m := range batch.Messages() {
 			for {
 				err := p.handle(m)
 				if err == nil {
-					if unacked == nil {
-						since = time.Now()
-					}
-					unacked = m
-					if time.Since(since) >= projectorAckEvery {
-						ack()
-					}
 					break
 				}
 				var poison *poisonError
 				if errors.As(err, &poison) {
-					unacked = nil // acknowledged with it
 					p.quarantine(m, poison)
 					break
 				}
-				ack() // what is projected before it, while it is retried
 				p.e.log.Error().Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Str(fieldSubject, m.Subject()).Msg("projector: commit not projected; retrying")
 				if meta, merr := m.Metadata(); merr == nil {
 					p.e.log.Debug().Uint64(fieldStreamSeq, meta.Sequence.Stream).Msg("projector: stuck at this commit")
@@ -196,7 +148,6 @@ func (p *projectorRunner) run(ctx context.Context) error {
 				}
 			}
 		}
-		ack()
 		// Once per fetch, not per commit: the bound's check reads every
 		// model (it cost W2 6% of the engine's CPU per commit).
 		trimOldest(p.models, bound{max: p.e.cfg.CacheRuns, maxBytes: p.e.cfg.CacheBytes}, func(pm *projected) int64 { return pm.used },
@@ -315,7 +266,7 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 		return fmt.Errorf("commit %d: %w", seq, err)
 	}
 	pm.model, pm.seq, pm.hash, pm.used, pm.bytes = model, seq, hash, int64(seq), pm.bytes+int64(len(m.Data()))
-	return nil // acknowledged by run, with the commits after it
+	return m.Ack()
 }
 
 // poisonError is a commit the projector can never project.

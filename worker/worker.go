@@ -555,7 +555,7 @@ func (w *Worker) report(runCtx context.Context, log zerolog.Logger, runID string
 		if err == nil {
 			err = errors.New(r.Reason)
 		}
-		why = fmt.Sprintf("no engine recorded it on %s within the lease (%v; a worker credential made before that subject existed lacks it: make it again)", w.names().ResultRequest(), err)
+		why = fmt.Sprintf("no engine recorded it on %s within the lease (%v; a worker permission set made before that subject existed lacks it: print the permissions again, toolbatch auth permissions)", w.names().ResultRequest(), err)
 		log.Debug().Err(err).Msg("result not recorded yet; asking again")
 		select {
 		case <-runCtx.Done():
