@@ -38,7 +38,7 @@ type Worker struct {
 func NewWorker(reg prometheus.Registerer, ready func() map[string]int) *Worker {
 	f := factory{reg}
 	w := &Worker{
-		claims: f.counterVec("toolbatch_worker_claims_total", "Claims asked of the engines, by pool, tool and whether they were granted.", "pool", "tool", "granted"),
+		claims: f.counterVec("toolbatch_worker_claims_total", "Claims asked of the engines, by pool, tool and whether they were granted; a call granted with a result (api.result) counts as a granted claim.", "pool", "tool", "granted"),
 		toolDuration: f.histogramVec("toolbatch_worker_tool_duration_seconds",
 			"How long granted calls ran, from the grant to the tool's result.", "pool", "tool"),
 		toolExits: f.counterVec("toolbatch_worker_tool_exits_total",
