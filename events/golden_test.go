@@ -235,9 +235,9 @@ func wireFixtures() []wireFixture {
 			sample: &protocol.ClaimRequest{OperationID: "run_7f3a/3/toolu_01", Attempt: 2, WorkerID: "worker-a1"}},
 		{name: "claim_request_process", newValue: newOf[protocol.ClaimRequest](),
 			sample: &protocol.ClaimRequest{OperationID: "run_7f3a/3/toolu_01", Attempt: 2, WorkerID: "worker-a1", Incarnation: "Q7bDh2kxN1c9mT0sWv4ZpE"}},
-		{name: "claim_reply", newValue: newOf[protocol.ClaimReply](), allowZero: []string{"Job"}, // a heartbeat's reply
+		{name: "claim_reply", newValue: newOf[protocol.ClaimReply](), allowZero: []string{"Job", "TraceParent"}, // a heartbeat's reply; TraceParent added later, omitted when empty
 			sample: &protocol.ClaimReply{Granted: true, ClaimToken: "claim_5e2", LeaseMS: 30000, Reason: "granted on first claim"}},
-		{name: "claim_reply_job", newValue: newOf[protocol.ClaimReply](),
+		{name: "claim_reply_job", newValue: newOf[protocol.ClaimReply](), allowZero: []string{"TraceParent"}, // the same
 			sample: &protocol.ClaimReply{Granted: true, ClaimToken: "claim_5e2", LeaseMS: 30000, Reason: "granted on first claim",
 				Job: &protocol.Dispatch{BatchID: "run_7f3a/3", RunID: "run_7f3a", CallID: "toolu_01", ToolID: "build",
 					Arguments: events.MustJSON(`{"target":"all"}`), Attempt: 2, OperationID: "run_7f3a/3/toolu_01"}}},
@@ -248,6 +248,15 @@ func wireFixtures() []wireFixture {
 		{name: "result_error", newValue: newOf[protocol.Result](), decode: decodeResult, allowZero: []string{"Output"},
 			sample: &protocol.Result{OperationID: "run_7f3a/3/toolu_01", Attempt: 2, ClaimToken: "claim_5e2",
 				Error: &events.ToolError{Kind: events.ErrorInvalidArguments, Message: "path must be absolute"}}},
+		{name: "result_request", newValue: newOf[protocol.ResultRequest](), allowZero: []string{"Result.Error"},
+			sample: &protocol.ResultRequest{Result: protocol.Result{OperationID: "run_7f3a/3/toolu_01", Attempt: 2, ClaimToken: "claim_5e2", Output: outputPtr()},
+				WorkerID: "worker-a1", Incarnation: "Q7bDh2kxN1c9mT0sWv4ZpE", NextPool: "default", NextTools: []string{"build", "lint"}}},
+		{name: "result_reply_next", newValue: newOf[protocol.ResultReply](),
+			sample: &protocol.ResultReply{Recorded: true, Refused: "aggregate: the call is terminal", Reason: "engine busy, try again",
+				Next: &protocol.ClaimReply{Granted: true, ClaimToken: "claim_6f3", LeaseMS: 30000, Reason: "granted with a result",
+					TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+					Job: &protocol.Dispatch{BatchID: "run_7f3a/3", RunID: "run_7f3a", CallID: "toolu_02", ToolID: "build",
+						Arguments: events.MustJSON(`{"target":"docs"}`), Attempt: 1, OperationID: "run_7f3a/3/toolu_02"}}}},
 		{name: "disposition_out", newValue: newOf[protocol.DispositionOut](),
 			sample: &protocol.DispositionOut{BatchID: "run_7f3a/3", CallID: "toolu_01", ToolID: "read_file",
 				Disposition: events.DispositionPendingBuiltin, Phase: events.PhaseExecuting, Attempt: 2}},
