@@ -211,21 +211,20 @@ func decodeHeartbeat(m *nats.Msg) (work, string, error) {
 	return hr, hr.body.OperationID, err
 }
 
-// decodeResultReq decodes what names the request and its offer; the
-// result itself is decoded with the engine's limits where it is decided.
+// decodeResultReq decodes a result request. One whose outcome does not
+// decode still names its attempt (resultHead): it is routed, and the
+// shard completes the call with that error (decodeResult, which decodes
+// the result again with the engine's limits).
 func decodeResultReq(m *nats.Msg) (work, string, error) {
 	rr := &resultReq{req: m}
-	var head struct {
-		resultHead  `msgpack:",inline"`
-		WorkerID    string   `msgpack:"worker_id"`
-		Incarnation string   `msgpack:"incarnation"`
-		NextPool    string   `msgpack:"next_pool"`
-		NextTools   []string `msgpack:"next_tools"`
+	if err := events.Unmarshal(m.Data, &rr.body); err != nil {
+		var head resultHead
+		if herr := events.Unmarshal(m.Data, &head); herr != nil {
+			return rr, "", err
+		}
+		rr.body = protocol.ResultRequest{Result: protocol.Result{OperationID: head.OperationID, Attempt: head.Attempt, ClaimToken: head.ClaimToken}}
 	}
-	err := events.Unmarshal(m.Data, &head)
-	rr.body = protocol.ResultRequest{Result: protocol.Result{OperationID: head.OperationID, Attempt: head.Attempt, ClaimToken: head.ClaimToken},
-		WorkerID: head.WorkerID, Incarnation: head.Incarnation, NextPool: head.NextPool, NextTools: head.NextTools}
-	return rr, head.OperationID, err
+	return rr, rr.body.OperationID, nil
 }
 
 // respond answers a worker's request (r a protocol.ClaimReply or

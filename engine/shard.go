@@ -46,9 +46,9 @@ type heartbeatReq struct {
 	body protocol.Heartbeat
 }
 
-// resultReq is a worker's request to record its result: its body (the
-// result, decoded with the engine's limits where it is decided) and what
-// the reply will say.
+// resultReq is a worker's request to record its result: its body (its
+// result is decoded again, with the engine's limits, where it is decided)
+// and what the reply will say.
 type resultReq struct {
 	req   *nats.Msg
 	body  protocol.ResultRequest
