@@ -352,8 +352,11 @@ func percentile(d []time.Duration, q float64) time.Duration {
 	return s[int(q*float64(len(s)-1))]
 }
 
+// median is the bench's (bench/stats.go): of an even number of values,
+// the lower of the two middle ones, so that both programs' medians of the
+// same rounds agree.
 func median(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
-	return s[len(s)/2]
+	return s[(len(s)-1)/2]
 }
