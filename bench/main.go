@@ -41,7 +41,11 @@ type Results struct {
 	W5         *W5Result       `json:"w5_sandboxed_batch,omitempty"`
 	MCP        *MCPResult      `json:"mcp_call,omitempty"`
 	Failover   *FailoverResult `json:"failover,omitempty"`
-	Targets    []TargetResult  `json:"targets"`
+	// Pairs compare a mode with the default mode run beside it (the runs
+	// of --modes taken two by two), and PairMedians are their medians.
+	Pairs       []PairResult   `json:"pairs,omitempty"`
+	PairMedians []PairSummary  `json:"pair_medians,omitempty"`
+	Targets     []TargetResult `json:"targets"`
 }
 
 // Background is the machine's load outside the benchmark.
@@ -140,6 +144,7 @@ type options struct {
 	extraEng      int
 	foReps        int
 	foClusterReps int
+	abba          int
 }
 
 func main() {
@@ -194,8 +199,15 @@ func run(args []string) error {
 	fs.BoolVar(&o.keep, "keep", false, "keep the temporary directory (stores, logs, the recorded stream)")
 	fs.IntVar(&o.extraEng, "extra-engines", 0, "start this many more engines on the first engine's server (a scale-out check; not part of make bench)")
 	fs.StringVar(&o.pprofDir, "pprof-dir", "", "run the engine of the first of --modes with CPU profiling and write w1.pprof and w2.pprof here")
+	fs.IntVar(&o.abba, "abba", 0, "run the two --modes (the default mode and a variant) in this many pairs, ordered default-variant, variant-default, ..., and print the variant's ratios over the default's, pair by pair and their medians")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if o.abba > 0 {
+		var err error
+		if o.modes, err = abbaModes(o.modes, o.abba); err != nil {
+			return err
+		}
 	}
 	skip := map[string]bool{}
 	for _, s := range strings.Split(o.skip, ",") {
@@ -316,6 +328,8 @@ func run(args []string) error {
 	}
 	res.Background.LoadAvgAfter = loadAvg()
 	res.Background.BusyCoresAfter = Num(busyCores(2 * time.Second))
+	res.Pairs = pairs(res.Modes)
+	res.PairMedians = summarize(res.Pairs)
 	res.Targets = targets(&res)
 	res.Seconds = Num(time.Since(start).Seconds())
 	printTable(os.Stdout, &res)
@@ -642,6 +656,16 @@ func targets(r *Results) []TargetResult {
 				fmtNum(def.W1Noop.P50ms, ""), fmtNum(x.BareP50ms, ""), fmtNum(x.NoneP50ms, "")),
 			boolp(float64(x.BwrapP50ms) <= bound))
 	}
+	for _, p := range r.PairMedians {
+		if p.Variant != "observed" {
+			continue
+		}
+		m := p.Median
+		add("observed (metrics and traces on): W1 and W2 within 3% of the default mode",
+			fmt.Sprintf("medians of %d pairs: W1 noop p50 %.3fx, W1 echo p50 %.3fx, W2 batches/s %.3fx (engine CPU per call %.3fx)", p.Pairs,
+				float64(m.W1NoopP50), float64(m.W1EchoP50), float64(m.W2BatchesPerS), float64(m.W2EngineCPU)),
+			boolp(float64(m.W1NoopP50) <= 1.03 && float64(m.W1EchoP50) <= 1.03 && float64(m.W2BatchesPerS) >= 0.97))
+	}
 	// The comparison with DBOS is measured in the same run by make
 	// bench-peers (bench/peers), never against a figure from elsewhere.
 	if f := r.Failover; f != nil {
@@ -792,7 +816,8 @@ func printTable(w io.Writer, r *Results) {
 	if f := r.Failover; f != nil {
 		printFailover(w, f)
 	}
-	fmt.Fprintln(w, "== targets of issue 7 (default mode) and of issue 16 (failover)")
+	printPairs(w, r.Pairs, r.PairMedians)
+	fmt.Fprintln(w, "== targets of issue 7 (default mode), of issue 16 (failover) and of issue 17 (observability, from the pairs)")
 	for _, t := range r.Targets {
 		verdict := "not measurable"
 		if t.Met != nil {

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+)
+
+// What a mode costs against the default mode, measured in pairs: the
+// runs of --modes are taken two by two, and a pair of the default mode and
+// another gives that mode's ratios. The machine drifts over minutes; a
+// pair's two runs are adjacent, so the drift between them is small, and
+// --abba N orders the pairs default-variant, variant-default, ... so that
+// a steady drift favours neither side.
+
+// PairResult is the ratios of one pair: the variant's figure over the
+// default's (for latency and CPU, above 1 is worse; for throughput,
+// below 1 is worse).
+type PairResult struct {
+	Variant       string `json:"variant"`
+	VariantFirst  bool   `json:"variant_first"`
+	W1NoopP50     Num    `json:"w1_noop_p50"`
+	W1EchoP50     Num    `json:"w1_echo_p50"`
+	W2BatchesPerS Num    `json:"w2_batches_per_s"`
+	W2EngineCPU   Num    `json:"w2_engine_cpu_per_call"`
+	// W2AllCPU is the CPU of the engine, the workers and the load
+	// generator (which holds the OTLP receiver and the scraper) per call.
+	W2AllCPU Num `json:"w2_all_cpu_per_call"`
+}
+
+// PairSummary is the median of a variant's pairs.
+type PairSummary struct {
+	Variant string     `json:"variant"`
+	Pairs   int        `json:"pairs"`
+	Median  PairResult `json:"median"`
+}
+
+// abbaModes expands --abba n with --modes "a,b" to n pairs in the order
+// a b, b a, a b, ...
+func abbaModes(modes string, n int) (string, error) {
+	ms := strings.Split(modes, ",")
+	if len(ms) != 2 {
+		return "", fmt.Errorf("--abba needs exactly two --modes (the default mode and a variant), got %q", modes)
+	}
+	var out []string
+	for i := range n {
+		if i%2 == 0 {
+			out = append(out, ms[0], ms[1])
+		} else {
+			out = append(out, ms[1], ms[0])
+		}
+	}
+	return strings.Join(out, ","), nil
+}
+
+// pairs takes the runs two by two and keeps the pairs of the default mode
+// and another.
+func pairs(runs []ModeResult) []PairResult {
+	var out []PairResult
+	for i := 0; i+1 < len(runs); i += 2 {
+		a, b, variantFirst := runs[i], runs[i+1], false
+		if a.Mode != "default" {
+			a, b, variantFirst = b, a, true
+		}
+		if a.Mode != "default" || b.Mode == "default" {
+			continue
+		}
+		p := PairResult{Variant: b.Mode, VariantFirst: variantFirst, W1NoopP50: Num(nan()), W1EchoP50: Num(nan()), W2BatchesPerS: Num(nan()),
+			W2EngineCPU: Num(nan()), W2AllCPU: Num(nan())}
+		if a.W1Noop != nil && b.W1Noop != nil {
+			p.W1NoopP50 = Num(ratio(float64(b.W1Noop.P50ms), float64(a.W1Noop.P50ms)))
+		}
+		if a.W1Echo != nil && b.W1Echo != nil {
+			p.W1EchoP50 = Num(ratio(float64(b.W1Echo.P50ms), float64(a.W1Echo.P50ms)))
+		}
+		if a.W2 != nil && b.W2 != nil {
+			p.W2BatchesPerS = Num(ratio(float64(b.W2.BatchesPerSec), float64(a.W2.BatchesPerSec)))
+			p.W2EngineCPU = Num(ratio(float64(b.W2.CPUPerCallUs), float64(a.W2.CPUPerCallUs)))
+			p.W2AllCPU = Num(ratio(allCPUPerCall(b.W2), allCPUPerCall(a.W2)))
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// allCPUPerCall is the cores of the engine, the workers and the load
+// generator over the calls per second.
+func allCPUPerCall(w *W2Result) float64 {
+	return ratio(float64(w.EngineCPUCores+w.WorkersCPU+w.BenchCPU), float64(w.CallsPerSec))
+}
+
+// summarize gives each variant's medians, in the order the variants
+// first appear.
+func summarize(ps []PairResult) []PairSummary {
+	var out []PairSummary
+	seen := map[string]bool{}
+	for _, p := range ps {
+		if seen[p.Variant] {
+			continue
+		}
+		seen[p.Variant] = true
+		var noop, echo, w2, eng, all []float64
+		for _, q := range ps {
+			if q.Variant == p.Variant {
+				noop, echo, w2 = append(noop, float64(q.W1NoopP50)), append(echo, float64(q.W1EchoP50)), append(w2, float64(q.W2BatchesPerS))
+				eng, all = append(eng, float64(q.W2EngineCPU)), append(all, float64(q.W2AllCPU))
+			}
+		}
+		out = append(out, PairSummary{Variant: p.Variant, Pairs: len(noop), Median: PairResult{Variant: p.Variant,
+			W1NoopP50: Num(median(noop)), W1EchoP50: Num(median(echo)), W2BatchesPerS: Num(median(w2)),
+			W2EngineCPU: Num(median(eng)), W2AllCPU: Num(median(all))}})
+	}
+	return out
+}
+
+func printPairs(w io.Writer, ps []PairResult, sums []PairSummary) {
+	if len(ps) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n== pairs: each mode's figure over the default mode's in the run beside it\n")
+	fmt.Fprintf(w, "%-12s %-14s %12s %12s %14s %14s %14s\n", "variant", "order", "W1 noop p50", "W1 echo p50", "W2 batches/s", "W2 engine CPU", "W2 all CPU")
+	row := func(name, order string, p PairResult) {
+		fmt.Fprintf(w, "%-12s %-14s %12s %12s %14s %14s %14s\n", name, order, fmtNum(p.W1NoopP50, ""), fmtNum(p.W1EchoP50, ""),
+			fmtNum(p.W2BatchesPerS, ""), fmtNum(p.W2EngineCPU, ""), fmtNum(p.W2AllCPU, ""))
+	}
+	for _, p := range ps {
+		order := "default first"
+		if p.VariantFirst {
+			order = "variant first"
+		}
+		row(p.Variant, order, p)
+	}
+	for _, s := range sums {
+		row(s.Variant, fmt.Sprintf("median of %d", s.Pairs), s.Median)
+	}
+}
