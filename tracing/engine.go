@@ -7,10 +7,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/sdk/instrumentation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolbatch/toolbatch/events"
@@ -23,10 +20,12 @@ const (
 	SpanBatch   = "toolbatch.batch"
 	SpanAttempt = "execute_tool"
 	SpanTicket  = "toolbatch.ticket"
-	SpanSandbox = "toolbatch.sandbox"
 	// EventGate is the span event of a call's gate decision, on the call's
 	// first span.
 	EventGate = "toolbatch.gate"
+	// EventClaim is the span event of a sandbox worker's claim of an
+	// attempt, on the attempt's span.
+	EventClaim = "toolbatch.claim"
 )
 
 // Attribute keys: the GenAI semantic conventions' and toolbatch's own.
@@ -55,7 +54,6 @@ const (
 	AttrPrincipal      = attribute.Key("toolbatch.ticket.principal")
 	AttrPool           = attribute.Key("toolbatch.pool")
 	AttrWorkerID       = attribute.Key("toolbatch.worker_id")
-	AttrExit           = attribute.Key("toolbatch.exit")
 )
 
 // Recovery actions (toolbatch.recovery.action), as the metrics name them.
@@ -91,6 +89,7 @@ type batchTrace struct {
 
 type callTrace struct {
 	id, tool, target string
+	pool             string // a sandbox tool's
 	history          events.CallHistory
 	gate             *events.CallGated
 	gateShown        bool
@@ -99,6 +98,7 @@ type callTrace struct {
 	cause            string
 	recovery         string
 	ticket           *events.CallAwaiting
+	claim            *events.CallClaimed // the open attempt's
 }
 
 // maxRuns bounds the batches kept (parked batches may wait for days):
@@ -197,7 +197,13 @@ func newBatch(runID, traceparent string, s *events.BatchSubmitted) *batchTrace {
 		if c.Tool.Kind == events.KindUnknown {
 			target = events.NoTarget
 		}
-		b.calls[c.CallID] = &callTrace{id: c.CallID, tool: c.ToolID, target: target}
+		ct := &callTrace{id: c.CallID, tool: c.ToolID, target: target}
+		if c.Tool.Target == events.TargetSandbox {
+			if ct.pool = c.Tool.Pool; ct.pool == "" {
+				ct.pool = events.DefaultPool
+			}
+		}
+		b.calls[c.CallID] = ct
 		b.order = append(b.order, c.CallID)
 	}
 	return b
@@ -252,9 +258,13 @@ func (b *batchTrace) observe(e *Engine, ev events.Event, emit bool) bool {
 			}
 			e.attempt(b, c, ev.At, "", why, AttrReason.String(trimmed(ev.Detail)))
 		}
-		c.attempt, c.start, c.cause, c.history.Executed, c.recovery = ev.Attempt, ev.At, ev.Cause, true, ""
+		c.attempt, c.start, c.cause, c.history.Executed, c.recovery, c.claim = ev.Attempt, ev.At, ev.Cause, true, "", nil
 		if ev.Cause == events.CauseRecovered {
 			c.recovery = RecoveryReplayed
+		}
+	case *events.CallClaimed:
+		if c := b.call(ev.BatchID, ev.CallID); c != nil && ev.Attempt == c.attempt {
+			c.claim = ev
 		}
 	case *events.CallAwaiting:
 		if c := b.call(ev.BatchID, ev.CallID); c != nil {
@@ -331,26 +341,6 @@ func (b *batchTrace) call(batchID, callID string) *callTrace {
 	return b.calls[callID]
 }
 
-// span records a finished span with a derived id. It is made whole, as
-// a read-only span, and handed to the exporter's batch processor: the
-// SDK's machinery for spans in progress (a sampler, a span that takes
-// attributes while it runs) is for spans that are still running, and costs
-// a few per cent of the engine's CPU under load. A span is sampled as its
-// trace is (the submitter's flag; a batch without a parent is sampled).
-func (e *Engine) span(parent, self trace.SpanContext, name string, kind trace.SpanKind, start, end time.Time, errType string,
-	attrs []attribute.KeyValue, evs []sdktrace.Event) {
-	if !self.IsSampled() {
-		return
-	}
-	st := tracetest.SpanStub{Name: name, SpanContext: self, Parent: parent, SpanKind: kind, StartTime: start, EndTime: end,
-		Attributes: attrs, Events: evs, Resource: e.p.res, InstrumentationScope: instrumentation.Scope{Name: scope}}
-	if errType != "" {
-		st.Attributes = append(st.Attributes, AttrErrorType.String(errType))
-		st.Status = sdktrace.Status{Code: codes.Error, Description: errType}
-	}
-	e.p.sp.OnEnd(st.Snapshot())
-}
-
 func (e *Engine) batch(b *batchTrace, end time.Time, errType string, extra ...attribute.KeyValue) {
 	attrs := []attribute.KeyValue{AttrRunID.String(b.runID), AttrBatchID.String(b.id), AttrStep.Int64(b.step), AttrCalls.Int(len(b.order))}
 	for _, a := range extra {
@@ -358,7 +348,7 @@ func (e *Engine) batch(b *batchTrace, end time.Time, errType string, extra ...at
 			attrs = append(attrs, a)
 		}
 	}
-	e.span(b.parent, b.self, SpanBatch, trace.SpanKindConsumer, b.start, end, errType, attrs, nil)
+	e.p.record(b.parent, b.self, SpanBatch, trace.SpanKindConsumer, b.start, end, errType, attrs, nil)
 }
 
 // attempt records a call's span: its open attempt's, or, for a call that
@@ -385,6 +375,12 @@ func (e *Engine) attempt(b *batchTrace, c *callTrace, end time.Time, outcome eve
 	if c.recovery != "" {
 		attrs = append(attrs, AttrRecoveryAction.String(c.recovery))
 	}
+	if c.pool != "" {
+		attrs = append(attrs, AttrPool.String(c.pool))
+	}
+	if c.claim != nil && c.attempt > 0 {
+		attrs = append(attrs, AttrWorkerID.String(c.claim.WorkerID))
+	}
 	for _, a := range extra {
 		if a.Value.AsString() != "" {
 			attrs = append(attrs, a)
@@ -393,10 +389,13 @@ func (e *Engine) attempt(b *batchTrace, c *callTrace, end time.Time, outcome eve
 	var evs []sdktrace.Event
 	if g := c.gate; g != nil && !c.gateShown {
 		c.gateShown = true
-		evs = []sdktrace.Event{{Name: EventGate, Time: g.At, Attributes: []attribute.KeyValue{AttrGateOutcome.String(string(g.Outcome)),
-			AttrGateSource.String(events.GateSource(g.Stage)), AttrGateRule.String(g.Rule), AttrReason.String(trimmed(g.Reason))}}}
+		evs = append(evs, sdktrace.Event{Name: EventGate, Time: g.At, Attributes: []attribute.KeyValue{AttrGateOutcome.String(string(g.Outcome)),
+			AttrGateSource.String(events.GateSource(g.Stage)), AttrGateRule.String(g.Rule), AttrReason.String(trimmed(g.Reason))}})
 	}
-	e.span(b.self, b.child(childAttempt, c.id, c.attempt), SpanAttempt+" "+c.tool, trace.SpanKindInternal, start, end, errType, attrs, evs)
+	if cl := c.claim; cl != nil && c.attempt > 0 {
+		evs = append(evs, sdktrace.Event{Name: EventClaim, Time: cl.At, Attributes: []attribute.KeyValue{AttrWorkerID.String(cl.WorkerID)}})
+	}
+	e.p.record(b.self, b.child(childAttempt, c.id, c.attempt), SpanAttempt+" "+c.tool, trace.SpanKindInternal, start, end, errType, attrs, evs)
 }
 
 // ticket records the wait of a call's ticket, from awaiting to resolved.
@@ -409,5 +408,5 @@ func (e *Engine) ticket(b *batchTrace, c *callTrace, end time.Time, extra ...att
 			attrs = append(attrs, a)
 		}
 	}
-	e.span(b.self, b.child(childTicket, t.Ticket.CorrelationID, 0), SpanTicket+" "+string(t.Ticket.Reason), trace.SpanKindInternal, t.At, end, "", attrs, nil)
+	e.p.record(b.self, b.child(childTicket, t.Ticket.CorrelationID, 0), SpanTicket+" "+string(t.Ticket.Reason), trace.SpanKindInternal, t.At, end, "", attrs, nil)
 }

@@ -65,6 +65,7 @@ func TestTakeoverKeepsTheSpans(t *testing.T) {
 		&events.CallExecuting{BatchID: "r/1", CallID: "b", Attempt: 2, Cause: events.CauseRetry, Detail: "nobody claimed", At: at(30)},
 	})
 	e2.Redispatched("r", "b")
+	e2.Committed("r", "", []events.Event{&events.CallClaimed{BatchID: "r/1", CallID: "b", Attempt: 2, WorkerID: "w2", At: at(31)}})
 	e2.Committed("r", "", []events.Event{
 		&events.CallIndeterminate{BatchID: "r/1", CallID: "b", Attempt: 2, Reason: "lease expired", At: at(40)},
 		&events.BatchFinalized{BatchID: "r/1", Step: 1, At: at(50)},
@@ -117,6 +118,21 @@ func TestTakeoverKeepsTheSpans(t *testing.T) {
 	}
 	if g := byName["execute_tool boxed"][0].Events(); len(g) != 1 || g[0].Name != EventGate || !g[0].Time.Equal(at(21)) {
 		t.Errorf("boxed's gate event: %v", g)
+	}
+	// the worker's claim is on the attempt it claimed, not on the one
+	// nobody claimed, and no brain call has one
+	unclaimed, claimed := byName["execute_tool boxed"][0], byName["execute_tool boxed"][1]
+	if attrOf(unclaimed, AttrWorkerID) != "" || attrOf(unclaimed, AttrPool) != events.DefaultPool {
+		t.Errorf("boxed #0: %v", unclaimed.Attributes())
+	}
+	if c := claimed.Events(); attrOf(claimed, AttrWorkerID) != "w2" || attrOf(claimed, AttrPool) != events.DefaultPool ||
+		len(c) != 1 || c[0].Name != EventClaim || !c[0].Time.Equal(at(31)) {
+		t.Errorf("boxed #1: attributes %v, events %v, want w2's claim at 31 ms", claimed.Attributes(), c)
+	}
+	for _, s := range byName["execute_tool brainy"] {
+		if attrOf(s, AttrPool) != "" || attrOf(s, AttrWorkerID) != "" {
+			t.Errorf("brainy: %v", s.Attributes())
+		}
 	}
 }
 

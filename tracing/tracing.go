@@ -10,10 +10,14 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -35,8 +39,7 @@ const (
 
 // Provider exports spans. A nil *Provider exports nothing.
 type Provider struct {
-	tp     *sdktrace.TracerProvider
-	tracer trace.Tracer
+	tp *sdktrace.TracerProvider
 	// sp and res are where the engine hands the spans it makes whole,
 	// from events (Engine.span), and the resource they carry.
 	sp  sdktrace.SpanProcessor
@@ -86,7 +89,27 @@ const scope = "github.com/toolbatch/toolbatch"
 
 func newProvider(sp sdktrace.SpanProcessor, res *resource.Resource) *Provider {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sp), sdktrace.WithResource(res))
-	return &Provider{tp: tp, tracer: tp.Tracer(scope), sp: sp, res: res}
+	return &Provider{tp: tp, sp: sp, res: res}
+}
+
+// record hands a finished span to the exporter's batch processor, made
+// whole as a read-only span: the SDK's machinery for spans in progress (a
+// sampler, a span that takes attributes while it runs) costs a few per
+// cent of a busy engine's or worker's CPU, and every span here is known
+// whole when it ends. A span is recorded when its trace is sampled (the
+// submitter's flag; a trace toolbatch starts is sampled).
+func (p *Provider) record(parent, self trace.SpanContext, name string, kind trace.SpanKind, start, end time.Time, errType string,
+	attrs []attribute.KeyValue, evs []sdktrace.Event) {
+	if !self.IsSampled() {
+		return
+	}
+	st := tracetest.SpanStub{Name: name, SpanContext: self, Parent: parent, SpanKind: kind, StartTime: start, EndTime: end,
+		Attributes: attrs, Events: evs, Resource: p.res, InstrumentationScope: instrumentation.Scope{Name: scope}}
+	if errType != "" {
+		st.Attributes = append(st.Attributes, AttrErrorType.String(errType))
+		st.Status = sdktrace.Status{Code: codes.Error, Description: errType}
+	}
+	p.sp.OnEnd(st.Snapshot())
 }
 
 // Shutdown exports what is buffered and stops.

@@ -16,6 +16,6 @@
 //  3. Publish the result on <prefix>.result.<run_id> with the claim token,
 //     then acknowledge the job.
 //
-// Imports: events, metrics, protocol, sandbox, tracing, github.com/nats-io/nats.go,
+// Imports: events, metrics, protocol, sandbox, github.com/nats-io/nats.go,
 // github.com/nats-io/nuid, github.com/rs/zerolog.
 package worker

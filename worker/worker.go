@@ -18,7 +18,6 @@ import (
 	"github.com/toolbatch/toolbatch/metrics"
 	"github.com/toolbatch/toolbatch/protocol"
 	"github.com/toolbatch/toolbatch/sandbox"
-	"github.com/toolbatch/toolbatch/tracing"
 )
 
 // Runner runs one call; *sandbox.Runner is the implementation.
@@ -56,9 +55,6 @@ type Config struct {
 	Logger zerolog.Logger
 	// Metrics counts claims, calls and heartbeats (nil: nothing).
 	Metrics *metrics.Worker
-	// Tracing exports a span of each attempt run (nil: none; the tool is
-	// still given the dispatch's trace context).
-	Tracing *tracing.Provider
 }
 
 // Worker serves sandbox jobs.
@@ -484,23 +480,17 @@ func (w *Worker) runGranted(runCtx, drain context.Context, j *job, pool, key str
 			}
 		}
 	}()
-	span := w.cfg.Tracing.Sandbox(reply.TraceParent, pool, tool, granted.CallID, w.cfg.WorkerID, granted.Attempt)
 	began := time.Now()
+	// the tool's spans hang from the attempt's (the engine's span, made
+	// from the log, with this worker's claim on it)
 	res := w.runner.Run(toolCtx, sandbox.Call{ToolID: granted.ToolID, CallID: granted.CallID, OperationID: granted.OperationID, Attempt: granted.Attempt,
-		Arguments: granted.Arguments, TraceParent: span.ToolParent()})
+		Arguments: granted.Arguments, TraceParent: reply.TraceParent})
 	w.cfg.Metrics.Ran(pool, tool, res.Class(), time.Since(began))
 	if res.Err != nil {
 		log.Warn().Str("tool", tool).Str("exit", res.Class()).Str("kind", string(res.Err.Kind)).Str("error", res.Err.Message).Msg("tool failed")
 	}
 	stopTool()
 	<-beatDone
-	defer func() {
-		errType := ""
-		if res.Err != nil {
-			errType = string(res.Err.Kind)
-		}
-		span.End(res.Class(), errType)
-	}()
 	result := protocol.Result{OperationID: granted.OperationID, Attempt: granted.Attempt, ClaimToken: reply.ClaimToken, Output: res.Output, Error: res.Err}
 	if result.Output == nil && result.Error == nil {
 		result.Error = &events.ToolError{Kind: events.ErrorExecution, Message: "the tool reported nothing"}

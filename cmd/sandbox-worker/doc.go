@@ -15,7 +15,7 @@
 // SIGTERM or SIGINT drains: no new jobs, running calls finish within the
 // grace period and report; a second signal stops them at once.
 //
-// Imports: access, internal/cli, internal/lockfile, metrics, protocol, sandbox, tracing, worker,
+// Imports: access, internal/cli, internal/lockfile, metrics, protocol, sandbox, worker,
 // github.com/nats-io/nats.go, github.com/prometheus/client_golang,
 // github.com/rs/zerolog.
 package main

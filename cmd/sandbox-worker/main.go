@@ -20,7 +20,6 @@ import (
 	"github.com/toolbatch/toolbatch/metrics"
 	"github.com/toolbatch/toolbatch/protocol"
 	"github.com/toolbatch/toolbatch/sandbox"
-	"github.com/toolbatch/toolbatch/tracing"
 	"github.com/toolbatch/toolbatch/worker"
 )
 
@@ -155,16 +154,8 @@ func run(args []string, stderr io.Writer) error {
 		return fmt.Errorf("connect to %s: %w", *natsURL, err)
 	}
 	defer nc.Close()
-	tp, stopTracing, err := tracing.Setup("toolbatch-sandbox-worker")
-	if err != nil {
-		return err
-	}
-	defer stopTracing()
-	if tp != nil {
-		log.Info().Msg("exporting traces over OTLP (the OTEL_* environment)")
-	}
 	w, err := worker.New(nc, sc, runner, worker.Config{Prefix: *prefix, WorkerID: *workerID, Pools: poolList,
-		Concurrency: *concurrency, Grace: *grace, Logger: log, Metrics: wm, Tracing: tp})
+		Concurrency: *concurrency, Grace: *grace, Logger: log, Metrics: wm})
 	if err != nil {
 		return err
 	}

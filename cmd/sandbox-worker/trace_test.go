@@ -65,6 +65,13 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	_, _ = w.Write(out)
 }
 
+// all returns every span received.
+func (r *receiver) all() []gotSpan {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]gotSpan(nil), r.spans...)
+}
+
 // named returns the spans named name.
 func (r *receiver) named(name string) []gotSpan {
 	r.mu.Lock()
@@ -116,8 +123,9 @@ tools:
 // TestTraceThroughEngineWorkerAndTool: a submission with a traceparent
 // becomes a batch span under it, an execute_tool span per call under the
 // batch (the gate decision as an event, a failure as an error status), a
-// ticket span for the wait, the worker's span under the sandbox call's
-// attempt, and the tool finds the worker's span in TRACEPARENT. The engine
+// ticket span for the wait; the sandbox call's attempt span carries the
+// worker's claim (its id, its pool, the claim's time as an event), and the
+// tool finds that attempt's span in TRACEPARENT. The engine
 // is killed while the batch waits on its ticket: the engine that takes the
 // run back ends the batch under the same parent (the traceparent kept in
 // the commit's headers).
@@ -157,9 +165,9 @@ func TestTraceThroughEngineWorkerAndTool(t *testing.T) {
 		t.Fatal(err)
 	}
 	ticket := nextTicket(t, ctx, watch, "")
-	// the four calls before the ticket and the worker's span are exported
+	// the four calls before the ticket are exported
 	testwait.Until(t, ctx, "the spans of the calls before the ticket", func() bool {
-		return len(recv.named("execute_tool sb_env")) == 1 && len(recv.named("toolbatch.sandbox sb_env")) == 1 &&
+		return len(recv.named("execute_tool sb_env")) == 1 &&
 			len(recv.named("execute_tool echo")) == 1 && len(recv.named("execute_tool fail")) == 1 && len(recv.named("execute_tool dangerous")) == 1
 	})
 	if n := len(recv.named("toolbatch.batch")); n != 0 {
@@ -216,8 +224,15 @@ func TestTraceThroughEngineWorkerAndTool(t *testing.T) {
 		if failed := s.Status.GetCode() == tracepb.Status_STATUS_CODE_ERROR; failed != w.failed || failed && attr(s.Attributes, "error.type") == "" {
 			t.Errorf("%s: status %v, error.type %q", tool, s.Status, attr(s.Attributes, "error.type"))
 		}
-		if len(s.Events) != 1 || s.Events[0].Name != "toolbatch.gate" || attr(s.Events[0].Attributes, "toolbatch.gate.outcome") != w.gate {
-			t.Errorf("%s: events %v, want one toolbatch.gate", tool, s.Events)
+		if len(s.Events) == 0 || s.Events[0].Name != "toolbatch.gate" || attr(s.Events[0].Attributes, "toolbatch.gate.outcome") != w.gate {
+			t.Errorf("%s: events %v, want toolbatch.gate first", tool, s.Events)
+		}
+		sandboxed := tool == "sb_env"
+		if got := attr(s.Attributes, "toolbatch.tool.target"); got != map[bool]string{true: "sandbox", false: "brain"}[sandboxed] {
+			t.Errorf("%s: target %q", tool, got)
+		}
+		if !sandboxed && (len(s.Events) != 1 || attr(s.Attributes, "toolbatch.worker_id") != "" || attr(s.Attributes, "toolbatch.pool") != "") {
+			t.Errorf("%s (beside the engine): events %v, attributes %v: no worker's claim expected", tool, s.Events, s.Attributes)
 		}
 	}
 	ticketSpan := recv.named("toolbatch.ticket permission")[0]
@@ -228,13 +243,21 @@ func TestTraceThroughEngineWorkerAndTool(t *testing.T) {
 	if !(ticketSpan.StartTimeUnixNano < ticketSpan.EndTimeUnixNano && ticketSpan.EndTimeUnixNano <= attempts["send"].StartTimeUnixNano) {
 		t.Errorf("the ticket's wait [%d, %d] does not precede the send attempt at %d", ticketSpan.StartTimeUnixNano, ticketSpan.EndTimeUnixNano, attempts["send"].StartTimeUnixNano)
 	}
-	workerSpan := recv.named("toolbatch.sandbox sb_env")[0]
-	if workerSpan.service != "toolbatch-sandbox-worker" || id(workerSpan.TraceId) != traceID || id(workerSpan.ParentSpanId) != id(attempts["sb_env"].SpanId) {
-		t.Errorf("worker span: service %q trace %s parent %s, want the sb_env attempt %s", workerSpan.service, id(workerSpan.TraceId),
-			id(workerSpan.ParentSpanId), id(attempts["sb_env"].SpanId))
+	sb := attempts["sb_env"]
+	if attr(sb.Attributes, "toolbatch.worker_id") != "tw" || attr(sb.Attributes, "toolbatch.pool") != "default" {
+		t.Errorf("sb_env: attributes %v, want the worker tw of the pool default", sb.Attributes)
 	}
-	if got, want := res.Results[3].Content[0].Text, "00-"+traceID+"-"+id(workerSpan.SpanId)+"-01"; got != want {
-		t.Errorf("the tool's TRACEPARENT = %q, want %q", got, want)
+	if len(sb.Events) != 2 || sb.Events[1].Name != "toolbatch.claim" || attr(sb.Events[1].Attributes, "toolbatch.worker_id") != "tw" ||
+		!(sb.StartTimeUnixNano <= sb.Events[1].TimeUnixNano && sb.Events[1].TimeUnixNano <= sb.EndTimeUnixNano) {
+		t.Errorf("sb_env: events %v, want the gate's, then tw's claim within the attempt [%d, %d]", sb.Events, sb.StartTimeUnixNano, sb.EndTimeUnixNano)
+	}
+	if got, want := res.Results[3].Content[0].Text, "00-"+traceID+"-"+id(sb.SpanId)+"-01"; got != want {
+		t.Errorf("the tool's TRACEPARENT = %q, want %q (the attempt's span)", got, want)
+	}
+	for _, s := range recv.all() {
+		if s.service != "toolbatch-engine" {
+			t.Errorf("span %q exported by %q: only the engine exports spans", s.Name, s.service)
+		}
 	}
 	if !strings.Contains(texts(res)[2], "not here") {
 		t.Errorf("dangerous: %q", texts(res)[2])
