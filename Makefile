@@ -23,7 +23,7 @@ if [ -n "$$unformatted" ]; then \
 fi
 endef
 
-.PHONY: build test run bench bench-peers lint fuzz chaos chaos-cluster sandbox-deps browser-deps ts-deps ts-test mcp-deps
+.PHONY: build test run bench bench-observed bench-peers lint fuzz chaos chaos-cluster sandbox-deps browser-deps ts-deps ts-test mcp-deps
 
 # build: compile every package and program.
 build:
@@ -87,6 +87,15 @@ run:
 # bench: the benchmark program (docs/performance.md); writes bench/results.json.
 bench:
 	$(GO) run ./bench --go "$(GO)" --out bench/results.json
+
+# bench-observed: what metrics and traces cost (issue 17): the default mode
+# and the observed mode in OBSERVED_PAIRS pairs (default-observed,
+# observed-default, ...), W1 and W2 only, with each pair's ratios and their
+# medians (docs/performance.md, "Metrics and traces together").
+OBSERVED_PAIRS ?= 11
+bench-observed:
+	$(GO) run ./bench --go "$(GO)" --reps 1 --abba $(OBSERVED_PAIRS) --modes default,observed \
+		--skip ceiling,census,parked,w3,w4,w5,mcp,failover --out bench/observed.json
 
 # lint: gofmt must list nothing, and go vet must pass.
 lint:
