@@ -61,6 +61,10 @@ type Stats struct {
 	// StageChild is how many of those the stage ran as its child and
 	// reported the exit of (the others it exec'd in place).
 	StageChild int64
+	// DirectLimits is how many calls without isolation had their rlimits
+	// set by the runner on the tool, stopped at its exec, without
+	// prlimit's exec.
+	DirectLimits int64
 }
 
 // warm is a pre-started sandbox.

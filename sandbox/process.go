@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -81,11 +82,54 @@ func (r *Runner) runProcess(ctx context.Context, t ToolConfig, call Call) Result
 	}
 	defer removeWorkdir(workdir)
 
-	p, err := r.start(t.ID, r.argv(t, workdir, prog), toolEnv(t, call, workdir), workdir, nil)
+	env := toolEnv(t, call, workdir)
+	p, err := r.startDirect(t, prog, env, workdir)
+	if p == nil && err == nil {
+		p, err = r.start(t.ID, r.argv(t, workdir, prog), env, workdir, nil)
+	}
 	if err != nil {
 		return interpret(t, call, outcome{startErr: err})
 	}
 	return interpret(t, call, r.finish(ctx, t, p, stdin, ioOf(p)))
+}
+
+// startDirect starts a call's process without isolation with the rlimits
+// prlimit would set (the same command line, read back: parsePrlimit), set
+// by the runner itself on the tool while it is stopped at its exec: the
+// tool is started traced, stops before its first instruction, gets its
+// limits with prlimit64 and is let go. That saves prlimit's exec on every
+// call. It returns nil and no error when it does not apply (bubblewrap, an
+// MCP tool) or this machine does not let a process trace its child: the
+// call then execs prlimit as before. Whatever else fails kills the tool
+// before it ran.
+func (r *Runner) startDirect(t ToolConfig, prog string, env []string, workdir string) (*proc, error) {
+	if r.cfg.Isolation != IsolationNone || t.MCP != nil || r.noTrace.Load() {
+		return nil, nil
+	}
+	limits, argv, ok := parsePrlimit(r.limitArgs(t, prog))
+	if !ok {
+		return nil, nil
+	}
+	// The tracer is this thread: start, wait and detach on it.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	p, err := r.startWith(t.ID, argv, env, workdir, nil, true)
+	if err != nil {
+		// PTRACE_TRACEME refused (EPERM), or the exec failed: the
+		// prlimit path tells the two apart.
+		if errors.Is(err, syscall.EPERM) {
+			r.noTrace.Store(true)
+		}
+		return nil, nil
+	}
+	if err := stoppedAtExec(p.cmd.Process.Pid, false, func(pid int) error { return setRlimits(pid, limits) }); err != nil {
+		_ = syscall.Kill(-p.pgid, syscall.SIGKILL)
+		p.reap()
+		return nil, fmt.Errorf("cannot set the tool's limits: %w", err)
+	}
+	r.stats.directLimits.Add(1)
+	p.wait()
+	return p, nil
 }
 
 // argv is the command line of a sandbox started for its process: bubblewrap
@@ -350,6 +394,17 @@ type proc struct {
 // the seccomp filter's pipe and the tool's pinned mounts (see bwrapArgs).
 // It does not wait.
 func (r *Runner) start(toolID string, argv, env []string, workdir string, extra []*os.File) (*proc, error) {
+	p, err := r.startWith(toolID, argv, env, workdir, extra, false)
+	if err == nil {
+		p.wait()
+	}
+	return p, err
+}
+
+// startWith is start; traced (isolation none only) starts the process
+// traced, stopped at its exec, and the caller, on the same locked thread,
+// lets it go and then calls wait.
+func (r *Runner) startWith(toolID string, argv, env []string, workdir string, extra []*os.File, traced bool) (*proc, error) {
 	p := &proc{bwrap: r.cfg.Isolation == IsolationBubblewrap, done: make(chan struct{}), initFD: -1, info: make(chan struct{})}
 	pipe := func() (*os.File, *os.File, error) {
 		pr, pw, err := os.Pipe()
@@ -383,7 +438,7 @@ func (r *Runner) start(toolID string, argv, env []string, workdir string, extra 
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = env
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Ptrace: traced && !p.bwrap}
 	if p.bwrap {
 		cmd.Dir = "/"
 		cmd.ExtraFiles = append([]*os.File{infoW}, extra...)
@@ -410,10 +465,6 @@ func (r *Runner) start(toolID string, argv, env []string, workdir string, extra 
 			_ = f.Close()
 		}
 	}
-	go func() {
-		_ = cmd.Wait()
-		close(p.done)
-	}()
 	// bubblewrap reports the host pid of the sandbox's init process:
 	// killing it tears down the whole PID namespace. Its pidfd is taken at
 	// once, while bubblewrap, its parent, has not reaped it (it is checked
@@ -446,6 +497,15 @@ func (r *Runner) start(toolID string, argv, env []string, workdir string, extra 
 		close(p.info)
 	}
 	return p, nil
+}
+
+// wait reaps the started process in the background: p.done closes once it
+// has exited.
+func (p *proc) wait() {
+	go func() {
+		_ = p.cmd.Wait()
+		close(p.done)
+	}()
 }
 
 // exited reports whether the process has exited.

@@ -259,8 +259,14 @@ type Runner struct {
 	onPrestarted      func(took time.Duration)
 	closeOnce         sync.Once
 	stats             struct {
-		prestarted, fresh, diedBeforeUse, prestartFailures, stageLimits, stageChild atomic.Int64
+		prestarted, fresh, diedBeforeUse, prestartFailures, stageLimits, stageChild, directLimits atomic.Int64
 	}
+
+	// noTrace is set once a tool could not be started traced (isolation
+	// none, direct limits): this machine forbids it (Yama's ptrace_scope,
+	// a seccomp profile), and later calls exec prlimit. Tests set it to
+	// take that path.
+	noTrace atomic.Bool
 }
 
 // NewRunner checks the config and this machine and returns a Runner. It
@@ -564,6 +570,7 @@ func (r *Runner) Stats() Stats {
 		PrestartFailures: r.stats.prestartFailures.Load(),
 		StageLimits:      r.stats.stageLimits.Load(),
 		StageChild:       r.stats.stageChild.Load(),
+		DirectLimits:     r.stats.directLimits.Load(),
 	}
 }
 

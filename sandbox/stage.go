@@ -211,6 +211,14 @@ func runChild(d directExec, env []string, failLimits bool) (code int, ran bool) 
 // program loaded, not one instruction of it run), then lets it go. fail
 // makes it fail there instead (tests).
 func (d *directExec) limitChild(pid int, fail bool) error {
+	return stoppedAtExec(pid, fail, d.setLimits)
+}
+
+// stoppedAtExec waits for a traced child to stop at its exec, has limit
+// set its rlimits, then detaches from it, which lets it run. fail makes it
+// fail there instead (tests). It runs on the thread that started the
+// child (its tracer).
+func stoppedAtExec(pid int, fail bool, limit func(pid int) error) error {
 	ws, err := wait(pid)
 	switch {
 	case err != nil:
@@ -220,7 +228,7 @@ func (d *directExec) limitChild(pid int, fail bool) error {
 	case fail:
 		return errors.New("failing as asked (tests)")
 	}
-	if err := d.setLimits(pid); err != nil {
+	if err := limit(pid); err != nil {
 		return err
 	}
 	return syscall.PtraceDetach(pid)
@@ -319,19 +327,26 @@ func planDirectExec(argv, env []string) (d directExec, ok bool) {
 // setLimits sets the open-files limit and the command line's rlimits on
 // process pid (0: the stage itself), with raw system calls only.
 func (d *directExec) setLimits(pid int) error {
-	set := func(res int, l *syscall.Rlimit) error {
-		if _, _, e := syscall.RawSyscall6(syscall.SYS_PRLIMIT64, uintptr(pid), uintptr(res), uintptr(unsafe.Pointer(l)), 0, 0, 0); e != 0 {
-			return e
-		}
-		return nil
-	}
-	if err := set(syscall.RLIMIT_NOFILE, &d.nofile); err != nil {
+	if err := setRlimit(pid, syscall.RLIMIT_NOFILE, &d.nofile); err != nil {
 		return err
 	}
-	for i := range d.limits {
-		if err := set(d.limits[i].resource, &d.limits[i].value); err != nil {
+	return setRlimits(pid, d.limits)
+}
+
+// setRlimits sets limits on process pid (0: this one), with raw system
+// calls only.
+func setRlimits(pid int, limits []stageLimit) error {
+	for i := range limits {
+		if err := setRlimit(pid, limits[i].resource, &limits[i].value); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+func setRlimit(pid, res int, l *syscall.Rlimit) error {
+	if _, _, e := syscall.RawSyscall6(syscall.SYS_PRLIMIT64, uintptr(pid), uintptr(res), uintptr(unsafe.Pointer(l)), 0, 0, 0); e != 0 {
+		return e
 	}
 	return nil
 }
