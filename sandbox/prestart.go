@@ -192,10 +192,12 @@ func (p *pool) prestart() {
 }
 
 // take returns a live pre-started sandbox, waiting for one under way if
-// that is the case, or nil: the call starts its own. Every sandbox it
-// takes is replaced: at once when no other is ready, else once the call
-// is done (run), so that starting the replacement does not compete with
-// the call for the CPU while another ready sandbox serves the next call.
+// that is the case, or nil: the call starts its own. A call that finds
+// none ready has the pool filled at once and waits for the first start;
+// otherwise what calls take is replaced once the runner is quiet
+// (Runner.callActivity), so that starting replacements, several milliseconds
+// of CPU each, does not compete with the calls of a batch, which come one
+// after another.
 func (p *pool) take(ctx context.Context) *warm {
 	for {
 		p.mu.Lock()
@@ -205,16 +207,15 @@ func (p *pool) take(ctx context.Context) *warm {
 		}
 		var w *warm
 		var wait chan *warm
-		switch {
-		case len(p.ready) > 0:
+		if len(p.ready) > 0 {
 			w = p.ready[0]
 			p.ready = p.ready[1:]
-		case p.starting > len(p.waiters):
-			wait = make(chan *warm, 1)
-			p.waiters = append(p.waiters, wait)
-		}
-		if w == nil || len(p.ready) == 0 {
+		} else {
 			p.fill()
+			if p.starting > len(p.waiters) {
+				wait = make(chan *warm, 1)
+				p.waiters = append(p.waiters, wait)
+			}
 		}
 		p.mu.Unlock()
 		if wait != nil {
@@ -315,9 +316,6 @@ func (p *pool) run(ctx context.Context, t ToolConfig, call Call, prog string, st
 		}()
 		st := w.watchStatus()
 		o := p.r.finish(ctx, t, w.p, stdin, callIO{stdout: w.stdout, stderr: w.stderr, exited: st.exited, reported: st.done})
-		p.mu.Lock()
-		p.fill() // the replacement take may have left for now
-		p.mu.Unlock()
 		// A reported exit says how the tool ran; otherwise the sandbox has
 		// ended, and so has what the stage wrote.
 		mode := stageParent
@@ -509,4 +507,28 @@ func (p *pool) state() (ready int, changed <-chan struct{}, closed, failing bool
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.ready), p.changed, p.closed, p.failures > 0
+}
+
+// refillQuiet is how long no subprocess call of the runner must have
+// begun or ended before the pools replace the sandboxes calls took. A
+// batch's calls of one worker come one after another, a millisecond or two
+// apart (the result recorded, the next call granted); the model's turn
+// between two batches lasts far longer, and so does a long call.
+const refillQuiet = 20 * time.Millisecond
+
+// callActivity says a subprocess call begins or ends: the pools are
+// refilled once refillQuiet passes without another.
+func (r *Runner) callActivity() {
+	if r.refill != nil {
+		r.refill.Reset(r.refillAfter)
+	}
+}
+
+// fillPools starts what every pool lacks.
+func (r *Runner) fillPools() {
+	for _, p := range r.pools {
+		p.mu.Lock()
+		p.fill()
+		p.mu.Unlock()
+	}
 }

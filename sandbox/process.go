@@ -58,6 +58,8 @@ type outcome struct {
 // ready (or being started) for the tool and still alive, else in a sandbox
 // started for the call.
 func (r *Runner) runProcess(ctx context.Context, t ToolConfig, call Call) Result {
+	r.callActivity()
+	defer r.callActivity()
 	if t.MCP.shared() {
 		return r.sharedFor(t).call(ctx, t, call)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -262,6 +263,11 @@ type Runner struct {
 		prestarted, fresh, diedBeforeUse, prestartFailures, stageLimits, stageChild, directLimits atomic.Int64
 	}
 
+	// refill fills the pools once the calls have been quiet for a while
+	// (callActivity); nil without pools.
+	refill      *time.Timer
+	refillAfter time.Duration // refillQuiet, but in tests
+
 	// noTrace is set once a tool could not be started traced (isolation
 	// none, direct limits): this machine forbids it (Yama's ptrace_scope,
 	// a seccomp profile), and later calls exec prlimit. Tests set it to
@@ -290,7 +296,7 @@ func NewRunner(cfg Config, opts ...Option) (_ *Runner, err error) {
 	if err := closeInheritedOnExec(); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	r := &Runner{cfg: cfg.WithDefaults()}
+	r := &Runner{cfg: cfg.WithDefaults(), refillAfter: refillQuiet}
 	shimCopy = &r.shimCopy
 	for _, o := range opts {
 		o(r)
@@ -506,6 +512,8 @@ func (r *Runner) startPools() error {
 		p.fill()
 		p.mu.Unlock()
 	}
+	// Armed by the first call (callActivity).
+	r.refill = time.AfterFunc(time.Duration(math.MaxInt64), r.fillPools)
 	return nil
 }
 
@@ -518,6 +526,9 @@ func (res Result) ok() bool { return res.Err == nil && res.Output != nil && !res
 // safe to call more than once; it returns nil.
 func (r *Runner) Close() error {
 	r.closeOnce.Do(func() {
+		if r.refill != nil {
+			r.refill.Stop()
+		}
 		var wg sync.WaitGroup
 		for _, p := range r.pools {
 			wg.Add(1)

@@ -1057,6 +1057,40 @@ func TestPrestartedSandboxDiedBeforeUse(t *testing.T) {
 	}
 }
 
+// TestRefillWaitsForQuiet: the sandboxes calls take are replaced only once
+// the calls have been quiet for a while, not between the calls of a batch
+// (here the while never passes); a call that finds none ready has the pool
+// filled at once and runs in the first sandbox started, not in one of its
+// own.
+func TestRefillWaitsForQuiet(t *testing.T) {
+	t.Parallel()
+	r, _ := newRunner(t, prestarted, scriptTools, func(r *Runner) { r.refillAfter = time.Hour })
+	p := r.pools["cat"]
+	poolState := func() (ready, starting int) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.ready), p.starting
+	}
+	for i := range DefaultPrestart {
+		wantText(t, run(t, r, "cat", `{}`), `{}`)
+		if ready, starting := poolState(); ready != DefaultPrestart-1-i || starting != 0 {
+			t.Fatalf("after call %d: %d ready, %d starting; want %d ready and none started", i+1, ready, starting, DefaultPrestart-1-i)
+		}
+	}
+	wantText(t, run(t, r, "cat", `{"n":3}`), `{"n":3}`)
+	if st := r.Stats(); st.Prestarted != DefaultPrestart+1 || st.Fresh != 0 {
+		t.Fatalf("stats %+v: want every call in a pre-started sandbox", st)
+	}
+	// Quiet now: the pool fills up.
+	r.refillAfter = time.Millisecond
+	r.callActivity()
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	if err := r.WaitPrestarted(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestCloseTearsDownPrestarted: Close kills every pre-started sandbox and
 // removes its working directory before it returns; calls after Close
 // start their own sandbox.
