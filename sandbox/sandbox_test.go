@@ -851,11 +851,9 @@ tools:
 	})
 }
 
-func TestMemoryAndCPULimits(t *testing.T) {
-	t.Parallel()
-	inModes(t, func(t *testing.T, m mode) {
-		r, _ := newRunner(t, m, `
-tools:
+// limitedTools run into their memory, CPU and file-size limits
+// (wantLimitsHold).
+const limitedTools = `
   - id: mem
     command: [python3, ./memory.py]
     limits: {memory_mb: 64}
@@ -866,16 +864,65 @@ tools:
   - id: bigfile
     command: [/bin/sh, -c, 'head -c 17000000 /dev/zero > f']
     limits: {memory_mb: 16}
-`)
-		wantText(t, run(t, r, "mem", `{"mb":8}`), "allocated 8 MiB\n")
-		wantError(t, run(t, r, "mem", `{"mb":256}`), events.ErrorExecution, "exit status 1", "MemoryError")
-		start := time.Now()
-		wantError(t, run(t, r, "spin", `{}`), events.ErrorExecution, "exit status 152", "CPU time limit exceeded", "limits.cpu_seconds is 1")
-		if d := time.Since(start); d > 15*time.Second {
-			t.Fatalf("a CPU limit of 1s took %s", d)
-		}
-		wantError(t, run(t, r, "bigfile", `{}`), events.ErrorExecution, "file size limit exceeded", "no file may exceed 16777216 bytes")
+`
+
+// wantLimitsHold calls limitedTools and fails unless each limit held.
+func wantLimitsHold(t *testing.T, r *Runner) {
+	t.Helper()
+	wantText(t, run(t, r, "mem", `{"mb":8}`), "allocated 8 MiB\n")
+	wantError(t, run(t, r, "mem", `{"mb":256}`), events.ErrorExecution, "exit status 1", "MemoryError")
+	start := time.Now()
+	wantError(t, run(t, r, "spin", `{}`), events.ErrorExecution, "exit status 152", "CPU time limit exceeded", "limits.cpu_seconds is 1")
+	if d := time.Since(start); d > 15*time.Second {
+		t.Fatalf("a CPU limit of 1s took %s", d)
+	}
+	wantError(t, run(t, r, "bigfile", `{}`), events.ErrorExecution, "file size limit exceeded", "no file may exceed 16777216 bytes")
+}
+
+func TestMemoryAndCPULimits(t *testing.T) {
+	t.Parallel()
+	inModes(t, func(t *testing.T, m mode) {
+		r, _ := newRunner(t, m, "tools:"+limitedTools)
+		wantLimitsHold(t, r)
 	})
+}
+
+// TestIsolationNoneLimits checks that a tool without isolation runs under
+// its rlimits, whether the runner sets them on the tool stopped at its
+// exec or, where a process may not trace its child, execs prlimit: both
+// give the same limits and the same errors.
+func TestIsolationNoneLimits(t *testing.T) {
+	t.Parallel()
+	for _, traced := range []bool{true, false} {
+		name := "prlimit"
+		if traced {
+			name = "traced"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r, workRoot := newRunner(t, fresh, `
+isolation: none
+tools:
+  - id: limits
+    command: [/bin/sh, -c, 'for l in t p v f c; do printf "%s=%s " $l "$(ulimit -$l)"; done; printf "hard_t=%s" "$(ulimit -Ht)"']
+    limits: {cpu_seconds: 3, max_procs: 7, memory_mb: 32}`+limitedTools)
+			if !traced {
+				r.noTrace.Store(true)
+			}
+			// fsize is the larger of the output cap and the memory
+			// limit: 32 MiB, 65536 blocks of 512 bytes.
+			wantText(t, run(t, r, "limits", `{}`), "t=3 p=7 v=32768 f=65536 c=0 hard_t=4")
+			wantLimitsHold(t, r)
+			want := int64(0)
+			if traced {
+				want = 5
+			}
+			if st := r.Stats(); st.DirectLimits != want || st.Fresh != 5 {
+				t.Fatalf("stats %+v: want %d calls with limits set by the runner, of 5", st, want)
+			}
+			wantCleanedUp(t, r, workRoot)
+		})
+	}
 }
 
 func TestIsolationNone(t *testing.T) {
