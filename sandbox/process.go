@@ -85,53 +85,53 @@ func (r *Runner) runProcess(ctx context.Context, t ToolConfig, call Call) Result
 	defer removeWorkdir(workdir)
 
 	env := toolEnv(t, call, workdir)
-	p, err := r.startDirect(t, prog, env, workdir)
-	if p == nil && err == nil {
-		p, err = r.start(t.ID, r.argv(t, workdir, prog), env, workdir, nil)
-	}
-	if err != nil {
-		return interpret(t, call, outcome{startErr: err})
+	p := r.startDirect(t, prog, env, workdir)
+	if p == nil {
+		if p, err = r.start(t.ID, r.argv(t, workdir, prog), env, workdir, nil); err != nil {
+			return interpret(t, call, outcome{startErr: err})
+		}
 	}
 	return interpret(t, call, r.finish(ctx, t, p, stdin, ioOf(p)))
 }
 
-// startDirect starts a call's process without isolation with the rlimits
-// prlimit would set (the same command line, read back: parsePrlimit), set
-// by the runner itself on the tool while it is stopped at its exec: the
-// tool is started traced, stops before its first instruction, gets its
-// limits with prlimit64 and is let go. That saves prlimit's exec on every
-// call. It returns nil and no error when it does not apply (bubblewrap, an
-// MCP tool) or this machine does not let a process trace its child: the
-// call then execs prlimit as before. Whatever else fails kills the tool
-// before it ran.
-func (r *Runner) startDirect(t ToolConfig, prog string, env []string, workdir string) (*proc, error) {
+// startDirect starts a call's process without isolation under the
+// rlimits prlimit would set (the same command line, read back:
+// parsePrlimit), set by the runner itself: the tool is started traced,
+// stops at its exec before its first instruction, gets its limits with
+// prlimit64 and is let go. That saves prlimit's exec on every call. It
+// returns nil when that does not apply (bubblewrap, an MCP tool) or does
+// not work: this machine does not let a process trace its child, or the
+// limits could not be set (the tool is then killed before it ran). The
+// call then execs prlimit in front of the tool, as without it.
+func (r *Runner) startDirect(t ToolConfig, prog string, env []string, workdir string) *proc {
 	if r.cfg.Isolation != IsolationNone || t.MCP != nil || r.noTrace.Load() {
-		return nil, nil
+		return nil
 	}
 	limits, argv, ok := parsePrlimit(r.limitArgs(t, prog))
 	if !ok {
-		return nil, nil
+		return nil
 	}
 	// The tracer is this thread: start, wait and detach on it.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	p, err := r.startWith(t.ID, argv, env, workdir, nil, true)
 	if err != nil {
-		// PTRACE_TRACEME refused (EPERM), or the exec failed: the
-		// prlimit path tells the two apart.
+		// PTRACE_TRACEME refused (EPERM), or the exec failed, which the
+		// prlimit path reports.
 		if errors.Is(err, syscall.EPERM) {
 			r.noTrace.Store(true)
 		}
-		return nil, nil
+		return nil
 	}
 	if err := stoppedAtExec(p.cmd.Process.Pid, false, func(pid int) error { return setRlimits(pid, limits) }); err != nil {
 		_ = syscall.Kill(-p.pgid, syscall.SIGKILL)
+		p.wait()
 		p.reap()
-		return nil, fmt.Errorf("cannot set the tool's limits: %w", err)
+		return nil
 	}
 	r.stats.directLimits.Add(1)
 	p.wait()
-	return p, nil
+	return p
 }
 
 // argv is the command line of a sandbox started for its process: bubblewrap
