@@ -61,6 +61,10 @@ type Stats struct {
 	// StageChild is how many of those the stage ran as its child and
 	// reported the exit of (the others it exec'd in place).
 	StageChild int64
+	// StageAlone is how many of the calls the stage ran as its child left
+	// nothing running once the tool had exited: their results did not
+	// wait for the sandbox's teardown.
+	StageAlone int64
 	// DirectLimits is how many calls without isolation had their rlimits
 	// set by the runner on the tool, stopped at its exec, without
 	// prlimit's exec.
@@ -323,6 +327,9 @@ func (p *pool) run(ctx context.Context, t ToolConfig, call Call, prog string, st
 			<-st.done
 			mode = st.mode
 		}
+		if o.alone {
+			p.r.stats.stageAlone.Add(1)
+		}
 		switch mode {
 		case stageGoDirect:
 			p.r.stats.stageLimits.Add(1)
@@ -345,6 +352,13 @@ func (p *pool) run(ctx context.Context, t ToolConfig, call Call, prog string, st
 	}
 }
 
+// stageExit is the stage's report of the tool's exit: its wait status,
+// and whether nothing else of the tool was left running (stageExitedAlone).
+type stageExit struct {
+	ws    syscall.WaitStatus
+	alone bool
+}
+
 // stageReport is what a sandbox's stage says about a call, as read by
 // watchStatus: exited delivers the tool's wait status when the stage ran it
 // as its child; done is closed once the status pipe has ended (the stage
@@ -352,14 +366,14 @@ func (p *pool) run(ctx context.Context, t ToolConfig, call Call, prog string, st
 // stageGoDirect and stageParent it wrote (0: none, the tool did not run).
 type stageReport struct {
 	mode   byte
-	exited chan syscall.WaitStatus
+	exited chan stageExit
 	done   chan struct{}
 }
 
 // watchStatus reads the stage's status pipe until it ends, in the
 // background.
 func (w *warm) watchStatus() *stageReport {
-	st := &stageReport{exited: make(chan syscall.WaitStatus, 1), done: make(chan struct{})}
+	st := &stageReport{exited: make(chan stageExit, 1), done: make(chan struct{})}
 	go func() {
 		defer close(st.done)
 		r := bufio.NewReader(w.status)
@@ -371,11 +385,11 @@ func (w *warm) watchStatus() *stageReport {
 			switch b {
 			case stageGo, stageGoDirect, stageParent:
 				st.mode = b
-			case stageExited:
+			case stageExited, stageExitedAlone:
 				// The report ends what the stage says.
 				var ws [4]byte
 				if _, err := io.ReadFull(r, ws[:]); err == nil && st.mode == stageParent {
-					st.exited <- syscall.WaitStatus(binary.LittleEndian.Uint32(ws[:]))
+					st.exited <- stageExit{ws: syscall.WaitStatus(binary.LittleEndian.Uint32(ws[:])), alone: b == stageExitedAlone}
 				}
 				return
 			}

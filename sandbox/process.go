@@ -46,6 +46,7 @@ type outcome struct {
 	startErr   error
 	state      *os.ProcessState    // the process's exit, when the call ended with it
 	exit       *syscall.WaitStatus // the tool's exit as its parent in the sandbox reported it
+	alone      bool                // and nothing else of the tool ran on (stageExitedAlone)
 	stdout     []byte
 	stdoutOver bool
 	stderr     []byte // the tail
@@ -544,6 +545,21 @@ func (p *proc) release() {
 // waits at most killGrace for bubblewrap's report of the init, and reports
 // whether it signalled it.
 func (p *proc) killInit() bool {
+	if !p.signalInit() {
+		return false
+	}
+	fds := []unix.PollFd{{Fd: int32(p.initFD), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, int(killGrace/time.Millisecond))
+		if !errors.Is(err, unix.EINTR) {
+			return err == nil && n > 0 // exited; not within killGrace: the caller goes on
+		}
+	}
+}
+
+// signalInit sends the sandbox's init SIGKILL, waiting at most killGrace
+// for bubblewrap's report of it, and reports whether it did.
+func (p *proc) signalInit() bool {
 	t := time.NewTimer(killGrace)
 	defer t.Stop()
 	select {
@@ -554,16 +570,7 @@ func (p *proc) killInit() bool {
 	if p.initFD < 0 {
 		return false
 	}
-	if err := unix.PidfdSendSignal(p.initFD, unix.SIGKILL, nil, 0); err != nil {
-		return false // gone already
-	}
-	fds := []unix.PollFd{{Fd: int32(p.initFD), Events: unix.POLLIN}}
-	for {
-		n, err := unix.Poll(fds, int(killGrace/time.Millisecond))
-		if !errors.Is(err, unix.EINTR) {
-			return err == nil && n > 0 // exited; not within killGrace: the caller goes on
-		}
-	}
+	return unix.PidfdSendSignal(p.initFD, unix.SIGKILL, nil, 0) == nil // else gone already
 }
 
 // parentOf returns the parent pid of pid (0 when unknown).
@@ -600,7 +607,7 @@ type callIO struct {
 	// in the sandbox reported it (a pre-started sandbox's stage), and
 	// reported is closed once nothing more can come (the report's pipe
 	// has ended).
-	exited   <-chan syscall.WaitStatus
+	exited   <-chan stageExit
 	reported <-chan struct{}
 }
 
@@ -672,13 +679,13 @@ func (r *Runner) finish(ctx context.Context, t ToolConfig, p *proc, stdin []byte
 			}
 			grace.Stop()
 			select {
-			case ws := <-cio.exited:
-				o.exit = &ws
+			case e := <-cio.exited:
+				o.exit = &e.ws
 			default:
 			}
 		}
-	case ws := <-cio.exited:
-		o.exit = &ws
+	case e := <-cio.exited:
+		o.exit, o.alone = &e.ws, e.alone
 		// Whatever the tool left running dies with the sandbox now:
 		// bubblewrap's death kills its init (--die-with-parent), and so the
 		// whole PID namespace. bubblewrap is signalled through os.Process,
@@ -697,8 +704,15 @@ func (r *Runner) finish(ctx context.Context, t ToolConfig, p *proc, stdin []byte
 		o.state = p.cmd.ProcessState
 	}
 	// Whatever way the call ended, nothing of it runs on: its sandbox's
-	// init, and so its PID namespace, is killed before its result is.
-	p.killInit()
+	// init, and so its PID namespace, is killed before its result is. When
+	// the stage found nothing of the tool running after its exit, the init
+	// is signalled and its teardown (the namespaces' mounts) not waited
+	// for: what is left is the init and the stage, none of the tool's.
+	if o.alone {
+		p.signalInit()
+	} else {
+		p.killInit()
+	}
 	// Anything left in the process group (only possible without
 	// bubblewrap): the group outlives its reaped leader only while it has
 	// members, so its id cannot have been reused.

@@ -260,7 +260,7 @@ type Runner struct {
 	onPrestarted      func(took time.Duration)
 	closeOnce         sync.Once
 	stats             struct {
-		prestarted, fresh, diedBeforeUse, prestartFailures, stageLimits, stageChild, directLimits atomic.Int64
+		prestarted, fresh, diedBeforeUse, prestartFailures, stageLimits, stageChild, stageAlone, directLimits atomic.Int64
 	}
 
 	// refill fills the pools once the calls have been quiet for a while
@@ -581,6 +581,7 @@ func (r *Runner) Stats() Stats {
 		PrestartFailures: r.stats.prestartFailures.Load(),
 		StageLimits:      r.stats.stageLimits.Load(),
 		StageChild:       r.stats.stageChild.Load(),
+		StageAlone:       r.stats.stageAlone.Load(),
 		DirectLimits:     r.stats.directLimits.Load(),
 	}
 }

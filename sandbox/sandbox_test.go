@@ -1138,6 +1138,20 @@ func TestRefillWaitsForQuiet(t *testing.T) {
 	}
 }
 
+// TestAloneCallDoesNotWaitForTeardown: when the stage finds nothing of the
+// tool running after its exit, the call's result does not wait for the
+// sandbox's teardown (TestToolCannotOutliveItsCall has a tool that leaves
+// a daemon: that call waits, and the daemon is gone when it returns).
+func TestAloneCallDoesNotWaitForTeardown(t *testing.T) {
+	t.Parallel()
+	r, _ := newRunner(t, prestarted, scriptTools)
+	before := r.Stats() // NewRunner's trial call
+	wantText(t, run(t, r, "cat", `{"a":1}`), `{"a":1}`)
+	if st := r.Stats(); st.StageChild-before.StageChild != 1 || st.StageAlone-before.StageAlone != 1 {
+		t.Fatalf("stats %+v (before the call %+v): want the call run by the stage, with nothing left running", st, before)
+	}
+}
+
 // TestCloseTearsDownPrestarted: Close kills every pre-started sandbox and
 // removes its working directory before it returns; calls after Close
 // start their own sandbox.
@@ -1209,10 +1223,14 @@ tools:
     command: [python3, ./hostile.py]
 `)
 		marker := fmt.Sprintf("toolbatch-hostile-%s-%d", m, time.Now().UnixNano())
+		before := r.Stats()
 		wantText(t, run(t, r, "hostile", fmt.Sprintf(`{"marker":%q}`, marker)),
 			"seize init Operation not permitted\nattach init Operation not permitted\nread init's memory Operation not permitted\n")
 		if pids := processesWith(t, marker); len(pids) > 0 {
 			t.Fatalf("the tool's daemon outlived its call: pids %v", pids)
+		}
+		if st := r.Stats(); st.StageAlone != before.StageAlone {
+			t.Fatalf("stats %+v (before the call %+v): the stage found nothing running after the tool, which left a daemon", st, before)
 		}
 	})
 }

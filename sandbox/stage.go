@@ -65,6 +65,10 @@ const (
 	stageGoDirect byte = 'D' // sets the rlimits itself and execs the tool
 	stageParent   byte = 'P' // starts the tool as its child, sets its rlimits while it is stopped at its exec, and reports its exit
 	stageExited   byte = 'X'
+	// stageExitedAlone is stageExited when, once the tool had exited, the
+	// sandbox's PID namespace held no process but its init and the stage:
+	// nothing the tool started runs on.
+	stageExitedAlone byte = 'A'
 )
 
 // stageExitNoCall is the stage's exit status when the worker closed the
@@ -200,11 +204,38 @@ func runChild(d directExec, env []string, failLimits bool) (code int, ran bool) 
 		return stageExitBroken, true
 	}
 	b := []byte{stageExited, 0, 0, 0, 0}
+	if alone() {
+		b[0] = stageExitedAlone
+	}
 	binary.LittleEndian.PutUint32(b[1:], uint32(ws))
 	if err := writeStatus(b...); err != nil {
 		return stageExitBroken, true
 	}
 	return 0, true
+}
+
+// alone reports whether the stage's PID namespace (the sandbox's /proc)
+// holds no process but its init (pid 1) and the stage. It is asked once
+// the tool has exited and been reaped: a process the tool started is then
+// in the namespace (a nested one's processes too), so none was left
+// running. Anything it cannot read counts as not alone.
+func alone() bool {
+	f, err := os.Open("/proc")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return false
+	}
+	self := syscall.Getpid()
+	for _, n := range names {
+		if pid, err := strconv.Atoi(n); err == nil && pid != 1 && pid != self {
+			return false
+		}
+	}
+	return true
 }
 
 // limitChild sets the rlimits on the child stopped at its exec (the new

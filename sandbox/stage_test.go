@@ -146,8 +146,8 @@ tools:
 			t.Fatal(err)
 		}
 		<-p.done // the sandbox has exited, with status 0
-		exited := make(chan syscall.WaitStatus, 1)
-		exited <- syscall.WaitStatus(3 << 8) // the tool exited with status 3
+		exited := make(chan stageExit, 1)
+		exited <- stageExit{ws: syscall.WaitStatus(3 << 8)} // the tool exited with status 3
 		reported := make(chan struct{})
 		close(reported)
 		o := r.finish(context.Background(), tool, p, nil, callIO{stdout: p.stdout, stderr: p.stderr, exited: exited, reported: reported})

@@ -2,8 +2,9 @@
 # A tool that tries to outlive its call, as an attacker controlling its
 # arguments would: it tries to take over the sandbox's init (pid 1 of its
 # PID namespace, the same uid) with ptrace, and to read another process's
-# memory, then leaves a double-forked daemon (a sleep whose command line
-# carries the marker of its arguments) and exits. It prints what the
+# memory, then leaves a double-forked daemon (a shell running a sleep of 10
+# minutes, whose command line carries the marker of its arguments) and
+# exits. It prints what the
 # kernel answered to each attempt.
 import ctypes, json, os, sys
 
@@ -33,6 +34,8 @@ if os.fork() == 0:
         devnull = os.open("/dev/null", os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        os.execv("/bin/sleep", ["sleep", "600", args["marker"]])
+        # the marker is the shell's $0: its command line, while it waits
+        # for the sleep
+        os.execv("/bin/sh", ["sh", "-c", "sleep 600; :", args["marker"]])
     os._exit(0)
 os.wait()
