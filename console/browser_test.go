@@ -273,13 +273,19 @@ func text(t *testing.T, ctx context.Context, sel string) string {
 
 // waitText waits until the first element sel matches has a text that
 // contains every one of want (the page updates itself), and returns it.
+// When it does not, the failure says what the element last showed.
 func waitText(t *testing.T, ctx context.Context, sel string, want ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	step, cancel := context.WithTimeout(ctx, stepTimeout)
 	defer cancel()
 	var got string
-	testwait.Until(t, ctx, fmt.Sprintf("%s shows %q", sel, want), func() bool {
-		got = text(t, ctx, sel)
+	defer func() {
+		if t.Failed() {
+			t.Logf("%s last showed %q", sel, got)
+		}
+	}()
+	testwait.Until(t, step, fmt.Sprintf("%s shows %q", sel, want), func() bool {
+		got = text(t, ctx, sel) // a read of its own: not cut short by the step's deadline
 		for _, w := range want {
 			if !strings.Contains(got, w) {
 				return false
