@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -512,8 +511,9 @@ func (r *Runner) startPools() error {
 		p.fill()
 		p.mu.Unlock()
 	}
-	// Armed by the first call (callActivity).
-	r.refill = time.AfterFunc(time.Duration(math.MaxInt64), r.fillPools)
+	// Re-armed by every call's beginning and end (callActivity); its
+	// first firing finds the pools filling already.
+	r.refill = time.AfterFunc(r.refillAfter, r.fillPools)
 	return nil
 }
 
