@@ -198,7 +198,7 @@ func run(args []string) error {
 	fs.StringVar(&o.goBin, "go", "go", "the go command that builds the programs")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temporary directory (stores, logs, the recorded stream)")
 	fs.IntVar(&o.extraEng, "extra-engines", 0, "start this many more engines on the first engine's server (a scale-out check; not part of make bench)")
-	fs.StringVar(&o.pprofDir, "pprof-dir", "", "run the engine of the first of --modes with CPU profiling and write w1.pprof and w2.pprof here")
+	fs.StringVar(&o.pprofDir, "pprof-dir", "", "run the engine of the first of --modes with CPU profiling and write w1.pprof (W1 noop), w1echo.pprof and w2.pprof here")
 	fs.IntVar(&o.abba, "abba", 0, "run the two --modes (the default mode and a variant) in this many pairs, ordered default-variant, variant-default, ..., and print the variant's ratios over the default's, pair by pair and their medians")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -399,7 +399,9 @@ func runMode(ctx context.Context, o options, skip map[string]bool, mode string, 
 	evTo, _ := lastSeq(ctx, c.js, "TOOLBATCH_EVENTS")
 	if !skip["w1"] {
 		progress(fmt.Sprintf("%s: W1 echo (%d x %s)", mode, o.reps, o.w1))
+		profile(syscall.SIGUSR1)
 		r, err := runW1(ctx, c, "echo", o.reps, o.w1, o.steps)
+		profile(syscall.SIGUSR2)
 		if err != nil {
 			return mr, fmt.Errorf("W1 echo: %w", err)
 		}

@@ -56,7 +56,7 @@ func embeddedServer(store, listen string, syncAlways bool) (*server.Server, erro
 
 // profiledEngine is `bench profiled-engine`: the engine as cmd/engine runs
 // it with its embedded server (the same server options), with a CPU
-// profile: SIGUSR1 starts one (<pprof-dir>/w1.pprof, then w2.pprof, ...),
+// profile: SIGUSR1 starts one (<pprof-dir>/w1.pprof, then w1echo.pprof, w2.pprof, ...),
 // SIGUSR2 stops and writes it. Only `bench --pprof-dir` uses it.
 func profiledEngine(args []string) error {
 	fs := flag.NewFlagSet("profiled-engine", flag.ContinueOnError)
@@ -105,7 +105,7 @@ func profiledEngine(args []string) error {
 		reg = metrics.NewRegistry()
 		cfg.Metrics = reg
 	}
-	tp, stopTracing, err := tracing.Setup("toolbatch-engine") // the OTEL_* environment, as cmd/engine
+	tp, stopTracing, err := tracing.Setup("toolbatch-engine", func(err error) { log.Warn().Err(err).Msg("trace export") }) // the OTEL_* environment, as cmd/engine
 	if err != nil {
 		return err
 	}
@@ -125,7 +125,7 @@ func profiledEngine(args []string) error {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
 	go func() {
-		names := []string{"w1.pprof", "w2.pprof"}
+		names := []string{"w1.pprof", "w1echo.pprof", "w2.pprof"}
 		n := 0
 		var f *os.File
 		for sig := range sigs {

@@ -21,7 +21,7 @@ func exporting(b *testing.B) *Provider {
 	}))
 	b.Cleanup(srv.Close)
 	b.Setenv(EnvEndpoint, srv.URL)
-	p, shutdown, err := Setup("bench")
+	p, shutdown, err := Setup("bench", func(err error) { b.Errorf("export: %v", err) })
 	if err != nil || p == nil {
 		b.Fatalf("tracing: %v", err)
 	}
@@ -39,10 +39,10 @@ func cpu(b *testing.B, p *Provider, op func(i int)) {
 	for i := range b.N {
 		op(i)
 		if i%64 == 63 {
-			_ = p.tp.ForceFlush(context.Background())
+			_ = p.x.flush(context.Background())
 		}
 	}
-	_ = p.tp.ForceFlush(context.Background())
+	_ = p.x.flush(context.Background())
 	b.StopTimer()
 	b.ReportMetric(float64(cpuTime()-before)/float64(b.N), "cpu-ns/op")
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"go.opentelemetry.io/otel/attribute"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolbatch/toolbatch/events"
@@ -74,6 +73,10 @@ type Engine struct {
 
 	mu   sync.Mutex
 	runs map[string]*batchTrace // the latest batch of each run, until finalized
+	// what a span is made of, reused (under mu: a span is encoded when it
+	// is recorded)
+	attrs, gateAttrs, claimAttrs []attribute.KeyValue
+	events                       []spanEvent
 }
 
 type batchTrace struct {
@@ -182,7 +185,7 @@ func (e *Engine) observe(runID, traceparent string, evs []events.Event, emit boo
 
 func newBatch(runID, traceparent string, s *events.BatchSubmitted) *batchTrace {
 	b := &batchTrace{id: s.BatchID, runID: runID, step: s.Step, parent: Parse(traceparent), start: s.At,
-		calls: make(map[string]*callTrace, len(s.Calls))}
+		calls: make(map[string]*callTrace, len(s.Calls)), order: make([]string, 0, len(s.Calls))}
 	cfg := trace.SpanContextConfig{TraceFlags: trace.FlagsSampled}
 	if b.parent.IsValid() {
 		cfg.TraceID, cfg.TraceFlags, cfg.TraceState = b.parent.TraceID(), b.parent.TraceFlags(), b.parent.TraceState()
@@ -342,13 +345,19 @@ func (b *batchTrace) call(batchID, callID string) *callTrace {
 }
 
 func (e *Engine) batch(b *batchTrace, end time.Time, errType string, extra ...attribute.KeyValue) {
-	attrs := []attribute.KeyValue{AttrRunID.String(b.runID), AttrBatchID.String(b.id), AttrStep.Int64(b.step), AttrCalls.Int(len(b.order))}
+	e.attrs = append(e.attrs[:0], AttrRunID.String(b.runID), AttrBatchID.String(b.id), AttrStep.Int64(b.step), AttrCalls.Int(len(b.order)))
+	e.p.record(&span{parent: b.parent, self: b.self, name: SpanBatch, kind: trace.SpanKindConsumer, start: b.start, end: end, errType: errType,
+		attrs: e.withExtra(extra)})
+}
+
+// withExtra appends to e.attrs the extra attributes that are not empty.
+func (e *Engine) withExtra(extra []attribute.KeyValue) []attribute.KeyValue {
 	for _, a := range extra {
 		if a.Value.AsString() != "" {
-			attrs = append(attrs, a)
+			e.attrs = append(e.attrs, a)
 		}
 	}
-	e.p.record(b.parent, b.self, SpanBatch, trace.SpanKindConsumer, b.start, end, errType, attrs, nil)
+	return e.attrs
 }
 
 // attempt records a call's span: its open attempt's, or, for a call that
@@ -359,10 +368,10 @@ func (e *Engine) attempt(b *batchTrace, c *callTrace, end time.Time, outcome eve
 	if c.attempt == 0 {
 		start = b.start
 	}
-	attrs := []attribute.KeyValue{
+	attrs := append(e.attrs[:0],
 		AttrOperationName.String(SpanAttempt), AttrToolName.String(c.tool), AttrToolCallID.String(c.id), AttrToolType.String(ToolType),
 		AttrRunID.String(b.runID), AttrBatchID.String(b.id), AttrAttempt.Int(c.attempt), AttrTarget.String(c.target),
-	}
+	)
 	if c.gate != nil {
 		attrs = append(attrs, AttrGateOutcome.String(string(c.gate.Outcome)))
 	}
@@ -381,32 +390,28 @@ func (e *Engine) attempt(b *batchTrace, c *callTrace, end time.Time, outcome eve
 	if c.claim != nil && c.attempt > 0 {
 		attrs = append(attrs, AttrWorkerID.String(c.claim.WorkerID))
 	}
-	for _, a := range extra {
-		if a.Value.AsString() != "" {
-			attrs = append(attrs, a)
-		}
-	}
-	var evs []sdktrace.Event
+	e.attrs = attrs
+	evs := e.events[:0]
 	if g := c.gate; g != nil && !c.gateShown {
 		c.gateShown = true
-		evs = append(evs, sdktrace.Event{Name: EventGate, Time: g.At, Attributes: []attribute.KeyValue{AttrGateOutcome.String(string(g.Outcome)),
-			AttrGateSource.String(events.GateSource(g.Stage)), AttrGateRule.String(g.Rule), AttrReason.String(trimmed(g.Reason))}})
+		e.gateAttrs = append(e.gateAttrs[:0], AttrGateOutcome.String(string(g.Outcome)),
+			AttrGateSource.String(events.GateSource(g.Stage)), AttrGateRule.String(g.Rule), AttrReason.String(trimmed(g.Reason)))
+		evs = append(evs, spanEvent{name: EventGate, at: g.At, attrs: e.gateAttrs})
 	}
 	if cl := c.claim; cl != nil && c.attempt > 0 {
-		evs = append(evs, sdktrace.Event{Name: EventClaim, Time: cl.At, Attributes: []attribute.KeyValue{AttrWorkerID.String(cl.WorkerID)}})
+		e.claimAttrs = append(e.claimAttrs[:0], AttrWorkerID.String(cl.WorkerID))
+		evs = append(evs, spanEvent{name: EventClaim, at: cl.At, attrs: e.claimAttrs})
 	}
-	e.p.record(b.self, b.child(childAttempt, c.id, c.attempt), SpanAttempt+" "+c.tool, trace.SpanKindInternal, start, end, errType, attrs, evs)
+	e.events = evs
+	e.p.record(&span{parent: b.self, self: b.child(childAttempt, c.id, c.attempt), name: SpanAttempt, detail: c.tool, kind: trace.SpanKindInternal,
+		start: start, end: end, errType: errType, attrs: e.withExtra(extra), events: evs})
 }
 
 // ticket records the wait of a call's ticket, from awaiting to resolved.
 func (e *Engine) ticket(b *batchTrace, c *callTrace, end time.Time, extra ...attribute.KeyValue) {
 	t := c.ticket
-	attrs := []attribute.KeyValue{AttrRunID.String(b.runID), AttrBatchID.String(b.id), AttrToolName.String(c.tool), AttrToolCallID.String(c.id),
-		AttrCorrelationID.String(t.Ticket.CorrelationID)}
-	for _, a := range extra {
-		if a.Value.AsString() != "" {
-			attrs = append(attrs, a)
-		}
-	}
-	e.p.record(b.self, b.child(childTicket, t.Ticket.CorrelationID, 0), SpanTicket+" "+string(t.Ticket.Reason), trace.SpanKindInternal, t.At, end, "", attrs, nil)
+	e.attrs = append(e.attrs[:0], AttrRunID.String(b.runID), AttrBatchID.String(b.id), AttrToolName.String(c.tool), AttrToolCallID.String(c.id),
+		AttrCorrelationID.String(t.Ticket.CorrelationID))
+	e.p.record(&span{parent: b.self, self: b.child(childTicket, t.Ticket.CorrelationID, 0), name: SpanTicket, detail: string(t.Ticket.Reason),
+		kind: trace.SpanKindInternal, start: t.At, end: end, attrs: e.withExtra(extra)})
 }

@@ -10,24 +10,17 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/sdk/instrumentation"
 	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
-// The environment FromEnv reads (the OpenTelemetry SDK's own names; the
-// exporter and the SDK read the rest: OTEL_EXPORTER_OTLP_HEADERS,
-// OTEL_TRACES_SAMPLER, OTEL_BSP_*, OTEL_SERVICE_NAME,
-// OTEL_RESOURCE_ATTRIBUTES, ...).
+// The environment FromEnv reads (the OpenTelemetry specification's names;
+// export.go lists the exporter's others, and the resource reads
+// OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES).
 const (
 	EnvExporter       = "OTEL_TRACES_EXPORTER"
 	EnvEndpoint       = "OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -39,18 +32,15 @@ const (
 
 // Provider exports spans. A nil *Provider exports nothing.
 type Provider struct {
-	tp *sdktrace.TracerProvider
-	// sp and res are where the engine hands the spans it makes whole,
-	// from events (Engine.span), and the resource they carry.
-	sp  sdktrace.SpanProcessor
-	res *resource.Resource
+	x *exporter
 }
 
 // FromEnv returns the provider the environment asks for: nil (tracing off)
 // unless OTEL_TRACES_EXPORTER is otlp, or it is unset and an OTLP endpoint
 // is set. The exporter is OTLP over HTTP with protobuf; service names the
-// service when OTEL_SERVICE_NAME does not.
-func FromEnv(ctx context.Context, service string) (*Provider, error) {
+// service when OTEL_SERVICE_NAME does not. report hears of the exports
+// that fail and the spans dropped (nil: nobody).
+func FromEnv(service string, report func(error)) (*Provider, error) {
 	switch exp := os.Getenv(EnvExporter); exp {
 	case "none":
 		return nil, nil
@@ -70,9 +60,9 @@ func FromEnv(ctx context.Context, service string) (*Provider, error) {
 			break
 		}
 	}
-	exporter, err := otlptracehttp.New(ctx)
+	cfg, err := configFromEnv()
 	if err != nil {
-		return nil, fmt.Errorf("OTLP trace exporter: %w", err)
+		return nil, err
 	}
 	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(semconv.ServiceName(service)))
 	if err != nil {
@@ -81,43 +71,36 @@ func FromEnv(ctx context.Context, service string) (*Provider, error) {
 	if os.Getenv(EnvServiceName) != "" {
 		res = resource.Default() // its service name is the variable's
 	}
-	return newProvider(sdktrace.NewBatchSpanProcessor(exporter), res), nil
+	return newProvider(cfg, res, newHTTPSender(cfg).send, report), nil
 }
 
 // scope names the spans' instrumentation.
 const scope = "github.com/toolbatch/toolbatch"
 
-func newProvider(sp sdktrace.SpanProcessor, res *resource.Resource) *Provider {
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sp), sdktrace.WithResource(res))
-	return &Provider{tp: tp, sp: sp, res: res}
+func newProvider(cfg exportConfig, res *resource.Resource, send func(context.Context, []byte) error, report func(error)) *Provider {
+	return &Provider{x: newExporter(cfg, newBatchHead(res, scope), send, report)}
 }
 
-// record hands a finished span to the exporter's batch processor, made
-// whole as a read-only span: the SDK's machinery for spans in progress (a
-// sampler, a span that takes attributes while it runs) costs a few per
-// cent of a busy engine's or worker's CPU, and every span here is known
-// whole when it ends. A span is recorded when its trace is sampled (the
-// submitter's flag; a trace toolbatch starts is sampled).
-func (p *Provider) record(parent, self trace.SpanContext, name string, kind trace.SpanKind, start, end time.Time, errType string,
-	attrs []attribute.KeyValue, evs []sdktrace.Event) {
-	if !self.IsSampled() {
+// record queues a finished span for its export, encoded at once: every
+// span here is known whole when it ends, so none of the SDK's machinery
+// for spans in progress (a sampler, a span taking attributes while it
+// runs, a snapshot for the exporter to convert) is needed, and it cost a
+// busy engine several per cent of its CPU. A span is recorded when its
+// trace is sampled (the submitter's flag; a trace toolbatch starts is
+// sampled).
+func (p *Provider) record(s *span) {
+	if !s.self.IsSampled() {
 		return
 	}
-	st := tracetest.SpanStub{Name: name, SpanContext: self, Parent: parent, SpanKind: kind, StartTime: start, EndTime: end,
-		Attributes: attrs, Events: evs, Resource: p.res, InstrumentationScope: instrumentation.Scope{Name: scope}}
-	if errType != "" {
-		st.Attributes = append(st.Attributes, AttrErrorType.String(errType))
-		st.Status = sdktrace.Status{Code: codes.Error, Description: errType}
-	}
-	p.sp.OnEnd(st.Snapshot())
+	p.x.add(s)
 }
 
-// Shutdown exports what is buffered and stops.
+// Shutdown exports what is queued and stops.
 func (p *Provider) Shutdown(ctx context.Context) error {
 	if p == nil {
 		return nil
 	}
-	return p.tp.Shutdown(ctx)
+	return p.x.shutdown(ctx)
 }
 
 // Parse reads a traceparent header (an invalid context when it is empty
@@ -194,8 +177,8 @@ const shutdownTimeout = 5 * time.Second
 
 // Setup is FromEnv for a program: it also returns the function to defer,
 // which exports what is buffered (within a few seconds) and stops.
-func Setup(service string) (*Provider, func(), error) {
-	p, err := FromEnv(context.Background(), service)
+func Setup(service string, report func(error)) (*Provider, func(), error) {
+	p, err := FromEnv(service, report)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -126,7 +126,7 @@ func run(args []string, stderr io.Writer) error {
 		reg = metrics.NewRegistry()
 		cfg.Metrics = reg
 	}
-	tp, stopTracing, err := tracing.Setup("toolbatch-engine")
+	tp, stopTracing, err := tracing.Setup("toolbatch-engine", func(err error) { log.Warn().Err(err).Msg("trace export") })
 	if err != nil {
 		return err
 	}
