@@ -423,4 +423,3 @@ func (h *httpSender) send(ctx context.Context, body []byte) error {
 		}
 	}
 }
-

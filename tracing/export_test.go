@@ -42,9 +42,13 @@ func TestConfigFromEnv(t *testing.T) {
 		{env: map[string]string{EnvEndpoint: "http://a:1", EnvTracesEndpoint: "http://b:2/custom"}, check: func(c exportConfig) bool { return c.url == "http://b:2/custom" }},
 		{env: map[string]string{EnvTracesEndpoint: "http://b:2"}, check: func(c exportConfig) bool { return c.url == "http://b:2/" }},
 		{env: map[string]string{envOTLP + envHeaders: "api-key=a%20b, x-team = core", envOTLPTraces + envHeaders: "x-only=traces"},
-			check: func(c exportConfig) bool { return c.headers.Get("X-Only") == "traces" && c.headers.Get("Api-Key") == "" }},
+			check: func(c exportConfig) bool {
+				return c.headers.Get("X-Only") == "traces" && c.headers.Get("Api-Key") == ""
+			}},
 		{env: map[string]string{envOTLP + envHeaders: "api-key=a%20b, x-team = core"},
-			check: func(c exportConfig) bool { return c.headers.Get("Api-Key") == "a b" && c.headers.Get("X-Team") == "core" }},
+			check: func(c exportConfig) bool {
+				return c.headers.Get("Api-Key") == "a b" && c.headers.Get("X-Team") == "core"
+			}},
 		{env: map[string]string{envOTLP + envTimeout: "2500", envOTLPTraces + envCompression: "gzip", EnvBSPScheduleDelay: "0", EnvBSPMaxQueue: "100", EnvBSPMaxBatch: "500"},
 			check: func(c exportConfig) bool {
 				return c.timeout == 2500*time.Millisecond && c.gzip && c.delay == 0 && c.maxQueue == 100 && c.maxBatch == 100
