@@ -79,6 +79,15 @@ type cluster struct {
 	stopScrapes context.CancelFunc
 	// otlp receives the traces of the observed mode (nil: none).
 	otlp *otlpSink
+	// env is added to the environment of the cluster's programs (the
+	// observed mode's OTLP endpoint).
+	env []string
+	// workerCfg and concurrency start the sandbox workers.
+	workerBin, workerCfg string
+	concurrency          int
+	// measures counts runW1's and runW2's measurements: their runs' ids
+	// are new in each.
+	measures int
 }
 
 // clusterOptions say how to start a cluster.
@@ -115,8 +124,7 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 		if c.otlp, err = startOTLPSink(); err != nil {
 			return nil, err
 		}
-		// the programs started from here to stop inherit the environment
-		os.Setenv(tracing.EnvEndpoint, c.otlp.url)
+		c.env = []string{tracing.EnvEndpoint + "=" + c.otlp.url}
 	}
 	var scrape []string // the metrics addresses
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -166,11 +174,11 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 		return nil, err
 	}
 	args = append(args, ma...)
-	if c.engine, err = startProc("engine", `"engine ready"`, o.engineBin, args...); err != nil {
+	if c.engine, err = c.start("engine", `"engine ready"`, o.engineBin, args...); err != nil {
 		return nil, err
 	}
 	for i := 0; i < o.extraEngine; i++ {
-		e, err := startProc(fmt.Sprintf("engine%d", i+2), `"engine ready"`, o.engineBin, append([]string{"--nats-url", c.url,
+		e, err := c.start(fmt.Sprintf("engine%d", i+2), `"engine ready"`, o.engineBin, append([]string{"--nats-url", c.url,
 			"--catalog", cat, "--log-format", "json"}, unlimitedClients...)...)
 		if err != nil {
 			c.stop()
@@ -178,21 +186,17 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 		}
 		c.extra = append(c.extra, e)
 	}
+	c.workerBin, c.workerCfg, c.concurrency = o.workerBin, wcfg, o.concurrency
 	for i := 0; i < o.workers; i++ {
-		name := fmt.Sprintf("worker%d", i+1)
 		ma, err := metricsArgs()
 		if err != nil {
 			c.stop()
 			return nil, err
 		}
-		w, err := startProc(name, `"message":"ready"`, o.workerBin, append([]string{"--nats-url", c.url, "--config", wcfg,
-			"--worker-id", name, "--log-format", "json", "--concurrency", fmt.Sprint(o.concurrency),
-			"--work-root", filepath.Join(dir, name)}, ma...)...)
-		if err != nil {
+		if err := c.addWorker(ma...); err != nil {
 			c.stop()
 			return nil, err
 		}
-		c.workers = append(c.workers, w)
 	}
 	for i := 0; i < max(1, o.clientConns); i++ {
 		nc, err := nats.Connect(c.url, nats.Name(fmt.Sprintf("toolbatch-bench-client-%d", i)))
@@ -241,6 +245,24 @@ func startCluster(dir string, o clusterOptions) (*cluster, error) {
 	return c, nil
 }
 
+// start starts one of the cluster's programs.
+func (c *cluster) start(name, ready, bin string, args ...string) (*proc, error) {
+	return launch(name, ready, time.Minute, nil, c.env, bin, args...)
+}
+
+// addWorker starts one more sandbox worker.
+func (c *cluster) addWorker(args ...string) error {
+	name := fmt.Sprintf("worker%d", len(c.workers)+1)
+	w, err := c.start(name, `"message":"ready"`, c.workerBin, append([]string{"--nats-url", c.url, "--config", c.workerCfg,
+		"--worker-id", name, "--log-format", "json", "--concurrency", fmt.Sprint(c.concurrency),
+		"--work-root", filepath.Join(c.dir, name)}, args...)...)
+	if err != nil {
+		return err
+	}
+	c.workers = append(c.workers, w)
+	return nil
+}
+
 func (c *cluster) stop() {
 	if c.stopScrapes != nil {
 		c.stopScrapes()
@@ -258,7 +280,6 @@ func (c *cluster) stop() {
 		c.engine.stop()
 	}
 	if c.otlp != nil {
-		os.Unsetenv(tracing.EnvEndpoint)
 		c.otlp.srv.Close()
 	}
 }
@@ -531,7 +552,9 @@ func runW1(ctx context.Context, c *cluster, tool string, reps int, dur time.Dura
 	if tool == "echo" {
 		res.Where = "engine brain builtin"
 	}
+	c.measures++
 	loop := func(prefix string, d time.Duration) ([]sample, float64, error) {
+		prefix = fmt.Sprintf("m%d-%s", c.measures, prefix)
 		var samples []sample
 		stop := make(chan struct{})
 		timer := time.AfterFunc(d, func() { close(stop) })
@@ -721,8 +744,9 @@ func (l *loads) finish() error {
 
 func runW2(ctx context.Context, c *cluster, runs, reps int, warm, dur time.Duration, stepsPerRun int) (W2Result, error) {
 	res := W2Result{Runs: runs, Workers: len(c.workers), Window: dur.String()}
+	c.measures++
 	l := startLoads(ctx, runs, func(i int) loopConfig {
-		return loopConfig{client: c.clients[i%len(c.clients)], js: c.jss[i%len(c.jss)], prefix: "toolbatch", runPrefix: fmt.Sprintf("w2-%d", i), tool: "noop", calls: 4, stepsPerRun: stepsPerRun}
+		return loopConfig{client: c.clients[i%len(c.clients)], js: c.jss[i%len(c.jss)], prefix: protocol.DefaultPrefix, runPrefix: fmt.Sprintf("m%d-w2-%d", c.measures, i), tool: "noop", calls: 4, stepsPerRun: stepsPerRun}
 	})
 	finish := func() error {
 		if err := l.finish(); err != nil {
@@ -953,7 +977,7 @@ func runCensus(ctx context.Context, c *cluster, tool string, n, stepsPerRun int)
 	}
 	done := 0
 	stop := make(chan struct{})
-	err = clientLoop(ctx, loopConfig{client: c.clients[0], js: c.jss[0], prefix: "toolbatch", runPrefix: "census-" + tool, tool: tool, calls: 4, stepsPerRun: stepsPerRun},
+	err = clientLoop(ctx, loopConfig{client: c.clients[0], js: c.jss[0], prefix: protocol.DefaultPrefix, runPrefix: "census-" + tool, tool: tool, calls: 4, stepsPerRun: stepsPerRun},
 		stop, func(sample) {
 			done++
 			if done == n {

@@ -85,6 +85,9 @@ type Settings struct {
 	ParkedRuns        int    `json:"parked_runs"`
 	FailoverReps      int    `json:"failover_reps"`
 	FailoverCluster   int    `json:"failover_cluster_reps"`
+	// Interleave is --interleave's rounds (0: the modes ran one after
+	// another).
+	Interleave int `json:"interleaved_rounds,omitempty"`
 }
 
 // ModeResult is W1, W2 and the ceiling in one durability mode.
@@ -145,6 +148,7 @@ type options struct {
 	foReps        int
 	foClusterReps int
 	abba          int
+	interleave    int
 }
 
 func main() {
@@ -200,8 +204,12 @@ func run(args []string) error {
 	fs.IntVar(&o.extraEng, "extra-engines", 0, "start this many more engines on the first engine's server (a scale-out check; not part of make bench)")
 	fs.StringVar(&o.pprofDir, "pprof-dir", "", "run the engine of the first of --modes with CPU profiling and write w1.pprof (W1 noop), w1echo.pprof and w2.pprof here")
 	fs.IntVar(&o.abba, "abba", 0, "run the two --modes (the default mode and a variant) in this many pairs, ordered default-variant, variant-default, ..., and print the variant's ratios over the default's, pair by pair and their medians")
+	fs.IntVar(&o.interleave, "interleave", 0, "run the two --modes (default,VARIANT) side by side and measure them in this many rounds of W1 and W2, one mode then the other (the order alternating), and print the variant's ratios over the default's, round by round and their medians")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if o.abba > 0 && o.interleave > 0 {
+		return errors.New("--abba and --interleave are two ways of pairing the modes: give one")
 	}
 	if o.abba > 0 {
 		var err error
@@ -220,7 +228,8 @@ func run(args []string) error {
 	res := Results{Machine: machine(), Command: command(args), Started: time.Now().UTC(), Settings: Settings{
 		Reps: o.reps, W1Window: o.w1.String(), W2Window: o.w2.String(), W2Warmup: o.w2warm.String(), W2Runs: o.w2runs,
 		W2Workers: o.w2workers, WorkerConcurrency: o.concurrency, StepsPerRun: o.steps, ClientConns: o.clientConns,
-		CeilingWindow: o.ceilWindow.String(), W3Events: o.w3events, ParkedRuns: o.parked, FailoverReps: o.foReps, FailoverCluster: o.foClusterReps}}
+		CeilingWindow: o.ceilWindow.String(), W3Events: o.w3events, ParkedRuns: o.parked, FailoverReps: o.foReps, FailoverCluster: o.foClusterReps,
+		Interleave: o.interleave}}
 	if skip["parked"] {
 		res.Settings.ParkedRuns = 0
 	}
@@ -261,7 +270,15 @@ func run(args []string) error {
 		}
 	}
 
+	if o.interleave > 0 && (!skip["w1"] || !skip["w2"]) {
+		if res.Pairs, err = runInterleaved(ctx, o, skip, bins, tmp, o.interleave); err != nil {
+			return fmt.Errorf("interleaved: %w", err)
+		}
+	}
 	for i, mode := range strings.Split(o.modes, ",") {
+		if o.interleave > 0 {
+			break
+		}
 		mode = strings.TrimSpace(mode)
 		if mode != "default" && mode != "sync_always" && mode != "unsigned" && mode != "metrics" && mode != "observed" {
 			return fmt.Errorf("--modes: unknown mode %q", mode)
@@ -328,7 +345,7 @@ func run(args []string) error {
 	}
 	res.Background.LoadAvgAfter = loadAvg()
 	res.Background.BusyCoresAfter = Num(busyCores(2 * time.Second))
-	res.Pairs = pairs(res.Modes)
+	res.Pairs = append(res.Pairs, pairs(res.Modes)...)
 	res.PairMedians = summarize(res.Pairs)
 	res.Targets = targets(&res)
 	res.Seconds = Num(time.Since(start).Seconds())
@@ -363,9 +380,7 @@ func runMode(ctx context.Context, o options, skip map[string]bool, mode string, 
 	case "observed":
 		mr.EngineFlag = "--metrics-listen (engine and workers), scraped every second, and OTLP traces (" + tracing.EnvEndpoint + ") to a receiver in the bench"
 	}
-	copts := clusterOptions{engineBin: bins.engine, workerBin: bins.worker, syncAlways: mode == "sync_always", unsigned: mode == "unsigned",
-		metrics: mode == "metrics" || mode == "observed", tracing: mode == "observed",
-		workers: 1, concurrency: o.concurrency, clientConns: o.clientConns, extraEngine: o.extraEng}
+	copts := modeOptions(o, mode, bins)
 	if o.extraEng > 0 {
 		batchTimeout = 10 * time.Minute
 	}
@@ -408,16 +423,10 @@ func runMode(ctx context.Context, o options, skip map[string]bool, mode string, 
 		mr.W1Echo = &r
 	}
 	if !skip["w2"] {
-		wcfg := filepath.Join(dir, "worker.yaml")
-		for i := len(c.workers); i < o.w2workers; i++ {
-			name := fmt.Sprintf("worker%d", i+1)
-			w, err := startProc(name, `"message":"ready"`, bins.worker, "--nats-url", c.url, "--config", wcfg,
-				"--worker-id", name, "--log-format", "json", "--concurrency", fmt.Sprint(o.concurrency),
-				"--work-root", filepath.Join(dir, name))
-			if err != nil {
+		for len(c.workers) < o.w2workers {
+			if err := c.addWorker(); err != nil {
 				return mr, err
 			}
-			c.workers = append(c.workers, w)
 		}
 		progress(fmt.Sprintf("%s: W2 %d runs at once, %d workers (%s warm-up, %d x %s)", mode, o.w2runs, len(c.workers), o.w2warm, o.reps, o.w2))
 		profile(syscall.SIGUSR1)
@@ -467,6 +476,14 @@ func runMode(ctx context.Context, o options, skip map[string]bool, mode string, 
 		return mr, c.checkAlive()
 	}
 	return mr, nil
+}
+
+// modeOptions are the cluster options of a mode: one sandbox worker (W2
+// adds the others).
+func modeOptions(o options, mode string, bins binaries) clusterOptions {
+	return clusterOptions{engineBin: bins.engine, workerBin: bins.worker, syncAlways: mode == "sync_always", unsigned: mode == "unsigned",
+		metrics: mode == "metrics" || mode == "observed", tracing: mode == "observed",
+		workers: 1, concurrency: o.concurrency, clientConns: o.clientConns, extraEngine: o.extraEng}
 }
 
 // runCeilingMode measures the ceiling in a process of its own that embeds
@@ -701,8 +718,12 @@ func targets(r *Results) []TargetResult {
 func printTable(w io.Writer, r *Results) {
 	fmt.Fprintf(w, "toolbatch benchmark — %s\n", r.Machine.Description)
 	fmt.Fprintf(w, "command: %s\n", r.Command)
-	fmt.Fprintf(w, "every figure: median of %d repetitions; W1 %s per repetition, W2 %s windows after %s warm-up, %d runs at once, %d workers (--concurrency %d); runs of %d batches\n\n",
-		r.Settings.Reps, r.Settings.W1Window, r.Settings.W2Window, r.Settings.W2Warmup, r.Settings.W2Runs, r.Settings.W2Workers,
+	every := fmt.Sprintf("every figure: median of %d repetitions", r.Settings.Reps)
+	if n := r.Settings.Interleave; n > 0 {
+		every = fmt.Sprintf("W1 and W2: %d interleaved rounds of one repetition per mode, each ratio the median of the rounds'", n)
+	}
+	fmt.Fprintf(w, "%s; W1 %s per repetition, W2 %s windows after %s warm-up, %d runs at once, %d workers (--concurrency %d); runs of %d batches\n\n",
+		every, r.Settings.W1Window, r.Settings.W2Window, r.Settings.W2Warmup, r.Settings.W2Runs, r.Settings.W2Workers,
 		r.Settings.WorkerConcurrency, r.Settings.StepsPerRun)
 	fmt.Fprintf(w, "machine without the benchmark: %s cores busy before, %s after (load average %s before, %s after)\n\n",
 		fmtNum(r.Background.BusyCoresBefore, ""), fmtNum(r.Background.BusyCoresAfter, ""), r.Background.LoadAvgBefore, r.Background.LoadAvgAfter)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/toolbatch/toolbatch/protocol"
 	"github.com/toolbatch/toolbatch/sandbox"
 )
 
@@ -101,7 +102,7 @@ func runMCPWhole(ctx context.Context, bins binaries, dir, server, mount string, 
 		stop := make(chan struct{})
 		timer := time.AfterFunc(d, func() { close(stop) })
 		defer timer.Stop()
-		err := clientLoop(ctx, loopConfig{client: c.clients[0], js: c.jss[0], prefix: "toolbatch", runPrefix: "mcp-" + tool, tool: tool, calls: 1, stepsPerRun: 10},
+		err := clientLoop(ctx, loopConfig{client: c.clients[0], js: c.jss[0], prefix: protocol.DefaultPrefix, runPrefix: "mcp-" + tool, tool: tool, calls: 1, stepsPerRun: 10},
 			stop, func(s sample) { ds = append(ds, s.lat) })
 		return percentile(ds, 50), len(ds), err
 	}

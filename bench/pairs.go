@@ -117,7 +117,7 @@ func printPairs(w io.Writer, ps []PairResult, sums []PairSummary) {
 	if len(ps) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\n== pairs: each mode's figure over the default mode's in the run beside it\n")
+	fmt.Fprintf(w, "\n== pairs: each mode's figure over the default mode's measured beside it\n")
 	fmt.Fprintf(w, "%-12s %-14s %12s %12s %14s %14s %14s\n", "variant", "order", "W1 noop p50", "W1 echo p50", "W2 batches/s", "W2 engine CPU", "W2 all CPU")
 	row := func(name, order string, p PairResult) {
 		fmt.Fprintf(w, "%-12s %-14s %12s %12s %14s %14s %14s\n", name, order, fmtNum(p.W1NoopP50, ""), fmtNum(p.W1EchoP50, ""),

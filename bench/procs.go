@@ -78,8 +78,16 @@ func startProcWait(name, ready string, wait time.Duration, bin string, args ...s
 // startProcLines is startProcWait that also hands every line of the
 // program's stderr to onLine (when not nil), with the time it was read.
 func startProcLines(name, ready string, wait time.Duration, onLine func(time.Time, []byte), bin string, args ...string) (*proc, error) {
+	return launch(name, ready, wait, onLine, nil, bin, args...)
+}
+
+// launch is startProcLines with env added to the bench's environment.
+func launch(name, ready string, wait time.Duration, onLine func(time.Time, []byte), env []string, bin string, args ...string) (*proc, error) {
 	p := &proc{name: name, ready: make(chan struct{}), exited: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
+	if len(env) > 0 {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	pipe, err := p.cmd.StderrPipe()
 	if err != nil {
 		return nil, err

@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"time"
+
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // W5Result is a sandboxed batch: W1's shape with 4 calls of /bin/true in
@@ -72,7 +74,7 @@ func runW5(ctx context.Context, bins binaries, reps int, dur, pause time.Duratio
 		stop := make(chan struct{})
 		timer := time.AfterFunc(d, func() { close(stop) })
 		defer timer.Stop()
-		return clientLoop(ctx, loopConfig{client: c.clients[0], js: c.jss[0], prefix: "toolbatch", runPrefix: fmt.Sprintf("w5-%s-%d", name, loops),
+		return clientLoop(ctx, loopConfig{client: c.clients[0], js: c.jss[0], prefix: protocol.DefaultPrefix, runPrefix: fmt.Sprintf("w5-%s-%d", name, loops),
 			tool: "true", calls: res.Calls, stepsPerRun: 10, pause: pause}, stop, func(s sample) {
 			if to != nil {
 				*to = append(*to, s.lat)
