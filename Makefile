@@ -89,11 +89,12 @@ bench:
 	$(GO) run ./bench --go "$(GO)" --out bench/results.json
 
 # bench-observed: what metrics and traces cost (issue 17): the default mode
-# and the observed mode side by side, measured in OBSERVED_ROUNDS
-# interleaved rounds of W1 and W2 (one mode then the other, the order
-# alternating), with each round's ratios and their medians
-# (docs/performance.md, "Metrics and traces together").
-OBSERVED_ROUNDS ?= 15
+# and the observed mode side by side, in OBSERVED_ROUNDS interleaved rounds
+# of W1 and W2 (each round two fresh clusters, measured one then the other;
+# which starts first and which is measured first alternate), with each
+# round's ratios and their medians (docs/performance.md, "Metrics and traces
+# together").
+OBSERVED_ROUNDS ?= 16
 bench-observed:
 	$(GO) run ./bench --go "$(GO)" --interleave $(OBSERVED_ROUNDS) --modes default,observed \
 		--w1 3s --w2 5s --w2-warmup 2s --skip ceiling,census,parked,w3,w4,w5,mcp,failover --out bench/observed.json

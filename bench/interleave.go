@@ -8,85 +8,114 @@ import (
 	"strings"
 )
 
-// What a mode costs against the default mode, measured interleaved: the
-// two modes' clusters run side by side (the one not measured is idle),
-// and each round measures W1 noop, W1 echo and W2 on one, then at once on
-// the other, the order alternating from round to round. The two figures
-// of a round are seconds apart rather than minutes (as --abba's pairs
-// are), so the machine's drift (other tenants, thermal state) reaches
-// both alike; each round is one pair of the ratios.
+// What a mode costs against the default mode, measured interleaved: in
+// each round the two modes' clusters run side by side (the one not
+// measured is idle), and W1 noop, W1 echo and W2 are measured on one, then
+// at once on the other. The two figures of a round are seconds apart
+// rather than minutes (as --abba's pairs are), so the machine's drift
+// (other tenants, thermal state) reaches both alike; each round is one
+// pair of the ratios.
+//
+// Each round starts its two clusters afresh: a cluster has a speed of its
+// own (two clusters of the default mode kept for 9 rounds differed by 11%
+// in W2, docs/performance.md), which rounds on the same two clusters
+// would never average out. The order in which the two start alternates
+// from round to round, and the order in which they are measured every two
+// rounds, so that neither the first started nor the first measured is
+// always the same mode.
 
 // runInterleaved runs --interleave's rounds for the two modes of --modes
-// (the default mode first) and returns one pair per round.
+// (the default mode first; default,default measures the noise floor) and
+// returns one pair per round.
 func runInterleaved(ctx context.Context, o options, skip map[string]bool, bins binaries, dir string, rounds int) ([]PairResult, error) {
 	modes := strings.Split(o.modes, ",")
-	// default,default measures the noise floor: two clusters alike.
 	if len(modes) != 2 || strings.TrimSpace(modes[0]) != "default" {
 		return nil, fmt.Errorf("--interleave needs --modes default,VARIANT, got %q", o.modes)
 	}
 	if o.pprofDir != "" || o.extraEng > 0 {
 		return nil, errors.New("--interleave takes neither --pprof-dir nor --extra-engines")
 	}
-	var cs [2]*cluster
-	for i, mode := range modes {
-		mode = strings.TrimSpace(mode)
-		copts := modeOptions(o, mode, bins)
-		if !skip["w2"] {
-			copts.workers = o.w2workers // W1 runs beside W2's workers too, in both modes
-		}
-		progress(fmt.Sprintf("interleaved: starting the %s mode's engine and %d sandbox workers", mode, copts.workers))
-		c, err := startCluster(filepath.Join(dir, fmt.Sprintf("interleaved-%d-%s", i, mode)), copts)
-		if err != nil {
-			return nil, err
-		}
-		defer c.stop()
-		cs[i] = c
-	}
-	variant := cs[1].mode
+	modes[0], modes[1] = strings.TrimSpace(modes[0]), strings.TrimSpace(modes[1])
+	exported := false
 	var out []PairResult
 	for r := 0; r < rounds; r++ {
-		order := [2]int{0, 1}
-		if r%2 == 1 {
-			order = [2]int{1, 0}
+		p, traced, err := interleavedRound(ctx, o, skip, bins, filepath.Join(dir, fmt.Sprintf("round-%d", r)), modes, r)
+		if err != nil {
+			return out, fmt.Errorf("round %d: %w", r+1, err)
 		}
-		p := PairResult{Variant: variant, VariantFirst: r%2 == 1, W1NoopP50: Num(nan()), W1EchoP50: Num(nan()), W2BatchesPerS: Num(nan()),
-			W2EngineCPU: Num(nan()), W2AllCPU: Num(nan())}
-		progress(fmt.Sprintf("interleaved: round %d of %d (%s first)", r+1, rounds, cs[order[0]].mode))
-		if !skip["w1"] {
-			for _, tool := range []string{"noop", "echo"} {
-				var w1 [2]W1Result
-				for _, i := range order {
-					res, err := runW1(ctx, cs[i], tool, 1, o.w1, o.steps)
-					if err != nil {
-						return out, fmt.Errorf("%s: W1 %s: %w", cs[i].mode, tool, err)
-					}
-					w1[i] = res
-				}
-				x := Num(ratio(float64(w1[1].P50ms), float64(w1[0].P50ms)))
-				if tool == "noop" {
-					p.W1NoopP50 = x
-				} else {
-					p.W1EchoP50 = x
-				}
-			}
-		}
-		if !skip["w2"] {
-			var w2 [2]W2Result
-			for _, i := range order {
-				res, err := runW2(ctx, cs[i], o.w2runs, 1, o.w2warm, o.w2, o.steps)
-				if err != nil {
-					return out, fmt.Errorf("%s: W2: %w", cs[i].mode, err)
-				}
-				w2[i] = res
-			}
-			p.W2BatchesPerS = Num(ratio(float64(w2[1].BatchesPerSec), float64(w2[0].BatchesPerSec)))
-			p.W2EngineCPU = Num(ratio(float64(w2[1].CPUPerCallUs), float64(w2[0].CPUPerCallUs)))
-			p.W2AllCPU = Num(ratio(allCPUPerCall(&w2[1]), allCPUPerCall(&w2[0])))
-		}
+		exported = exported || traced
 		out = append(out, p)
 	}
-	if c := cs[1]; c.otlp != nil && c.otlp.exports.Load() == 0 {
+	if modes[1] == "observed" && !exported {
 		return out, errors.New("observed mode: the programs exported no trace")
 	}
 	return out, nil
+}
+
+// interleavedRound is round r: modes[0]'s and modes[1]'s clusters started
+// (in turns, the first started alternating with r), measured one then the
+// other (the first measured alternating every two rounds), and stopped.
+// traced says whether the variant's programs exported a trace.
+func interleavedRound(ctx context.Context, o options, skip map[string]bool, bins binaries, dir string, modes []string, r int) (PairResult, bool, error) {
+	p := PairResult{Variant: modes[1], VariantFirst: (r/2)%2 == 1, W1NoopP50: Num(nan()), W1EchoP50: Num(nan()), W2BatchesPerS: Num(nan()),
+		W2EngineCPU: Num(nan()), W2AllCPU: Num(nan())}
+	starts, order := [2]int{0, 1}, [2]int{0, 1}
+	if r%2 == 1 {
+		starts = [2]int{1, 0}
+	}
+	if p.VariantFirst {
+		order = [2]int{1, 0}
+	}
+	var cs [2]*cluster
+	defer func() {
+		for _, c := range cs {
+			if c != nil {
+				c.stop()
+			}
+		}
+	}()
+	for _, i := range starts {
+		copts := modeOptions(o, modes[i], bins)
+		if !skip["w2"] {
+			copts.workers = o.w2workers // W1 runs beside W2's workers too, in both modes
+		}
+		c, err := startCluster(filepath.Join(dir, fmt.Sprintf("%d-%s", i, modes[i])), copts)
+		if err != nil {
+			return p, false, err
+		}
+		cs[i] = c
+	}
+	progress(fmt.Sprintf("interleaved: round %d (%s started first, %s measured first)", r+1, modes[starts[0]], modes[order[0]]))
+	if !skip["w1"] {
+		for _, tool := range []string{"noop", "echo"} {
+			var w1 [2]W1Result
+			for _, i := range order {
+				res, err := runW1(ctx, cs[i], tool, 1, o.w1, o.steps)
+				if err != nil {
+					return p, false, fmt.Errorf("%s: W1 %s: %w", modes[i], tool, err)
+				}
+				w1[i] = res
+			}
+			x := Num(ratio(float64(w1[1].P50ms), float64(w1[0].P50ms)))
+			if tool == "noop" {
+				p.W1NoopP50 = x
+			} else {
+				p.W1EchoP50 = x
+			}
+		}
+	}
+	if !skip["w2"] {
+		var w2 [2]W2Result
+		for _, i := range order {
+			res, err := runW2(ctx, cs[i], o.w2runs, 1, o.w2warm, o.w2, o.steps)
+			if err != nil {
+				return p, false, fmt.Errorf("%s: W2: %w", modes[i], err)
+			}
+			w2[i] = res
+		}
+		p.W2BatchesPerS = Num(ratio(float64(w2[1].BatchesPerSec), float64(w2[0].BatchesPerSec)))
+		p.W2EngineCPU = Num(ratio(float64(w2[1].CPUPerCallUs), float64(w2[0].CPUPerCallUs)))
+		p.W2AllCPU = Num(ratio(allCPUPerCall(&w2[1]), allCPUPerCall(&w2[0])))
+	}
+	return p, cs[1].otlp != nil && cs[1].otlp.exports.Load() > 0, nil
 }
