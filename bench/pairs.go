@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"strings"
 )
 
@@ -28,11 +29,23 @@ type PairResult struct {
 	W2AllCPU Num `json:"w2_all_cpu_per_call"`
 }
 
-// PairSummary is the median of a variant's pairs.
+// PairSummary is the median of a variant's pairs and, when its pairs were
+// taken in both orders, their balanced geometric mean.
 type PairSummary struct {
 	Variant string     `json:"variant"`
 	Pairs   int        `json:"pairs"`
 	Median  PairResult `json:"median"`
+	// DefaultFirst and VariantFirst are the geometric means of the pairs
+	// of each order, and Balanced the geometric mean of the two: a
+	// mode measured second in a pair runs slower by a factor of its own
+	// (the machine after the first one's load: 4 to 5% in W2 on our
+	// machines, docs/performance.md), which is in DefaultFirst as a
+	// cost and in VariantFirst as a gain, and cancels in Balanced. With
+	// that factor the pairs fall in two groups, and their median is
+	// whichever group's edge it lands on. Nil when one order has no pair.
+	DefaultFirst *PairResult `json:"default_first,omitempty"`
+	VariantFirst *PairResult `json:"variant_first,omitempty"`
+	Balanced     *PairResult `json:"balanced,omitempty"`
 }
 
 // abbaModes expands --abba n with --modes "a,b" to n pairs in the order
@@ -106,11 +119,59 @@ func summarize(ps []PairResult) []PairSummary {
 				eng, all = append(eng, float64(q.W2EngineCPU)), append(all, float64(q.W2AllCPU))
 			}
 		}
-		out = append(out, PairSummary{Variant: p.Variant, Pairs: len(noop), Median: PairResult{Variant: p.Variant,
+		sum := PairSummary{Variant: p.Variant, Pairs: len(noop), Median: PairResult{Variant: p.Variant,
 			W1NoopP50: Num(median(noop)), W1EchoP50: Num(median(echo)), W2BatchesPerS: Num(median(w2)),
-			W2EngineCPU: Num(median(eng)), W2AllCPU: Num(median(all))}})
+			W2EngineCPU: Num(median(eng)), W2AllCPU: Num(median(all))}}
+		df, vf := geoMean(ps, p.Variant, false), geoMean(ps, p.Variant, true)
+		if df != nil && vf != nil {
+			b := PairResult{Variant: p.Variant}
+			for _, f := range pairFields {
+				*f(&b) = Num(math.Sqrt(float64(*f(df)) * float64(*f(vf))))
+			}
+			sum.DefaultFirst, sum.VariantFirst, sum.Balanced = df, vf, &b
+		}
+		out = append(out, sum)
 	}
 	return out
+}
+
+// pairFields are the ratios of a PairResult.
+var pairFields = []func(*PairResult) *Num{
+	func(p *PairResult) *Num { return &p.W1NoopP50 },
+	func(p *PairResult) *Num { return &p.W1EchoP50 },
+	func(p *PairResult) *Num { return &p.W2BatchesPerS },
+	func(p *PairResult) *Num { return &p.W2EngineCPU },
+	func(p *PairResult) *Num { return &p.W2AllCPU },
+}
+
+// geoMean is the geometric mean of each ratio over the variant's pairs of
+// one order (NaN ratios left out); nil when there is no such pair.
+func geoMean(ps []PairResult, variant string, variantFirst bool) *PairResult {
+	out := PairResult{Variant: variant, VariantFirst: variantFirst}
+	found := false
+	for _, f := range pairFields {
+		var sum float64
+		n := 0
+		for i := range ps {
+			q := &ps[i]
+			if q.Variant != variant || q.VariantFirst != variantFirst {
+				continue
+			}
+			found = true
+			if x := float64(*f(q)); !math.IsNaN(x) && x > 0 {
+				sum += math.Log(x)
+				n++
+			}
+		}
+		*f(&out) = Num(nan())
+		if n > 0 {
+			*f(&out) = Num(math.Exp(sum / float64(n)))
+		}
+	}
+	if !found {
+		return nil
+	}
+	return &out
 }
 
 func printPairs(w io.Writer, ps []PairResult, sums []PairSummary) {
@@ -132,5 +193,10 @@ func printPairs(w io.Writer, ps []PairResult, sums []PairSummary) {
 	}
 	for _, s := range sums {
 		row(s.Variant, fmt.Sprintf("median of %d", s.Pairs), s.Median)
+		if s.Balanced != nil {
+			row(s.Variant, "geo. default 1st", *s.DefaultFirst)
+			row(s.Variant, "geo. variant 1st", *s.VariantFirst)
+			row(s.Variant, "balanced", *s.Balanced)
+		}
 	}
 }
