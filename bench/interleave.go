@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -108,17 +109,42 @@ func interleavedRound(ctx context.Context, o options, skip map[string]bool, bins
 	}
 	if !skip["w2"] {
 		var w2 [2]W2Result
-		for _, i := range order {
+		if o.w2together {
+			// Both at once: each has about half the machine, in the
+			// same seconds.
 			settle(cs)
-			res, err := runW2(ctx, cs[i], o.w2runs, 1, o.w2warm, o.w2, o.steps)
-			if err != nil {
-				return p, false, fmt.Errorf("%s: W2: %w", modes[i], err)
+			var errs [2]error
+			var wg sync.WaitGroup
+			for i := range cs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					w2[i], errs[i] = runW2(ctx, cs[i], o.w2runs, 1, o.w2warm, o.w2, o.steps)
+				}()
 			}
-			w2[i] = res
+			wg.Wait()
+			for i, err := range errs {
+				if err != nil {
+					return p, false, fmt.Errorf("%s: W2: %w", modes[i], err)
+				}
+			}
+		} else {
+			for _, i := range order {
+				settle(cs)
+				res, err := runW2(ctx, cs[i], o.w2runs, 1, o.w2warm, o.w2, o.steps)
+				if err != nil {
+					return p, false, fmt.Errorf("%s: W2: %w", modes[i], err)
+				}
+				w2[i] = res
+			}
 		}
 		p.W2BatchesPerS = Num(ratio(float64(w2[1].BatchesPerSec), float64(w2[0].BatchesPerSec)))
 		p.W2EngineCPU = Num(ratio(float64(w2[1].CPUPerCallUs), float64(w2[0].CPUPerCallUs)))
 		p.W2AllCPU = Num(ratio(allCPUPerCall(&w2[1]), allCPUPerCall(&w2[0])))
+		if o.w2together {
+			// The load generator's CPU is both modes' at once.
+			p.W2AllCPU = Num(nan())
+		}
 	}
 	return p, cs[1].otlp != nil && cs[1].otlp.exports.Load() > 0, nil
 }

@@ -88,6 +88,9 @@ type Settings struct {
 	// Interleave is --interleave's rounds (0: the modes ran one after
 	// another).
 	Interleave int `json:"interleaved_rounds,omitempty"`
+	// W2Together says that --interleave's rounds ran the two modes' W2
+	// at once (--w2-together).
+	W2Together bool `json:"w2_together,omitempty"`
 }
 
 // ModeResult is W1, W2 and the ceiling in one durability mode.
@@ -149,6 +152,7 @@ type options struct {
 	foClusterReps int
 	abba          int
 	interleave    int
+	w2together    bool
 }
 
 func main() {
@@ -205,6 +209,7 @@ func run(args []string) error {
 	fs.StringVar(&o.pprofDir, "pprof-dir", "", "run the engine of the first of --modes with CPU profiling and write w1.pprof (W1 noop), w1echo.pprof and w2.pprof here")
 	fs.IntVar(&o.abba, "abba", 0, "run the two --modes (the default mode and a variant) in this many pairs, ordered default-variant, variant-default, ..., and print the variant's ratios over the default's, pair by pair and their medians")
 	fs.IntVar(&o.interleave, "interleave", 0, "run the two --modes (default,VARIANT) side by side and measure them in this many rounds of W1 and W2, one mode then the other (the order alternating), and print the variant's ratios over the default's, round by round and their medians")
+	fs.BoolVar(&o.w2together, "w2-together", false, "with --interleave: run the two modes' W2 at once, sharing the machine, rather than one after the other; their ratio is then free of the machine's drift and of the order of measurement")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -229,7 +234,7 @@ func run(args []string) error {
 		Reps: o.reps, W1Window: o.w1.String(), W2Window: o.w2.String(), W2Warmup: o.w2warm.String(), W2Runs: o.w2runs,
 		W2Workers: o.w2workers, WorkerConcurrency: o.concurrency, StepsPerRun: o.steps, ClientConns: o.clientConns,
 		CeilingWindow: o.ceilWindow.String(), W3Events: o.w3events, ParkedRuns: o.parked, FailoverReps: o.foReps, FailoverCluster: o.foClusterReps,
-		Interleave: o.interleave}}
+		Interleave: o.interleave, W2Together: o.w2together}}
 	if skip["parked"] {
 		res.Settings.ParkedRuns = 0
 	}
