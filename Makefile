@@ -90,13 +90,13 @@ bench:
 
 # bench-observed: what metrics and traces cost (issue 17): the default mode
 # and the observed mode side by side, in OBSERVED_ROUNDS interleaved rounds
-# of W1 and W2 (each round two fresh clusters, measured one then the other;
-# which starts first and which is measured first alternate), with each
-# round's ratios and their medians (docs/performance.md, "Metrics and traces
-# together").
+# (each round two fresh clusters): W1 measured on one then the other (which
+# starts first and which is measured first alternate), W2 on both at once;
+# each round's ratios, their medians and their balanced geometric means
+# (docs/performance.md, "Interleaved rounds").
 OBSERVED_ROUNDS ?= 16
 bench-observed:
-	$(GO) run ./bench --go "$(GO)" --interleave $(OBSERVED_ROUNDS) --modes default,observed \
+	$(GO) run ./bench --go "$(GO)" --interleave $(OBSERVED_ROUNDS) --w2-together --modes default,observed \
 		--w1 3s --w2 5s --w2-warmup 2s --skip ceiling,census,parked,w3,w4,w5,mcp,failover --out bench/observed.json
 
 # lint: gofmt must list nothing, and go vet must pass.

@@ -20,12 +20,13 @@ type observer struct {
 	metrics *metrics.Engine
 	tracer  *tracing.Engine
 
-	mu      sync.Mutex
-	changed *sync.Cond // something queued, something done, or closed
-	queue   []func()
-	queued  uint64 // given so far
-	done    uint64 // done so far
-	running bool   // the goroutine runs: otherwise add does it at once
+	mu       sync.Mutex
+	changed  *sync.Cond // something queued, something done, or closed
+	queue    []func()
+	queued   uint64 // given so far
+	done     uint64 // done so far
+	running  bool   // the goroutine runs: otherwise add does it at once
+	draining bool   // somebody does what was queued (drainLocked)
 }
 
 func newObserver(m *metrics.Engine, t *tracing.Engine) *observer {
@@ -69,7 +70,6 @@ func (o *observer) stop() {
 func (o *observer) run() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	var spare []func()
 	for {
 		for len(o.queue) == 0 && o.running {
 			o.changed.Wait()
@@ -77,39 +77,59 @@ func (o *observer) run() {
 		if len(o.queue) == 0 {
 			return // stopped, nothing left
 		}
-		q := o.queue
-		o.queue = spare[:0]
-		o.mu.Unlock()
-		for i, f := range q {
-			f()
-			q[i] = nil
-		}
-		o.mu.Lock()
-		spare = q
-		o.done += uint64(len(q))
-		o.changed.Broadcast()
+		o.drainLocked()
 	}
 }
+
+// drainLocked does what is queued, with o.mu held (and released while it
+// works): one drainer at a time, so that the order holds.
+func (o *observer) drainLocked() {
+	for o.draining {
+		o.changed.Wait()
+	}
+	if len(o.queue) == 0 {
+		return
+	}
+	q := o.queue
+	o.queue, o.draining = nil, true
+	o.mu.Unlock()
+	for _, f := range q {
+		f()
+	}
+	o.mu.Lock()
+	o.draining = false
+	o.done += uint64(len(q))
+	o.changed.Broadcast()
+}
+
+// maxObserving bounds what waits to be observed: an engine whose
+// observer falls that far behind has its commits wait for it rather than
+// queue without bound.
+const maxObserving = 4096
 
 // add queues f, or does it at once when the goroutine does not run.
 func (o *observer) add(f func()) {
 	o.mu.Lock()
+	defer o.mu.Unlock()
+	for o.running && len(o.queue) >= maxObserving {
+		o.changed.Wait() // behind by that much: the commits wait for it
+	}
 	if !o.running {
 		// In order: after whatever is still queued.
 		for o.done < o.queued {
 			o.changed.Wait()
 		}
 		f()
-		o.mu.Unlock()
 		return
 	}
 	o.queue = append(o.queue, f)
 	o.queued++
 	o.changed.Broadcast()
-	o.mu.Unlock()
 }
 
-// Sync returns once everything given before it is done.
+// Sync returns once everything given before it is done. It does what is
+// still queued itself rather than wait for the goroutine to wake: a
+// dispatch waiting for its attempt's traceparent is on a batch's path.
 func (o *observer) Sync() {
 	if o == nil {
 		return
@@ -117,6 +137,10 @@ func (o *observer) Sync() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for target := o.queued; o.done < target; {
+		if len(o.queue) > 0 && !o.draining {
+			o.drainLocked()
+			continue
+		}
 		o.changed.Wait()
 	}
 }
