@@ -116,7 +116,7 @@ func profiledEngine(args []string) error {
 		return err
 	}
 	if reg != nil {
-		ms, err := metrics.Listen(*metricsListen, reg, eng.Gatherer(reg), eng.Readiness)
+		ms, err := metrics.Listen(*metricsListen, reg, eng.Readiness)
 		if err != nil {
 			return err
 		}

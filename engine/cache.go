@@ -96,7 +96,7 @@ func (s *shard) load(ctx context.Context, rs *runState) error {
 				rs.inflight[key] = true
 			case !c.Crossed:
 				s.e.metrics.Redispatched() // its job is published again by drive
-				s.e.events.obs.redispatched(rs.id, c.CallID)
+				s.e.events.tracer.Redispatched(rs.id, c.CallID)
 			}
 		}
 		after, evs, err := aggregate.Decide(run, aggregate.Recover{Capabilities: caps, Exclude: exclude, At: s.e.cfg.Now()})

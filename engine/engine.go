@@ -268,7 +268,7 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 	n := protocol.Names{Prefix: cfg.Prefix}
 	e := &Engine{
 		cfg: cfg, nc: nc, js: js, names: n, log: cfg.Logger,
-		events:   &eventLog{js: js, names: n, signer: cfg.Signer},
+		events:   &eventLog{js: js, names: n, signer: cfg.Signer, tracer: tracing.NewEngine(cfg.Tracing)},
 		catalogs: map[string]*catalog.Catalog{cfg.Catalog.SnapshotID(): cfg.Catalog},
 		ready:    make(chan struct{}),
 		id:       cfg.ID,
@@ -287,7 +287,6 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 		})
 		e.events.metrics = e.metrics
 	}
-	e.events.obs = newObserver(e.metrics, tracing.NewEngine(cfg.Tracing))
 	e.liveness = newLiveness(e)
 	e.brain = &brainExecutor{nc: nc, js: js, names: n}
 	e.gate = &gateChain{nc: nc, names: n}
@@ -418,8 +417,6 @@ func (e *Engine) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	e.events.obs.start()
-	defer e.events.obs.stop() // after the shards: what they committed is observed
 	runCtx, stop := context.WithCancel(context.Background())
 	defer stop()
 	for _, s := range e.shards {

@@ -11,8 +11,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/toolbatch/toolbatch/protocol"
 )
@@ -105,14 +103,4 @@ func (e *Engine) Readiness(ctx context.Context) error {
 		return errors.New(strings.Join(missing, "; "))
 	}
 	return nil
-}
-
-// Gatherer is g whose every gathering first waits until the metrics have
-// counted every commit appended before it: a scrape after a batch's
-// results shows the batch.
-func (e *Engine) Gatherer(g prometheus.Gatherer) prometheus.Gatherer {
-	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
-		e.events.obs.Sync()
-		return g.Gather()
-	})
 }

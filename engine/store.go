@@ -20,6 +20,7 @@ import (
 	"github.com/toolbatch/toolbatch/metrics"
 	"github.com/toolbatch/toolbatch/proof"
 	"github.com/toolbatch/toolbatch/protocol"
+	"github.com/toolbatch/toolbatch/tracing"
 )
 
 // Store errors.
@@ -166,11 +167,11 @@ type eventLog struct {
 	stream jetstream.Stream // the events stream, opened by Setup
 	signer *proof.Signer    // nil: unsigned commits
 	trust  *trust           // verifies what load folds (nil: nothing)
-	// metrics counts the appends and their conflicts (nil: nothing).
+	// metrics counts what is appended (nil: nothing).
 	metrics *metrics.Engine
-	// obs gives what is appended to the metrics and the tracer, and what
-	// is loaded to the tracer (nil: neither is on).
-	obs *observer
+	// tracer makes spans of what is appended and learns what is loaded
+	// (nil: nothing).
+	tracer *tracing.Engine
 }
 
 // tip is where a run's log ends: its last commit's stream sequence (0 for
@@ -207,7 +208,7 @@ func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, tip,
 		if err := run.ApplyAll(evs); err != nil {
 			return fmt.Errorf("commit at %d: %w", s, err)
 		}
-		l.obs.loaded(runID, m.Headers().Get(protocol.HeaderTraceParent), evs)
+		l.tracer.Loaded(runID, m.Headers().Get(protocol.HeaderTraceParent), evs)
 		at, size = tip{seq: s, hash: hash}, size+int64(len(m.Data()))
 		return nil
 	})
@@ -277,7 +278,8 @@ func (l *eventLog) append(ctx context.Context, runID string, after tip, evs []ev
 		return tip{}, 0, fmt.Errorf("append to run %s: %w", runID, err)
 	}
 	l.metrics.Commit()
-	l.obs.committed(runID, traceparent, evs)
+	l.metrics.Committed(runID, evs)
+	l.tracer.Committed(runID, traceparent, evs)
 	return tip{seq: ack.Sequence, hash: c.Hash()}, len(body), nil
 }
 

@@ -38,19 +38,14 @@ type Server struct {
 // readyTimeout bounds one readiness check.
 const readyTimeout = 3 * time.Second
 
-// Listen opens addr and serves in the background until Close. A scrape
-// gathers from gather (nil: reg), which may wait for what is still being
-// counted (the engine's Gatherer); reg holds the handler's own metrics.
-func Listen(addr string, reg *prometheus.Registry, gather prometheus.Gatherer, ready func(context.Context) error) (*Server, error) {
+// Listen opens addr and serves in the background until Close.
+func Listen(addr string, reg *prometheus.Registry, ready func(context.Context) error) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-listen %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
-	if gather == nil {
-		gather = reg
-	}
-	mux.Handle(PathMetrics, promhttp.HandlerFor(gather, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle(PathMetrics, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc(PathHealthz, func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc(PathReadyz, func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
