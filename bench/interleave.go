@@ -153,8 +153,9 @@ func interleavedRound(ctx context.Context, o options, skip map[string]bool, bins
 // with the start of the clusters, nor with the tail of the measurement
 // before (its projector catching up, the store's flushes: 0.25 to 0.5 s
 // after W2, seen on our machines). This does not remove the factor by
-// which the mode measured second runs slower (PairSummary): that comes
-// from the machine after a load, not from the other cluster.
+// which the mode measured second runs slower (PairSummary): the other
+// cluster is idle by then, so it seems to be the machine's state after a
+// load; --w2-together has no second.
 const (
 	quietCores  = 0.05
 	quietSample = 250 * time.Millisecond

@@ -38,8 +38,8 @@ type PairSummary struct {
 	// DefaultFirst and VariantFirst are the geometric means of the pairs
 	// of each order, and Balanced the geometric mean of the two: a
 	// mode measured second in a pair runs slower by a factor of its own
-	// (the machine after the first one's load: 4 to 5% in W2 on our
-	// machines, docs/performance.md), which is in DefaultFirst as a
+	// (4 to 6% in W2 on our machines, docs/performance.md), which is in
+	// DefaultFirst as a
 	// cost and in VariantFirst as a gain, and cancels in Balanced. With
 	// that factor the pairs fall in two groups, and their median is
 	// whichever group's edge it lands on. Nil when one order has no pair.
