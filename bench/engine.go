@@ -655,18 +655,27 @@ type cpuSnap struct {
 	events  uint64
 }
 
-func (c *cluster) snap(ctx context.Context) (cpuSnap, error) {
-	s := cpuSnap{at: time.Now()}
-	var err error
-	if s.engine, err = cpuSeconds(c.engine.pid()); err != nil {
-		return s, err
+// programsCPU is the CPU time so far of the cluster's engine and of its
+// workers together.
+func (c *cluster) programsCPU() (engine, workers float64, err error) {
+	if engine, err = cpuSeconds(c.engine.pid()); err != nil {
+		return 0, 0, err
 	}
 	for _, w := range c.workers {
 		v, err := cpuSeconds(w.pid())
 		if err != nil {
-			return s, err
+			return 0, 0, err
 		}
-		s.workers += v
+		workers += v
+	}
+	return engine, workers, nil
+}
+
+func (c *cluster) snap(ctx context.Context) (cpuSnap, error) {
+	s := cpuSnap{at: time.Now()}
+	var err error
+	if s.engine, s.workers, err = c.programsCPU(); err != nil {
+		return s, err
 	}
 	if s.self, err = cpuSeconds(os.Getpid()); err != nil {
 		return s, err

@@ -13,7 +13,9 @@ import (
 // What a mode costs against the default mode, measured interleaved: in
 // each round the two modes' clusters run side by side (the one not
 // measured is idle), and W1 noop, W1 echo and W2 are measured on one, then
-// at once on the other. The two figures of a round are seconds apart
+// at once on the other (with --w2-together, the two W2 run at the same
+// time, each with about half the machine). The two figures of a round are
+// seconds apart
 // rather than minutes (as --abba's pairs are), so the machine's drift
 // (other tenants, thermal state) reaches both alike; each round is one
 // pair of the ratios.
@@ -140,10 +142,8 @@ func interleavedRound(ctx context.Context, o options, skip map[string]bool, bins
 		}
 		p.W2BatchesPerS = Num(ratio(float64(w2[1].BatchesPerSec), float64(w2[0].BatchesPerSec)))
 		p.W2EngineCPU = Num(ratio(float64(w2[1].CPUPerCallUs), float64(w2[0].CPUPerCallUs)))
-		p.W2AllCPU = Num(ratio(allCPUPerCall(&w2[1]), allCPUPerCall(&w2[0])))
-		if o.w2together {
-			// The load generator's CPU is both modes' at once.
-			p.W2AllCPU = Num(nan())
+		if !o.w2together { // together, the load generator's CPU is both modes' at once: no figure
+			p.W2AllCPU = Num(ratio(allCPUPerCall(&w2[1]), allCPUPerCall(&w2[0])))
 		}
 	}
 	return p, cs[1].otlp != nil && cs[1].otlp.exports.Load() > 0, nil
@@ -168,12 +168,8 @@ func settle(cs [2]*cluster) {
 	busy := func() float64 {
 		var t float64
 		for _, c := range cs {
-			for _, p := range append([]*proc{c.engine}, c.workers...) {
-				v, err := cpuSeconds(p.pid())
-				if err == nil {
-					t += v
-				}
-			}
+			e, w, _ := c.programsCPU() // a program gone is found by checkAlive
+			t += e + w
 		}
 		return t
 	}

@@ -208,7 +208,7 @@ func run(args []string) error {
 	fs.IntVar(&o.extraEng, "extra-engines", 0, "start this many more engines on the first engine's server (a scale-out check; not part of make bench)")
 	fs.StringVar(&o.pprofDir, "pprof-dir", "", "run the engine of the first of --modes with CPU profiling and write w1.pprof (W1 noop), w1echo.pprof and w2.pprof here")
 	fs.IntVar(&o.abba, "abba", 0, "run the two --modes (the default mode and a variant) in this many pairs, ordered default-variant, variant-default, ..., and print the variant's ratios over the default's, pair by pair and their medians")
-	fs.IntVar(&o.interleave, "interleave", 0, "run the two --modes (default,VARIANT) side by side and measure them in this many rounds of W1 and W2, one mode then the other (the order alternating), and print the variant's ratios over the default's, round by round and their medians")
+	fs.IntVar(&o.interleave, "interleave", 0, "run the two --modes (default,VARIANT) side by side and measure them in this many rounds of W1 and W2, one mode then the other (the order alternating), and print the variant's ratios over the default's, round by round, their medians and their balanced geometric means")
 	fs.BoolVar(&o.w2together, "w2-together", false, "with --interleave: run the two modes' W2 at once, sharing the machine, rather than one after the other; their ratio is then free of the machine's drift and of the order of measurement")
 	if err := fs.Parse(args); err != nil {
 		return err

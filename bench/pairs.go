@@ -36,13 +36,13 @@ type PairSummary struct {
 	Pairs   int        `json:"pairs"`
 	Median  PairResult `json:"median"`
 	// DefaultFirst and VariantFirst are the geometric means of the pairs
-	// of each order, and Balanced the geometric mean of the two: a
-	// mode measured second in a pair runs slower by a factor of its own
-	// (4 to 6% in W2 on our machines, docs/performance.md), which is in
-	// DefaultFirst as a
-	// cost and in VariantFirst as a gain, and cancels in Balanced. With
-	// that factor the pairs fall in two groups, and their median is
-	// whichever group's edge it lands on. Nil when one order has no pair.
+	// of each order, and Balanced the geometric mean of the two: a mode
+	// measured second in a pair runs slower by a factor of its own (4 to
+	// 6% in W2 on our machines, docs/performance.md), which is in
+	// DefaultFirst as a cost and in VariantFirst as a gain, and cancels
+	// in Balanced. With that factor the pairs fall in two groups, and
+	// their median is whichever group's edge it lands on. Nil when one
+	// order has no pair.
 	DefaultFirst *PairResult `json:"default_first,omitempty"`
 	VariantFirst *PairResult `json:"variant_first,omitempty"`
 	Balanced     *PairResult `json:"balanced,omitempty"`
@@ -102,8 +102,9 @@ func allCPUPerCall(w *W2Result) float64 {
 	return ratio(float64(w.EngineCPUCores+w.WorkersCPU+w.BenchCPU), float64(w.CallsPerSec))
 }
 
-// summarize gives each variant's medians, in the order the variants
-// first appear.
+// summarize gives each variant's medians and, when its pairs were taken
+// in both orders, their balanced geometric mean, in the order the
+// variants first appear.
 func summarize(ps []PairResult) []PairSummary {
 	var out []PairSummary
 	seen := map[string]bool{}
@@ -112,23 +113,18 @@ func summarize(ps []PairResult) []PairSummary {
 			continue
 		}
 		seen[p.Variant] = true
-		var noop, echo, w2, eng, all []float64
-		for _, q := range ps {
-			if q.Variant == p.Variant {
-				noop, echo, w2 = append(noop, float64(q.W1NoopP50)), append(echo, float64(q.W1EchoP50)), append(w2, float64(q.W2BatchesPerS))
-				eng, all = append(eng, float64(q.W2EngineCPU)), append(all, float64(q.W2AllCPU))
-			}
-		}
-		sum := PairSummary{Variant: p.Variant, Pairs: len(noop), Median: PairResult{Variant: p.Variant,
-			W1NoopP50: Num(median(noop)), W1EchoP50: Num(median(echo)), W2BatchesPerS: Num(median(w2)),
-			W2EngineCPU: Num(median(eng)), W2AllCPU: Num(median(all))}}
-		df, vf := geoMean(ps, p.Variant, false), geoMean(ps, p.Variant, true)
-		if df != nil && vf != nil {
+		ofVariant := func(q PairResult) bool { return q.Variant == p.Variant }
+		med, n := combine(ps, p.Variant, ofVariant, median)
+		sum := PairSummary{Variant: p.Variant, Pairs: n, Median: med}
+		df, ndf := combine(ps, p.Variant, func(q PairResult) bool { return ofVariant(q) && !q.VariantFirst }, geoMean)
+		vf, nvf := combine(ps, p.Variant, func(q PairResult) bool { return ofVariant(q) && q.VariantFirst }, geoMean)
+		if ndf > 0 && nvf > 0 {
+			vf.VariantFirst = true
 			b := PairResult{Variant: p.Variant}
 			for _, f := range pairFields {
-				*f(&b) = Num(math.Sqrt(float64(*f(df)) * float64(*f(vf))))
+				*f(&b) = Num(math.Sqrt(float64(*f(&df)) * float64(*f(&vf))))
 			}
-			sum.DefaultFirst, sum.VariantFirst, sum.Balanced = df, vf, &b
+			sum.DefaultFirst, sum.VariantFirst, sum.Balanced = &df, &vf, &b
 		}
 		out = append(out, sum)
 	}
@@ -144,34 +140,37 @@ var pairFields = []func(*PairResult) *Num{
 	func(p *PairResult) *Num { return &p.W2AllCPU },
 }
 
-// geoMean is the geometric mean of each ratio over the variant's pairs of
-// one order (NaN ratios left out); nil when there is no such pair.
-func geoMean(ps []PairResult, variant string, variantFirst bool) *PairResult {
-	out := PairResult{Variant: variant, VariantFirst: variantFirst}
-	found := false
+// combine reduces each ratio of the pairs keep takes with by, and says
+// how many pairs it took.
+func combine(ps []PairResult, variant string, keep func(PairResult) bool, by func([]float64) float64) (PairResult, int) {
+	out, n := PairResult{Variant: variant}, 0
 	for _, f := range pairFields {
-		var sum float64
-		n := 0
+		var v []float64
 		for i := range ps {
-			q := &ps[i]
-			if q.Variant != variant || q.VariantFirst != variantFirst {
-				continue
-			}
-			found = true
-			if x := float64(*f(q)); !math.IsNaN(x) && x > 0 {
-				sum += math.Log(x)
-				n++
+			if keep(ps[i]) {
+				v = append(v, float64(*f(&ps[i])))
 			}
 		}
-		*f(&out) = Num(nan())
-		if n > 0 {
-			*f(&out) = Num(math.Exp(sum / float64(n)))
+		*f(&out), n = Num(by(v)), len(v)
+	}
+	return out, n
+}
+
+// geoMean is the geometric mean of values (NaN and non-positive ones left
+// out); NaN when none is left.
+func geoMean(values []float64) float64 {
+	var sum float64
+	n := 0
+	for _, x := range values {
+		if !math.IsNaN(x) && x > 0 {
+			sum += math.Log(x)
+			n++
 		}
 	}
-	if !found {
-		return nil
+	if n == 0 {
+		return math.NaN()
 	}
-	return &out
+	return math.Exp(sum / float64(n))
 }
 
 func printPairs(w io.Writer, ps []PairResult, sums []PairSummary) {
