@@ -118,7 +118,10 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 		sub(n.Pattern(protocol.ClaimFamily), n.Pattern(protocol.HeartbeatFamily), n.Pattern(protocol.ResultRequestFamily), n.Pattern(protocol.ForwardFamily), n.Pattern(protocol.PingFamily),
 			n.Pattern(protocol.CheckpointRequestFamily))
 		p.AllowResponses = true // claims and heartbeats are answered on the worker's inbox
-		p.Publish.Deny = l.destructive()
+		// the engines trim what their consumers acknowledged (a purge
+		// below a consumer's floor): what a work queue's
+		// acknowledgement removed
+		p.Publish.Deny = l.destructive(protocol.StreamInbox, protocol.StreamDispatch)
 	case RoleWorker:
 		pub(n.Pattern(protocol.ClaimFamily), n.Pattern(protocol.HeartbeatFamily), n.Pattern(protocol.ResultRequestFamily), n.Pattern(protocol.ResultFamily))
 		pub(streamInfo(kvStream(n, protocol.BucketWorkers)))
@@ -216,10 +219,11 @@ func (l Layout) auditorReads(pub func(...string)) (deny []string) {
 var buckets = []protocol.Bucket{protocol.BucketCatalogs, protocol.BucketRegistry, protocol.BucketState, protocol.BucketWorkers, protocol.BucketOwners, protocol.BucketKeys, protocol.BucketTickets}
 
 // destructive lists the JetStream API subjects that delete or purge a
-// toolbatch stream or bucket, or a message of one: no role may publish
-// them (the operator deletes a deployment's data with the server's own
-// system account, or by removing the store of a stopped embedded server).
-func (l Layout) destructive() []string {
+// toolbatch stream or bucket, or a message of one, but the purges of the
+// trimmed streams: no role may publish them (the operator deletes a
+// deployment's data with the server's own system account, or by removing
+// the store of a stopped embedded server).
+func (l Layout) destructive(trimmed ...protocol.Stream) []string {
 	n := l.Names
 	var streams []string
 	for _, s := range []protocol.Stream{protocol.StreamEvents, protocol.StreamInbox, protocol.StreamDispatch, protocol.StreamOut, protocol.StreamTimers, protocol.StreamCheckpoints} {
@@ -230,7 +234,10 @@ func (l Layout) destructive() []string {
 	}
 	var out []string
 	for _, s := range streams {
-		out = append(out, "$JS.API.STREAM.DELETE."+s, "$JS.API.STREAM.PURGE."+s, "$JS.API.STREAM.MSG.DELETE."+s)
+		out = append(out, "$JS.API.STREAM.DELETE."+s, "$JS.API.STREAM.MSG.DELETE."+s)
+		if !slices.ContainsFunc(trimmed, func(t protocol.Stream) bool { return n.StreamName(t) == s }) {
+			out = append(out, "$JS.API.STREAM.PURGE."+s)
+		}
 	}
 	return out
 }

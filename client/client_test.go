@@ -39,7 +39,7 @@ func newEnv(t *testing.T, ctx context.Context, prefix string, opts ...client.Opt
 		Subjects: []string{
 			prefix + ".submit.>", prefix + ".resume.>", prefix + ".control.>", prefix + ".result.>",
 		},
-		Retention:  jetstream.WorkQueuePolicy,
+		Retention:  jetstream.LimitsPolicy,
 		Storage:    jetstream.FileStorage,
 		Duplicates: 2 * time.Minute,
 	})

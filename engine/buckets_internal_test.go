@@ -242,9 +242,16 @@ func TestTrimOldestByBytes(t *testing.T) {
 
 // TestResultWaitsInTheInbox: a worker's result stored in the inbox and
 // not yet taken is found by its attempt (so its lease does not run out
-// while it waits there), among the run's other results; none is no.
+// while it waits there), among the run's other results; none is no, and
+// nor is one the engine took and acknowledged, which the inbox keeps
+// until a trim.
 func TestResultWaitsInTheInbox(t *testing.T) {
 	e, ctx := setUpEngine(t)
+	intake, err := e.js.CreateOrUpdateConsumer(ctx, e.names.InboxStream(), jetstream.ConsumerConfig{
+		Durable: protocol.ConsumerEngine, AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, r := range []protocol.Result{
 		{OperationID: "rw/1/c1", Attempt: 1, ClaimToken: "t1", Output: &events.Output{}},
 		{OperationID: "rw/1/c2", Attempt: 2, ClaimToken: "t2", Output: &events.Output{}},
@@ -269,5 +276,20 @@ func TestResultWaitsInTheInbox(t *testing.T) {
 	}
 	if got, err := e.resultWaits(ctx, "other", "other/1/c1", 1); err != nil || got {
 		t.Errorf("another run: %v %v", got, err)
+	}
+	taken, err := intake.Fetch(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range taken.Messages() {
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := e.resultWaits(ctx, "rw", "rw/1/c1", 1); err != nil || got {
+		t.Errorf("a result taken and acknowledged waits: %v %v", got, err)
+	}
+	if got, err := e.resultWaits(ctx, "rw", "rw/1/c2", 2); err != nil || !got {
+		t.Errorf("a result not taken: waits %v %v", got, err)
 	}
 }

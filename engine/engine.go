@@ -35,9 +35,11 @@ const (
 	DefaultShards   = 64
 	// DefaultCheckpointEvery is Config.CheckpointEvery's default.
 	DefaultCheckpointEvery = time.Minute
-	DefaultMaxPending      = 10000
-	DefaultCacheRuns       = 1024
-	DefaultCacheBytes      = 256 << 20
+	// DefaultTrimEvery is Config.TrimEvery's default.
+	DefaultTrimEvery  = 5 * time.Second
+	DefaultMaxPending = 10000
+	DefaultCacheRuns  = 1024
+	DefaultCacheBytes = 256 << 20
 )
 
 // Config configures an engine. The zero value of each field means its
@@ -114,6 +116,9 @@ type Config struct {
 	// publishes a signed checkpoint of the events stream when it grew
 	// (default 1m; negative: never, nor on request). Needs a Signer.
 	CheckpointEvery time.Duration
+	// TrimEvery is how often the engine removes the inbox and dispatch
+	// messages their consumers have acknowledged (default 5s; trim.go).
+	TrimEvery time.Duration
 	// Metrics, when set, is where the engine registers its metrics
 	// (package metrics; nil: none).
 	Metrics prometheus.Registerer
@@ -136,6 +141,9 @@ func (c *Config) defaults() {
 	}
 	if c.CheckpointEvery == 0 {
 		c.CheckpointEvery = DefaultCheckpointEvery
+	}
+	if c.TrimEvery <= 0 {
+		c.TrimEvery = DefaultTrimEvery
 	}
 	if c.OutMaxAge <= 0 {
 		c.OutMaxAge = DefaultOutMaxAge
@@ -433,6 +441,8 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 		cpDone <- err
 	}()
+	trimDone := make(chan struct{})
+	go func() { defer close(trimDone); e.runTrims(runCtx) }()
 	// Liveness outlives the shards: its presence goes last, once the runs
 	// that could be released were.
 	liveCtx, stopLive := context.WithCancel(context.Background())
@@ -486,6 +496,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	e.wg.Wait()
 	<-projDone
 	<-cpDone
+	<-trimDone
 	stopLive()
 	<-liveDone
 	e.log.Info().Msg("engine stopped")

@@ -86,15 +86,15 @@ func TestMessagesReachTheOwner(t *testing.T) {
 		t.Fatalf("no submission of %d reached engine B and was forwarded", runs)
 	}
 	js := testnats.JetStream(t, nc)
-	inbox, err := js.Stream(ctx, a.names.InboxStream())
+	intake, err := js.Consumer(ctx, a.names.InboxStream(), protocol.ConsumerEngine)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Forwarded messages were acknowledged by their owner: the work queue
-	// empties.
+	// Forwarded messages were acknowledged by their owner: the intake
+	// consumer has nothing pending or unacknowledged.
 	testwait.Until(t, ctx, "inbox acknowledged", func() bool {
-		info, err := inbox.Info(ctx)
-		return err == nil && info.State.Msgs == 0
+		info, err := intake.Info(ctx)
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
 	})
 	t.Logf("%d of %d submissions forwarded", forwards.Load(), runs)
 }

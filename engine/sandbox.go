@@ -571,10 +571,16 @@ type resultHead struct {
 }
 
 // resultWaits reports whether a worker's result for the attempt is stored
-// in the inbox and not yet taken. An error is no answer.
+// in the inbox above the intake consumer's acknowledgement floor: not yet
+// taken, or taken after a message still unacknowledged (the inbox keeps
+// what was taken until a trim). An error is no answer.
 func (e *Engine) resultWaits(ctx context.Context, runID, operationID string, attempt int) (bool, error) {
+	intake, err := e.js.Consumer(ctx, e.names.InboxStream(), protocol.ConsumerEngine)
+	if err != nil {
+		return false, err
+	}
 	subject := e.names.Result(runID)
-	for seq := uint64(1); ; {
+	for seq := intake.CachedInfo().AckFloor.Stream + 1; ; {
 		m, err := e.inbox.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return false, nil

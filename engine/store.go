@@ -60,11 +60,13 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 		Storage: jetstream.FileStorage, DenyDelete: true, DenyPurge: true, Replicas: sc.Replicas,
 		Duplicates: engineDuplicates, Description: "toolbatch event log: the only source of truth",
 	}, {
-		Name: n.InboxStream(), Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Replicas: sc.Replicas,
+		// The inbox and the dispatch stream are trimmed by the engines
+		// below their consumers' acknowledgement floors (trim.go).
+		Name: n.InboxStream(), Retention: jetstream.LimitsPolicy, Storage: jetstream.FileStorage, Replicas: sc.Replicas,
 		Subjects:    n.StreamSubjects(protocol.StreamInbox),
 		Description: "toolbatch commands from clients and workers",
 	}, {
-		Name: n.DispatchStream(), Subjects: n.StreamSubjects(protocol.StreamDispatch), Retention: jetstream.WorkQueuePolicy,
+		Name: n.DispatchStream(), Subjects: n.StreamSubjects(protocol.StreamDispatch), Retention: jetstream.LimitsPolicy,
 		Storage: jetstream.FileStorage, Replicas: sc.Replicas, Duplicates: engineDuplicates,
 		Description: "toolbatch sandbox jobs",
 	}, {
@@ -89,6 +91,12 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 	var steps []func() error
 	for _, cfg := range cfgs {
 		steps = append(steps, func() error {
+			// JetStream changes no stream to or from a work queue: an inbox
+			// or dispatch stream made by an earlier version stays one (the
+			// trims then find nothing to remove).
+			if old, err := js.Stream(ctx, cfg.Name); err == nil && old.CachedInfo().Config.Retention == jetstream.WorkQueuePolicy {
+				cfg.Retention = jetstream.WorkQueuePolicy
+			}
 			if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
 				return fmt.Errorf("create stream %s: %w", cfg.Name, err)
 			}
