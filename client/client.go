@@ -25,7 +25,7 @@ const DefaultPrefix = protocol.DefaultPrefix
 // also works with the engine's stream names for another prefix).
 var (
 	// StreamInbox holds the commands to the engine: submit, resume, control
-	// (and the workers' results). A work queue.
+	// (and the workers' results), taken by the engines' intake consumer.
 	StreamInbox = protocol.Names{Prefix: DefaultPrefix}.InboxStream()
 	// StreamOut holds the projections the engine publishes for subscribers
 	// on <prefix>.out.<run_id>.<kind>.

@@ -18,8 +18,8 @@ type Stream string
 // The streams.
 const (
 	StreamEvents   Stream = "EVENTS"   // the event log: the only source of truth
-	StreamInbox    Stream = "INBOX"    // commands from clients and workers (work queue)
-	StreamDispatch Stream = "DISPATCH" // sandbox jobs (work queue)
+	StreamInbox    Stream = "INBOX"    // commands from clients and workers (trimmed by the engines)
+	StreamDispatch Stream = "DISPATCH" // sandbox jobs (trimmed by the engines)
 	StreamOut      Stream = "OUT"      // projections for subscribers
 	StreamTimers   Stream = "TIMERS"   // ticket timers and their fires (work queue)
 	// StreamCheckpoints holds the engines' signed checkpoints of the events
