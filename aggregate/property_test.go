@@ -3,6 +3,7 @@ package aggregate_test
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand"
 	"reflect"
 	"testing"
@@ -81,7 +82,10 @@ func propRun(seed int64, steps int) error {
 		if cmd == nil {
 			break
 		}
+		// a copy of the maps too: Clone shares them, and a Decide that
+		// wrote one in place would change both
 		before := p.run.Clone()
+		before.Digests, before.Correlations = maps.Clone(p.run.Digests), maps.Clone(p.run.Correlations)
 		_, evs, err := aggregate.Decide(p.run, cmd)
 		if !reflect.DeepEqual(before, p.run) {
 			return fmt.Errorf("step %d: Decide(%T) changed the state", i, cmd)

@@ -3,6 +3,7 @@ package aggregate
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -78,7 +79,8 @@ type Run struct {
 	HasStep  bool  `msgpack:"has_step"`
 	LastStep int64 `msgpack:"last_step"`
 	// Digests holds the digest of every accepted step, so that an
-	// identical resubmission is recognised.
+	// identical resubmission is recognised. Like Correlations, it is never
+	// written in place (setDigest replaces it), so that clones share it.
 	Digests map[int64]string `msgpack:"digests"`
 	// Batch is the latest accepted batch (open or finalized).
 	Batch *Batch `msgpack:"batch"`
@@ -263,24 +265,37 @@ func (b *Batch) ParallelEligible() bool {
 	return true
 }
 
-// Clone returns a deep copy of the run (calls' pointer fields are never
-// mutated in place, so they are shared).
+// Clone returns a copy of the run that shares nothing it or the run will
+// write in place: calls' pointer fields and the Digests and Correlations
+// maps are never written in place (the maps are replaced on each write,
+// which happens once a step or a ticket, while a run is cloned for each
+// decision and each projected event, and the maps grow with the run), so
+// they are shared.
 func (r *Run) Clone() *Run {
 	c := *r
-	c.Digests = make(map[int64]string, len(r.Digests))
-	for k, v := range r.Digests {
-		c.Digests[k] = v
-	}
-	c.Correlations = make(map[string]bool, len(r.Correlations))
-	for k, v := range r.Correlations {
-		c.Correlations[k] = v
-	}
 	if r.Batch != nil {
 		b := *r.Batch
 		b.Calls = slices.Clone(r.Batch.Calls)
 		c.Batch = &b
 	}
 	return &c
+}
+
+// setDigest records step's digest in a new map (see Digests).
+func (r *Run) setDigest(step int64, digest string) {
+	m := make(map[int64]string, len(r.Digests)+1)
+	maps.Copy(m, r.Digests)
+	m[step] = digest
+	r.Digests = m
+}
+
+// setCorrelation records a correlation id's state in a new map (see
+// Clone).
+func (r *Run) setCorrelation(id string, resolved bool) {
+	m := make(map[string]bool, len(r.Correlations)+1)
+	maps.Copy(m, r.Correlations)
+	m[id] = resolved
+	r.Correlations = m
 }
 
 // Snapshot encodes the state, so that a fold can resume from it.
