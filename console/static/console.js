@@ -64,8 +64,14 @@
     try {
       const r = await fetch(location.href, { headers: { "X-Console-Fragment": "1" }, credentials: "same-origin" });
       if (r.ok) {
+        const html = await r.text();
+        // They may have begun typing while the page was fetched.
+        if (!force && busy()) {
+          banner.hidden = false;
+          return;
+        }
         const focused = main.contains(document.activeElement) ? document.activeElement.id : "";
-        main.innerHTML = await r.text();
+        main.innerHTML = html;
         if (focused && document.getElementById(focused)) document.getElementById(focused).focus();
         banner.hidden = true;
         counts();
