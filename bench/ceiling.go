@@ -432,7 +432,7 @@ func runCeiling(ctx context.Context, to endpoint, payload int, reps int, dur tim
 // with the next call's gate decision and entry, the last one with the
 // barrier), publishes each call's dispatch, answers the claim after
 // committing it, and records the result; a minimal "worker" takes the job
-// from the dispatch work queue, claims it by request/reply, publishes the
+// from the dispatch stream, claims it by request/reply, publishes the
 // result on the inbox and acks the job; a minimal "projector" consumes the
 // events stream and publishes the 4 dispositions and the results of the
 // final commit on the out stream. Per batch: 1 submit, 9 commits, 4
@@ -587,7 +587,7 @@ func (e *minEngine) onInbox(ctx context.Context, m jetstream.Msg) error {
 	return fmt.Errorf("inbox subject %s", m.Subject())
 }
 
-// minWorker takes jobs from the dispatch work queue and runs up to
+// minWorker takes jobs from the dispatch stream and runs up to
 // concurrency of them at once (each: claim, result, ack).
 func minWorker(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, concurrency int, fail func(error)) (func(), error) {
 	cons, err := js.CreateOrUpdateConsumer(ctx, minNames.DispatchStream(), jetstream.ConsumerConfig{

@@ -503,7 +503,7 @@ func permissionMatrix(t *testing.T, d *deployment) {
 		op         func(c *conn) op
 	}
 	destructive := []row{}
-	for _, u := range []string{"w1", "c1", "alice", "g1", "b1", "aud", "con", "adm"} {
+	for _, u := range []string{"eng", "w1", "c1", "alice", "g1", "b1", "aud", "con", "adm"} {
 		destructive = append(destructive,
 			row{u, "delete the events stream", func(c *conn) op {
 				return do(func(ctx context.Context) error { return c.js.DeleteStream(ctx, n.EventsStream()) })

@@ -616,9 +616,10 @@ func (s *shard) onLeaseExpired(ctx context.Context, rs *runState, le *leaseExpir
 		return nil
 	}
 	if waits, err := s.e.resultWaits(ctx, rs.id, b.OperationID(le.callID), le.lease.attempt); waits || err != nil {
-		// The worker answered: its result is stored and not yet taken (its
-		// delivery is late, a consumer's leader election, say), or the
-		// inbox cannot tell now. Not a lost worker: watch it a while more.
+		// The worker answered: its result is stored above the intake's
+		// floor, most likely not yet taken (its delivery is late, a
+		// consumer's leader election, say), or the inbox cannot tell now.
+		// Not a lost worker: watch it a while more.
 		s.e.log.Info().Str(fieldRunID, rs.id).Str(fieldCallID, le.callID).AnErr("inbox", err).Msg("lease ran out with the result on its way: waiting for it")
 		le.lease.deadline = time.Now().Add(s.e.cfg.Lease)
 		rs.leases[le.callID] = le.lease

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,80 +20,85 @@ import (
 // stream's block file: it creates a file, writes a tombstone and deletes
 // the old one. With the embedded server that was 5 to 9% of W1's CPU
 // (docs/performance.md, "Trimmed queues"). Instead, every TrimEvery each
-// engine removes what the consumers have acknowledged: a stream's
-// messages below its consumer's acknowledgement floor, a pool consumer's
-// by its filter subject. What no consumer has taken stays, as on a work
-// queue (a dispatch for a tool the catalog no longer has, say).
+// engine removes what the consumers have acknowledged: the inbox's
+// messages below the intake consumer's acknowledgement floor, and for each
+// pool consumer on the dispatch stream (those of every engine's catalog)
+// the messages of its subject below its floor. What no consumer has taken
+// stays, as on a work queue (a dispatch for a tool no catalog has, say).
+//
+// A floor stays below a message taken and not yet acknowledged, and a run
+// keeps one of its inbox messages unacknowledged while it has work in
+// progress (drive.go), so the inbox keeps what arrived during the longest
+// call in progress (docs/operations.md).
 
-// trimTarget is a consumer whose acknowledged messages are trimmed:
-// filter is "" for the whole stream (the inbox), or the consumer's filter
-// subject.
-type trimTarget struct {
-	stream, consumer, filter string
-}
-
-// trimmer trims the targets; floors remembers the floor each was trimmed
-// to, so that an idle deployment makes no purge requests.
+// trimmer remembers the floor each consumer was trimmed to, so that an
+// idle deployment makes no purge requests.
 type trimmer struct {
-	js      jetstream.JetStream
-	targets []trimTarget
-	floors  map[trimTarget]uint64
+	js     jetstream.JetStream
+	names  protocol.Names
+	floors map[string]uint64 // by stream and consumer
 }
 
-// newTrimmer returns the trimmer of the intake consumer and of every pool
-// consumer of the catalog (those ensurePoolConsumers creates).
 func (e *Engine) newTrimmer() *trimmer {
-	t := &trimmer{js: e.js, floors: map[trimTarget]uint64{},
-		targets: []trimTarget{{stream: e.names.InboxStream(), consumer: protocol.ConsumerEngine}}}
-	for pool, tools := range e.cfg.Catalog.PoolTools() {
-		for _, tool := range tools {
-			t.targets = append(t.targets, trimTarget{stream: e.names.DispatchStream(),
-				consumer: protocol.PoolConsumer(pool, tool), filter: e.names.Dispatch(pool, tool)})
-		}
-	}
-	return t
+	return &trimmer{js: e.js, names: e.names, floors: map[string]uint64{}}
 }
 
-// trim removes, for each target, the messages at or below its consumer's
-// acknowledgement floor (every one of them acknowledged). A target that
-// fails is tried again at the next trim; the errors are joined.
+// trim trims the inbox below the intake consumer's floor and the dispatch
+// stream below each pool consumer's. A consumer that fails is tried again
+// at the next trim; the errors are joined.
 func (t *trimmer) trim(ctx context.Context) error {
 	var errs []error
-	for _, tg := range t.targets {
-		if err := t.trimOne(ctx, tg); err != nil {
-			errs = append(errs, fmt.Errorf("trim %s below consumer %s's floor: %w", tg.stream, tg.consumer, err))
+	if c, err := t.js.Consumer(ctx, t.names.InboxStream(), protocol.ConsumerEngine); err != nil {
+		errs = append(errs, fmt.Errorf("trim %s: %w", t.names.InboxStream(), err))
+	} else if err := t.below(ctx, c.CachedInfo(), ""); err != nil {
+		errs = append(errs, err)
+	}
+	s, err := t.js.Stream(ctx, t.names.DispatchStream())
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("trim %s: %w", t.names.DispatchStream(), err))...)
+	}
+	list := s.ListConsumers(ctx)
+	for info := range list.Info() {
+		if strings.HasPrefix(info.Name, protocol.PoolConsumerPrefix) && info.Config.FilterSubject != "" {
+			if err := t.below(ctx, info, info.Config.FilterSubject); err != nil {
+				errs = append(errs, err)
+			}
 		}
+	}
+	if err := list.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("trim %s: list the pool consumers: %w", t.names.DispatchStream(), err))
 	}
 	return errors.Join(errs...)
 }
 
-func (t *trimmer) trimOne(ctx context.Context, tg trimTarget) error {
-	c, err := t.js.Consumer(ctx, tg.stream, tg.consumer)
-	if err != nil {
-		return err
-	}
-	info, err := c.Info(ctx)
-	if err != nil {
-		return err
-	}
+// below removes the consumer's stream's messages at or below its
+// acknowledgement floor, of the filter subject ("": all), every one of
+// them acknowledged.
+func (t *trimmer) below(ctx context.Context, info *jetstream.ConsumerInfo, filter string) error {
+	key := info.Stream + "/" + info.Name
 	floor := info.AckFloor.Stream
-	if floor <= t.floors[tg] {
+	// Not while the consumer may have redeliveries queued for nobody (a
+	// negative acknowledgement or an expired ack wait, with no pull request
+	// waiting): JetStream's purge drops a consumer's queued redeliveries,
+	// which then wait out their ack wait again. A floor below the last one
+	// trimmed to is a stream made again.
+	if floor == t.floors[key] || (info.NumAckPending > 0 && info.NumWaiting == 0) {
 		return nil
 	}
-	s, err := t.js.Stream(ctx, tg.stream)
+	s, err := t.js.Stream(ctx, info.Stream)
 	if err != nil {
-		return err
+		return fmt.Errorf("trim %s below consumer %s's floor: %w", info.Stream, info.Name, err)
 	}
 	// Everything below the sequence goes (JetStream holds the stream's
 	// lock for the purge, so no message is stored in between).
 	opts := []jetstream.StreamPurgeOpt{jetstream.WithPurgeSequence(floor + 1)}
-	if tg.filter != "" {
-		opts = append(opts, jetstream.WithPurgeSubject(tg.filter))
+	if filter != "" {
+		opts = append(opts, jetstream.WithPurgeSubject(filter))
 	}
 	if err := s.Purge(ctx, opts...); err != nil {
-		return err
+		return fmt.Errorf("trim %s below consumer %s's floor: %w", info.Stream, info.Name, err)
 	}
-	t.floors[tg] = floor
+	t.floors[key] = floor
 	return nil
 }
 

@@ -96,8 +96,9 @@ func subjects(t *testing.T, ctx context.Context, js jetstream.JetStream, stream 
 // TestTrimRemovesOnlyWhatWasAcknowledged: a trim removes the inbox and
 // dispatch messages at or below their consumers' acknowledgement floors
 // and nothing else: not a message taken and not acknowledged, nor any
-// after it, nor a dispatch of a tool no consumer takes. The consumers
-// then go on from where they were.
+// after it, nor a dispatch of a tool no consumer takes. It trims the pool
+// consumers there are, not only those of its engine's catalog. The
+// consumers then go on from where they were.
 func TestTrimRemovesOnlyWhatWasAcknowledged(t *testing.T) {
 	e, ctx := setUpTrims(t, nil)
 	js, n := e.js, e.names
@@ -107,51 +108,129 @@ func TestTrimRemovesOnlyWhatWasAcknowledged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, subject := range []string{job("build"), job("lint"),
-		job("build"), job("gone"), job("build"),
-		job("lint")} {
+	// a consumer another engine's catalog made
+	if _, err := js.CreateOrUpdateConsumer(ctx, n.DispatchStream(), jetstream.ConsumerConfig{
+		Durable: protocol.PoolConsumer(events.DefaultPool, "extra"), FilterSubject: job("extra"), AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	for _, subject := range []string{job("build"), job("extra"), job("build"), job("gone"), job("build")} {
 		if _, err := js.Publish(ctx, subject, []byte("job")); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// the inbox: the first and third taken and acknowledged, the second
-	// taken only, the fourth not taken; every build job done
+	// taken only, the fourth not taken; every build and extra job done
 	inbox := take(t, ctx, js, n.InboxStream(), protocol.ConsumerEngine, 3, func(i int) bool { return i != 1 })
 	take(t, ctx, js, n.DispatchStream(), protocol.PoolConsumer(events.DefaultPool, "build"), 3, func(int) bool { return true })
+	take(t, ctx, js, n.DispatchStream(), protocol.PoolConsumer(events.DefaultPool, "extra"), 1, func(int) bool { return true })
 
 	tr := e.newTrimmer()
+	if err := tr.trim(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := subjects(t, ctx, js, n.DispatchStream()); len(got) != 1 || got[job("gone")] != 1 {
+		t.Errorf("dispatch after the trim: %v, want only the job of the tool no consumer takes", got)
+	}
+	// The intake consumer has a message pending and no pull request
+	// waiting: it is not trimmed (see TestTrimKeepsQueuedRedeliveries).
+	if got := subjects(t, ctx, js, n.InboxStream())[n.Result("r1")]; got != 4 {
+		t.Errorf("inbox with a message pending and nobody pulling: %d messages, want 4", got)
+	}
+	// With a pull request waiting (as the engine keeps one), it is: the
+	// intake consumer then takes the fourth (the second is still in
+	// progress: its ack wait is JetStream's default 30 s).
+	intake, err := js.Consumer(ctx, n.InboxStream(), protocol.ConsumerEngine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := make(chan uint64, 4)
+	cc, err := intake.Consume(func(m jetstream.Msg) {
+		if meta, err := m.Metadata(); err == nil {
+			next <- meta.Sequence.Stream
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	testwait.Until(t, ctx, "a pull request waiting", func() bool {
+		info, err := intake.Info(ctx)
+		return err == nil && info.NumWaiting > 0 && info.NumAckPending == 2
+	})
+	if got := <-next; got != inbox[2]+1 {
+		t.Errorf("the intake consumer took %d after the trim, want %d", got, inbox[2]+1)
+	}
 	if err := tr.trim(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if got := subjects(t, ctx, js, n.InboxStream())[n.Result("r1")]; got != 3 {
 		t.Errorf("inbox after the trim: %d messages, want 3 (all but the first)", got)
 	}
-	want := map[string]uint64{job("lint"): 2, job("gone"): 1}
-	if got := subjects(t, ctx, js, n.DispatchStream()); len(got) != len(want) ||
-		got[job("lint")] != 2 || got[job("gone")] != 1 {
-		t.Errorf("dispatch after the trim: %v, want %v", got, want)
-	}
+}
 
-	// The intake consumer goes on with the fourth (the second is still in
-	// progress: its ack wait is JetStream's default 30 s), and
-	// acknowledging it leaves the floor below the second.
-	if next := take(t, ctx, js, n.InboxStream(), protocol.ConsumerEngine, 1, func(int) bool { return true }); next[0] != inbox[2]+1 {
-		t.Errorf("the intake consumer took %d after the trim, want %d", next[0], inbox[2]+1)
+// TestTrimKeepsQueuedRedeliveries: a job given back (a negative
+// acknowledgement) while no worker pulls waits in its consumer's
+// redelivery queue, which a purge would empty (the job would then wait out
+// its ack wait); the trim leaves such a consumer alone, and the job is the
+// next one taken.
+func TestTrimKeepsQueuedRedeliveries(t *testing.T) {
+	e, ctx := setUpTrims(t, nil)
+	js, n := e.js, e.names
+	for range 3 {
+		if _, err := js.Publish(ctx, n.Dispatch(events.DefaultPool, "lint"), []byte("job")); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := tr.trim(ctx); err != nil {
+	lint := protocol.PoolConsumer(events.DefaultPool, "lint")
+	c, err := js.Consumer(ctx, n.DispatchStream(), lint)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := subjects(t, ctx, js, n.InboxStream())[n.Result("r1")]; got != 3 {
-		t.Errorf("inbox with the second message unacknowledged: %d messages, want 3", got)
-	}
-	if lint := take(t, ctx, js, n.DispatchStream(), protocol.PoolConsumer(events.DefaultPool, "lint"), 2, func(int) bool { return true }); len(lint) != 2 {
-		t.Errorf("lint jobs after the trim: %v", lint)
-	}
-	if err := tr.trim(ctx); err != nil {
+	batch, err := c.Fetch(2, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := subjects(t, ctx, js, n.DispatchStream()); len(got) != 1 || got[job("gone")] != 1 {
-		t.Errorf("dispatch once lint's jobs are done: %v, want only the job of the tool no consumer takes", got)
+	var nacked uint64
+	for m := range batch.Messages() {
+		meta, err := m.Metadata()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nacked == 0 && meta.Sequence.Stream > 1 {
+			nacked = meta.Sequence.Stream
+			if err := m.Nak(); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if nacked == 0 {
+		t.Fatal("no job given back")
+	}
+	testwait.Until(t, ctx, "the negative acknowledgement", func() bool {
+		info, err := c.Info(ctx)
+		return err == nil && info.NumAckPending == 1 && info.AckFloor.Stream == 1
+	})
+	if err := e.newTrimmer().trim(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := subjects(t, ctx, js, n.DispatchStream())[n.Dispatch(events.DefaultPool, "lint")]; got != 3 {
+		t.Errorf("lint jobs after the trim: %d, want 3 (the consumer has a redelivery queued)", got)
+	}
+	again, err := c.FetchNoWait(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	for m := range again.Messages() {
+		meta, _ := m.Metadata()
+		got = append(got, meta.Sequence.Stream)
+	}
+	if len(got) != 1 || got[0] != nacked {
+		t.Errorf("taken after the trim: %v, want the job given back (%d) at once", got, nacked)
 	}
 }
 
@@ -187,9 +266,6 @@ func TestWorkQueuesOfAnEarlierVersionStay(t *testing.T) {
 	take(t, ctx, e.js, n.InboxStream(), protocol.ConsumerEngine, 1, func(int) bool { return true })
 	if err := e.newTrimmer().trim(ctx); err != nil {
 		t.Fatalf("trimming work queues: %v", err)
-	}
-	if got := subjects(t, ctx, e.js, n.InboxStream()); len(got) != 0 {
-		t.Errorf("inbox: %v, want empty", got)
 	}
 }
 

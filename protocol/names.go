@@ -354,7 +354,10 @@ const (
 
 // PoolConsumer is the workers' shared consumer of a pool's tool on the
 // dispatch stream.
-func PoolConsumer(pool, toolID string) string { return "pool-" + pool + "-" + toolID }
+func PoolConsumer(pool, toolID string) string { return PoolConsumerPrefix + pool + "-" + toolID }
+
+// PoolConsumerPrefix begins the name of every pool consumer.
+const PoolConsumerPrefix = "pool-"
 
 // Headers of the public interface.
 const (
