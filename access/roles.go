@@ -118,9 +118,8 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 		sub(n.Pattern(protocol.ClaimFamily), n.Pattern(protocol.HeartbeatFamily), n.Pattern(protocol.ResultRequestFamily), n.Pattern(protocol.ForwardFamily), n.Pattern(protocol.PingFamily),
 			n.Pattern(protocol.CheckpointRequestFamily))
 		p.AllowResponses = true // claims and heartbeats are answered on the worker's inbox
-		// the engines trim what their consumers acknowledged (a purge
-		// below a consumer's floor): what a work queue's
-		// acknowledgement removed
+		// the engines trim the inbox and dispatch streams below what
+		// their consumers acknowledged (engine/trim.go)
 		p.Publish.Deny = l.destructive(protocol.StreamInbox, protocol.StreamDispatch)
 	case RoleWorker:
 		pub(n.Pattern(protocol.ClaimFamily), n.Pattern(protocol.HeartbeatFamily), n.Pattern(protocol.ResultRequestFamily), n.Pattern(protocol.ResultFamily))

@@ -79,13 +79,14 @@ type Run struct {
 	HasStep  bool  `msgpack:"has_step"`
 	LastStep int64 `msgpack:"last_step"`
 	// Digests holds the digest of every accepted step, so that an
-	// identical resubmission is recognised. Like Correlations, it is never
-	// written in place (setDigest replaces it), so that clones share it.
+	// identical resubmission is recognised. Never written in place (see
+	// Clone).
 	Digests map[int64]string `msgpack:"digests"`
 	// Batch is the latest accepted batch (open or finalized).
 	Batch *Batch `msgpack:"batch"`
 	// Correlations holds every correlation id issued in the run, true once
-	// its ticket was resolved or cleared.
+	// its ticket was resolved or cleared. Never written in place (see
+	// Clone).
 	Correlations map[string]bool `msgpack:"correlations"`
 	// End is set once the run has ended.
 	End *Ended `msgpack:"end"`
@@ -265,12 +266,11 @@ func (b *Batch) ParallelEligible() bool {
 	return true
 }
 
-// Clone returns a copy of the run that shares nothing it or the run will
-// write in place: calls' pointer fields and the Digests and Correlations
-// maps are never written in place (the maps are replaced on each write,
-// which happens once a step or a ticket, while a run is cloned for each
-// decision and each projected event, and the maps grow with the run), so
-// they are shared.
+// Clone returns a copy of the run. What no run writes in place is shared:
+// calls' pointer fields, and the Digests and Correlations maps, which
+// grow with the run and are replaced on each write (once a step or a
+// ticket), where a run is cloned for every decision and every projected
+// event.
 func (r *Run) Clone() *Run {
 	c := *r
 	if r.Batch != nil {
@@ -281,7 +281,7 @@ func (r *Run) Clone() *Run {
 	return &c
 }
 
-// setDigest records step's digest in a new map (see Digests).
+// setDigest records step's digest in a new map (see Clone).
 func (r *Run) setDigest(step int64, digest string) {
 	m := make(map[int64]string, len(r.Digests)+1)
 	maps.Copy(m, r.Digests)
