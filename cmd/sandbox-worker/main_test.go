@@ -17,6 +17,7 @@ import (
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/testnats"
 	"github.com/toolbatch/toolbatch/internal/testproc"
+	"github.com/toolbatch/toolbatch/internal/testwait"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -252,6 +253,20 @@ func TestThreeHundredCallsExactlyOnce(t *testing.T) {
 	}
 	if len(workersUsed) < 2 {
 		t.Fatalf("only workers %v took work", workersUsed)
+	}
+	// Once the work is done, the engine trims what the workers and itself
+	// acknowledged (every 5 s): the inbox and the dispatch stream empty.
+	js := testnats.JetStream(t, testnats.Connect(t, c.url))
+	n := protocol.Names{Prefix: protocol.DefaultPrefix}
+	for _, name := range []string{n.InboxStream(), n.DispatchStream()} {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		testwait.Until(t, ctx, name+" trimmed", func() bool {
+			info, err := s.Info(ctx)
+			return err == nil && info.State.Msgs == 0 && info.State.LastSeq > 0
+		})
 	}
 }
 
