@@ -30,6 +30,17 @@ type Status struct {
 	TicketsByReason map[events.WaitKind]int `json:"tickets_by_reason"`
 	Runs            RunsStatus              `json:"runs"`
 	Log             LogStatus               `json:"log"`
+	// Queues is what the inbox and dispatch streams store, in that order:
+	// the engines trim what was acknowledged every few seconds, and
+	// nothing behind a message still in progress (docs/operations.md).
+	Queues []QueueStatus `json:"queues"`
+}
+
+// QueueStatus is what a queue stream stores.
+type QueueStatus struct {
+	Stream   string `json:"stream"`
+	Messages uint64 `json:"messages"`
+	Bytes    uint64 `json:"bytes"`
 }
 
 // EngineStatus is one engine: alive while its presence key lives.
@@ -170,6 +181,13 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 		return nil, fmt.Errorf("stream %s: %w", n.EventsStream(), err)
 	}
 	st.Log = LogStatus{Stream: n.EventsStream(), Commits: si.State.Msgs, Bytes: si.State.Bytes}
+	for _, name := range []string{n.InboxStream(), n.DispatchStream()} {
+		s, err := c.js.Stream(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("stream %s: %w", name, err)
+		}
+		st.Queues = append(st.Queues, QueueStatus{Stream: name, Messages: s.CachedInfo().State.Msgs, Bytes: s.CachedInfo().State.Bytes})
+	}
 	st.Runs.Total = si.State.NumSubjects
 
 	out, err := c.js.Stream(ctx, n.OutStream())

@@ -94,6 +94,11 @@ func printStatus(w io.Writer, st *client.Status) error {
 	}
 	fmt.Fprintf(tw, "runs: %d in the log, %d parked, %d ended (as long as the out stream keeps their ended message)\n", st.Runs.Total, st.Runs.Parked, st.Runs.Ended)
 	fmt.Fprintf(tw, "log: %s, %d commits, %s\n", st.Log.Stream, st.Log.Commits, bytesOf(st.Log.Bytes))
+	var queues []string
+	for _, q := range st.Queues {
+		queues = append(queues, fmt.Sprintf("%s %d (%s)", q.Stream, q.Messages, bytesOf(q.Bytes)))
+	}
+	fmt.Fprintf(tw, "queues stored: %s\n", strings.Join(queues, ", "))
 	return tw.Flush()
 }
 

@@ -57,13 +57,16 @@ func TestStatus(t *testing.T) {
 	if st.Log.Stream != "TOOLBATCH_EVENTS" || st.Log.Commits < 4 || st.Log.Bytes == 0 || len(st.Workers) != 0 {
 		t.Errorf("log %+v, workers %+v", st.Log, st.Workers)
 	}
+	if len(st.Queues) != 2 || st.Queues[0].Stream != "TOOLBATCH_INBOX" || st.Queues[1].Stream != "TOOLBATCH_DISPATCH" {
+		t.Errorf("queues: %+v", st.Queues)
+	}
 
 	stdout, stderr, code := cli(t, ctx, "", "status", "--nats-url", url)
 	if code != 0 || stderr != "" {
 		t.Fatalf("status: exit %d: %s", code, stderr)
 	}
 	for _, want := range []string{"engines: 1 alive", "workers: 0", "inbox backlog: 0", "open tickets: 1 (permission 1)", "st-parked",
-		"runs: 3 in the log, 1 parked, 1 ended", "log: TOOLBATCH_EVENTS, "} {
+		"runs: 3 in the log, 1 parked, 1 ended", "log: TOOLBATCH_EVENTS, ", "queues stored: TOOLBATCH_INBOX "} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("status lacks %q:\n%s", want, stdout)
 		}
