@@ -144,7 +144,7 @@ func (r *Run) apply(e events.Event) error {
 			// Only a run end completes an awaiting call directly (interrupt);
 			// a resume resolves the ticket first.
 			if t := r.Batch.Ticket; t != nil && t.CallID == c.CallID {
-				r.setCorrelation(t.CorrelationID, true)
+				r.Correlations = with(r.Correlations, t.CorrelationID, true)
 				r.Batch.Ticket = nil
 			}
 		default:
@@ -164,7 +164,7 @@ func (r *Run) apply(e events.Event) error {
 			return err
 		}
 		if t := r.Batch.Ticket; t != nil && t.CallID == c.CallID {
-			r.setCorrelation(t.CorrelationID, true)
+			r.Correlations = with(r.Correlations, t.CorrelationID, true)
 			r.Batch.Ticket = nil
 		}
 		c.Phase = events.PhaseIndeterminate
@@ -192,7 +192,7 @@ func (r *Run) apply(e events.Event) error {
 		}
 		c.Phase = events.PhaseAwaiting
 		r.Batch.Ticket = &t
-		r.setCorrelation(t.CorrelationID, false)
+		r.Correlations = with(r.Correlations, t.CorrelationID, false)
 		return nil
 	case *events.TicketResolved:
 		c, _, err := r.callOf(e, ev.BatchID, ev.CallID, false)
@@ -210,7 +210,7 @@ func (r *Run) apply(e events.Event) error {
 		} else {
 			c.Phase = events.PhaseRequested // its consequence follows in the same commit
 		}
-		r.setCorrelation(t.CorrelationID, true)
+		r.Correlations = with(r.Correlations, t.CorrelationID, true)
 		r.Batch.Ticket = nil
 		return nil
 	case *events.ResultRefused:
@@ -275,7 +275,7 @@ func (r *Run) applySubmitted(ev *events.BatchSubmitted) error {
 	r.ThreadID = ev.ThreadID
 	r.HasStep = true
 	r.LastStep = ev.Step
-	r.setDigest(ev.Step, ev.Digest)
+	r.Digests = with(r.Digests, ev.Step, ev.Digest)
 	r.Batch = &Batch{
 		ID: ev.BatchID, Step: ev.Step, ThreadID: ev.ThreadID, SnapshotID: ev.SnapshotID,
 		Narrowing: ev.Narrowing, Assistant: ev.Assistant, Calls: calls,

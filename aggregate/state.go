@@ -281,21 +281,13 @@ func (r *Run) Clone() *Run {
 	return &c
 }
 
-// setDigest records step's digest in a new map (see Clone).
-func (r *Run) setDigest(step int64, digest string) {
-	m := make(map[int64]string, len(r.Digests)+1)
-	maps.Copy(m, r.Digests)
-	m[step] = digest
-	r.Digests = m
-}
-
-// setCorrelation records a correlation id's state in a new map (see
-// Clone).
-func (r *Run) setCorrelation(id string, resolved bool) {
-	m := make(map[string]bool, len(r.Correlations)+1)
-	maps.Copy(m, r.Correlations)
-	m[id] = resolved
-	r.Correlations = m
+// with returns a new map holding m's entries and k = v: how the run's
+// maps are written (see Clone).
+func with[K comparable, V any](m map[K]V, k K, v V) map[K]V {
+	out := make(map[K]V, len(m)+1)
+	maps.Copy(out, m)
+	out[k] = v
+	return out
 }
 
 // Snapshot encodes the state, so that a fold can resume from it.
