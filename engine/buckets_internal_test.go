@@ -108,10 +108,20 @@ func TestLiveCapabilitiesFollowTheBuckets(t *testing.T) {
 // fresh server, not running, and a context for the test.
 func setUpEngine(t *testing.T) (*Engine, context.Context) {
 	t.Helper()
+	return setUpEngineWith(t, Config{}, nil)
+}
+
+// setUpEngineWith is setUpEngine with cfg, and before (when not nil) run
+// on the fresh server before the set-up.
+func setUpEngineWith(t *testing.T, cfg Config, before func(context.Context, jetstream.JetStream)) (*Engine, context.Context) {
+	t.Helper()
 	nc := testnats.Connect(t, testnats.Start(t, t.TempDir()))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
-	e, err := New(nc, Config{})
+	if before != nil {
+		before(ctx, testnats.JetStream(t, nc))
+	}
+	e, err := New(nc, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,6 +129,31 @@ func setUpEngine(t *testing.T) (*Engine, context.Context) {
 		t.Fatal(err)
 	}
 	return e, ctx
+}
+
+// runEngine runs an engine on the server at url until the test ends, and
+// returns it once it is ready.
+func runEngine(t *testing.T, url string, cfg Config) *Engine {
+	t.Helper()
+	e, err := New(testnats.Connect(t, url), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("engine: %v", err)
+		}
+	})
+	select {
+	case <-e.Ready():
+	case err := <-done:
+		t.Fatalf("engine stopped: %v", err)
+	}
+	return e
 }
 
 func (l *liveCapabilities) mirrored(tool, worker string) bool {

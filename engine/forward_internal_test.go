@@ -26,28 +26,7 @@ func TestMessagesReachTheOwner(t *testing.T) {
 	url := testnats.Start(t, t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	start := func() *Engine {
-		e, err := New(testnats.Connect(t, url), Config{AckWait: 5 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		runCtx, stop := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- e.Run(runCtx) }()
-		t.Cleanup(func() {
-			stop()
-			if err := <-done; err != nil {
-				t.Errorf("engine: %v", err)
-			}
-		})
-		select {
-		case <-e.Ready():
-		case err := <-done:
-			t.Fatalf("engine stopped: %v", err)
-		}
-		return e
-	}
-	a, _ := start(), start()
+	a, _ := runEngine(t, url, Config{AckWait: 5 * time.Second}), runEngine(t, url, Config{AckWait: 5 * time.Second})
 
 	nc := testnats.Connect(t, url)
 	var forwards atomic.Int64

@@ -18,14 +18,8 @@ import (
 // setUpTrims returns an engine, not running, whose streams, pool
 // consumers and intake consumer are set up on a fresh server, with two
 // sandbox tools, build and lint.
-func setUpTrims(t *testing.T, setUp func(context.Context, jetstream.JetStream)) (*Engine, context.Context) {
+func setUpTrims(t *testing.T, before func(context.Context, jetstream.JetStream)) (*Engine, context.Context) {
 	t.Helper()
-	nc := testnats.Connect(t, testnats.Start(t, t.TempDir()))
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	if setUp != nil {
-		setUp(ctx, testnats.JetStream(t, nc))
-	}
 	cat, err := catalog.Parse([]byte(`
 tools:
   - {id: build, target: sandbox, recovery: {mode: replay_safe}}
@@ -34,13 +28,7 @@ tools:
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := New(nc, Config{Catalog: cat})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	e, ctx := setUpEngineWith(t, Config{Catalog: cat}, before)
 	if _, err := e.js.CreateOrUpdateConsumer(ctx, e.names.InboxStream(), jetstream.ConsumerConfig{
 		Durable: protocol.ConsumerEngine, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 		t.Fatal(err)
@@ -275,19 +263,7 @@ func TestARunningEngineTrims(t *testing.T) {
 	url := testnats.Start(t, t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e, err := New(testnats.Connect(t, url), Config{TrimEvery: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(runCtx) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("engine: %v", err)
-		}
-	}()
+	e := runEngine(t, url, Config{TrimEvery: 20 * time.Millisecond})
 	nc := testnats.Connect(t, url)
 	c, err := client.New(nc)
 	if err != nil {
