@@ -123,7 +123,7 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 		p.Publish.Deny = l.destructive(protocol.StreamInbox, protocol.StreamDispatch)
 	case RoleWorker:
 		pub(n.Pattern(protocol.ClaimFamily), n.Pattern(protocol.HeartbeatFamily), n.Pattern(protocol.ResultRequestFamily), n.Pattern(protocol.ResultFamily))
-		pub(streamInfo(kvStream(n, protocol.BucketWorkers)))
+		pub(streamInfo(n.KVStream(protocol.BucketWorkers)))
 		for _, pool := range u.Pools {
 			for _, tool := range l.PoolTools[pool] {
 				c := protocol.PoolConsumer(pool, tool)
@@ -146,7 +146,7 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 		}
 		pub(reader(n.OutStream())...)
 		// every run's open ticket (what the out stream says too)
-		pub(reader(kvStream(n, protocol.BucketTickets))...)
+		pub(reader(n.KVStream(protocol.BucketTickets))...)
 	case RoleGate:
 		sub(n.Pattern(protocol.GateFamily))
 		p.AllowResponses = true
@@ -162,7 +162,7 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 			}
 		}
 		if u.Role == RoleBrain {
-			pub(streamInfo(kvStream(n, protocol.BucketRegistry)))
+			pub(streamInfo(n.KVStream(protocol.BucketRegistry)))
 		}
 		p.AllowResponses = true
 	case RoleAuditor, RoleConsole:
@@ -205,12 +205,12 @@ func (l Layout) auditorReads(pub func(...string)) (deny []string) {
 	// the checkpoints, and a checkpoint now
 	pub(reader(n.CheckpointsStream())...)
 	pub(n.Pattern(protocol.CheckpointRequestFamily))
-	cat := kvStream(n, protocol.BucketCatalogs)
+	cat := n.KVStream(protocol.BucketCatalogs)
 	pub(streamInfo(cat), "$JS.API.DIRECT.GET."+cat+".>", "$JS.API.STREAM.MSG.GET."+cat)
 	// the engines' signing keys, all of them (to pin them), and the
 	// open tickets
-	pub(reader(kvStream(n, protocol.BucketKeys))...)
-	pub(reader(kvStream(n, protocol.BucketTickets))...)
+	pub(reader(n.KVStream(protocol.BucketKeys))...)
+	pub(reader(n.KVStream(protocol.BucketTickets))...)
 	return deny
 }
 
@@ -229,7 +229,7 @@ func (l Layout) destructive(trimmed ...protocol.Stream) []string {
 		streams = append(streams, n.StreamName(s))
 	}
 	for _, b := range buckets {
-		streams = append(streams, kvStream(n, b))
+		streams = append(streams, n.KVStream(b))
 	}
 	var out []string
 	for _, s := range streams {
@@ -260,9 +260,6 @@ func streamInfo(stream string) string { return "$JS.API.STREAM.INFO." + stream }
 func consumerAPI(op, stream, consumer string) string {
 	return "$JS.API.CONSUMER." + op + "." + stream + "." + consumer
 }
-
-// kvStream is the stream behind a bucket (NATS's layout).
-func kvStream(n protocol.Names, b protocol.Bucket) string { return "KV_" + n.BucketName(b) }
 
 // unique drops repeated subjects, keeping the first of each.
 func unique(s []string) []string {

@@ -1,6 +1,8 @@
 package aggregate
 
 import (
+	"maps"
+
 	"github.com/toolbatch/toolbatch/events"
 )
 
@@ -65,4 +67,124 @@ func shallowMerge(old, next events.RawJSON) (events.RawJSON, error) {
 		om[k] = v
 	}
 	return events.ValueJSON(om)
+}
+
+// Stamp orders the staged commands of every finalized batch as the events
+// stream does: the stream sequence of the commit that finalized the batch,
+// then the command's index in the batch's state.
+type Stamp struct {
+	Seq uint64
+	Idx int
+}
+
+// After reports whether a comes after b.
+func (a Stamp) After(b Stamp) bool { return a.Seq > b.Seq || (a.Seq == b.Seq && a.Idx > b.Idx) }
+
+// StateEntry is one key of the committed state with what makes its
+// commands apply in any order, and any number of times, to the value their
+// application in stream order gives: the stamp of the command that last
+// replaced the value whole (a set other than an object merge, a remove),
+// and, for each field an object merge wrote since, that merge's stamp.
+// Each field is then the latest write of it, as in the stream's order,
+// and a command older than the last replacement changes nothing.
+type StateEntry struct {
+	Value    events.RawJSON   // nil: absent (never set, or removed)
+	Replaced Stamp            // the last whole replacement (zero: none known)
+	Merged   Stamp            // the latest object merge after Replaced (zero: none)
+	Fields   map[string]Stamp // each field's latest object merge after Replaced
+}
+
+// Apply returns the entry with the command stamped at applied, and
+// whether it changed. The result is the same whatever the order in which
+// a key's commands are applied, and applying one again changes nothing:
+// it equals MergeState of the commands in stamp order.
+func (e StateEntry) Apply(c events.Command, at Stamp) (StateEntry, bool, error) {
+	if !at.After(e.Replaced) {
+		return e, false, nil // replaced by a later command, or this one again
+	}
+	if c.Action == events.ActionSet && c.Merge == events.MergeCommutative {
+		nv, err := c.Value.Value()
+		if err != nil {
+			return e, false, err
+		}
+		if obj, ok := nv.(map[string]any); ok {
+			return e.merge(obj, at)
+		}
+	}
+	// A whole replacement: a later object merge's fields stay on it.
+	next := StateEntry{Replaced: at}
+	if c.Action == events.ActionSet {
+		next.Value = c.Value
+		if len(next.Value) == 0 {
+			next.Value = events.RawJSON("null")
+		}
+	}
+	if !e.Merged.After(at) {
+		return next, true, nil
+	}
+	cur, err := e.object()
+	if err != nil {
+		return e, false, err
+	}
+	out := map[string]any{}
+	if base, err := next.object(); err != nil {
+		return e, false, err
+	} else if base != nil {
+		out = base
+	}
+	next.Merged, next.Fields = e.Merged, map[string]Stamp{}
+	for f, s := range e.Fields {
+		if s.After(at) {
+			out[f], next.Fields[f] = cur[f], s
+		}
+	}
+	if next.Value, err = events.ValueJSON(out); err != nil {
+		return e, false, err
+	}
+	return next, true, nil
+}
+
+// merge writes an object merge's fields, each unless a later merge wrote
+// it. Onto an absent or non-object value the object replaces it, as
+// MergeState does; such a value has no merged fields.
+func (e StateEntry) merge(obj map[string]any, at Stamp) (StateEntry, bool, error) {
+	cur, err := e.object()
+	if err != nil {
+		return e, false, err
+	}
+	if cur == nil {
+		cur = map[string]any{}
+	}
+	next := StateEntry{Replaced: e.Replaced, Merged: e.Merged, Fields: make(map[string]Stamp, len(e.Fields)+len(obj))}
+	maps.Copy(next.Fields, e.Fields)
+	changed := at.After(next.Merged)
+	if changed {
+		next.Merged = at
+	}
+	for f, v := range obj {
+		if at.After(next.Fields[f]) {
+			cur[f], next.Fields[f], changed = v, at, true
+		}
+	}
+	if !changed {
+		return e, false, nil // this merge again
+	}
+	if next.Value, err = events.ValueJSON(cur); err != nil {
+		return e, false, err
+	}
+	return next, true, nil
+}
+
+// object decodes the value when it is an object (nil when it is absent or
+// not an object).
+func (e StateEntry) object() (map[string]any, error) {
+	if len(e.Value) == 0 {
+		return nil, nil
+	}
+	v, err := e.Value.Value()
+	if err != nil {
+		return nil, err
+	}
+	m, _ := v.(map[string]any)
+	return m, nil
 }

@@ -754,7 +754,7 @@ func (env *foEnv) owner(ctx context.Context, run string) string {
 
 // ownerOK is owner, and whether the leader answered.
 func (env *foEnv) ownerOK(ctx context.Context, run string) (string, bool) {
-	v, ok, _ := env.leaderGet(ctx, "KV_"+env.names.OwnersBucket(), env.names.KVSubject(protocol.BucketOwners, protocol.OwnerKey(run)))
+	v, ok, _ := env.leaderGet(ctx, env.names.KVStream(protocol.BucketOwners), env.names.KVSubject(protocol.BucketOwners, protocol.OwnerKey(run)))
 	return v, ok
 }
 

@@ -30,6 +30,7 @@ func (e *Engine) openBuckets(ctx context.Context) error {
 	e.ownersKV = open(e.names.OwnersBucket())
 	e.catalogKV = open(e.names.CatalogBucket())
 	e.state.kv = open(e.names.StateBucket())
+	e.state.js, e.state.names = e.js, e.names
 	e.live = &liveCapabilities{workers: open(e.names.WorkersBucket()), registry: open(e.names.RegistryBucket()), noticed: e.checkAdvert}
 	if e.cfg.Signer != nil {
 		e.trust = &trust{e: e, kv: open(e.names.KeysBucket())}
@@ -41,6 +42,9 @@ func (e *Engine) openBuckets(ctx context.Context) error {
 	e.events.stream, err = e.js.Stream(ctx, e.names.EventsStream())
 	if err != nil {
 		return fmt.Errorf("open stream %s: %w", e.names.EventsStream(), err)
+	}
+	if e.state.stream, err = e.js.Stream(ctx, e.names.KVStream(protocol.BucketState)); err != nil {
+		return fmt.Errorf("open the state bucket's stream: %w", err)
 	}
 	if e.inbox, err = e.js.Stream(ctx, e.names.InboxStream()); err != nil {
 		return fmt.Errorf("open stream %s: %w", e.names.InboxStream(), err)

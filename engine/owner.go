@@ -225,6 +225,7 @@ func (s *shard) stillOwner(ctx context.Context, rs *runState) (string, bool) {
 const (
 	kvOperation       = "KV-Operation"
 	kvOperationDelete = "DEL"
+	kvOperationPurge  = "PURGE"
 )
 
 // setOwned records whether this engine holds the run's owner key, and

@@ -251,7 +251,7 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 	// its state committed.
 	for _, e := range evs {
 		if f, ok := e.(*events.BatchFinalized); ok && f.Conflict == "" {
-			if err := p.state.apply(ctx, runID, model.Run.ThreadID, f.State); err != nil {
+			if err := p.state.apply(ctx, runID, model.Run.ThreadID, seq, f.State); err != nil {
 				return fmt.Errorf("commit %d: state: %w", seq, err)
 			}
 		}

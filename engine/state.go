@@ -2,14 +2,18 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // stateStore keeps the committed state projection in the state bucket: the
@@ -18,7 +22,10 @@ import (
 // shared.<key>) with the command key escaped for the bucket: every byte
 // outside [A-Za-z0-9_-] becomes =XX (hex).
 type stateStore struct {
-	kv jetstream.KeyValue // the state bucket, opened by Setup
+	kv     jetstream.KeyValue // the state bucket, opened by Setup
+	stream jetstream.Stream   // the bucket's stream: a key's last message with its headers
+	js     jetstream.JetStream
+	names  protocol.Names
 }
 
 func escapeKey(k string) string {
@@ -62,46 +69,120 @@ func bucketKey(c events.Command, runID, threadID string) string {
 	}
 }
 
-// apply commits a finalized batch's commands in order, with the merge rules
-// of aggregate.MergeState. Applying the same batch again gives the same
-// state, so a redelivered commit is harmless.
-func (s *stateStore) apply(ctx context.Context, runID, threadID string, cmds []events.Command) error {
-	if len(cmds) == 0 {
-		return nil
-	}
-	kv := s.kv
-	for _, c := range cmds {
-		key := bucketKey(c, runID, threadID)
-		current := map[string]events.RawJSON{}
-		if c.Action == events.ActionSet && c.Merge == events.MergeCommutative {
-			entry, err := kv.Get(ctx, key)
-			switch {
-			case errors.Is(err, jetstream.ErrKeyNotFound):
-			case err != nil:
-				return err
-			default:
-				current[aggregate.StateKey(c, runID, threadID)] = entry.Value()
-			}
-		}
-		next, err := aggregate.MergeState(current, runID, threadID, []events.Command{c})
-		if err != nil {
-			return err
-		}
-		v, ok := next[aggregate.StateKey(c, runID, threadID)]
-		if !ok {
-			if err := kv.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+// apply commits a finalized batch's commands, finalized by the commit at
+// seq of the events stream, with the merge rules of aggregate.MergeState.
+// Each key's message carries its stamps (aggregate.StateEntry), so that a
+// batch's commands give the value that applying every batch in stream
+// order gives, whatever the order in which the projection applies them
+// and however often: a commit projected again, or projected after a later
+// one, changes nothing it should not. Each write is conditional on the
+// key's last message, and tried again when another write came first.
+func (s *stateStore) apply(ctx context.Context, runID, threadID string, seq uint64, cmds []events.Command) error {
+	for i, c := range cmds {
+		subject := s.names.KVSubject(protocol.BucketState, bucketKey(c, runID, threadID))
+		at := aggregate.Stamp{Seq: seq, Idx: i}
+		for {
+			entry, last, err := s.read(ctx, subject)
+			if err != nil {
 				return err
 			}
-			continue
-		}
-		if len(v) == 0 {
-			v = events.RawJSON("null")
-		}
-		if _, err := kv.Put(ctx, key, v); err != nil {
-			return err
+			next, changed, err := entry.Apply(c, at)
+			if err != nil {
+				return err
+			}
+			if !changed {
+				break
+			}
+			err = s.write(ctx, subject, next, last)
+			var apiErr *jetstream.APIError
+			if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+				continue // written meanwhile: read it again
+			}
+			if err != nil {
+				return err
+			}
+			break
 		}
 	}
 	return nil
+}
+
+// read returns a key's entry and the stream sequence of its last message
+// (0: none).
+func (s *stateStore) read(ctx context.Context, subject string) (aggregate.StateEntry, uint64, error) {
+	m, err := s.stream.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return aggregate.StateEntry{}, 0, nil
+	}
+	if err != nil {
+		return aggregate.StateEntry{}, 0, err
+	}
+	var e aggregate.StateEntry
+	if op := m.Header.Get(kvOperation); op != kvOperationDelete && op != kvOperationPurge {
+		e.Value = events.RawJSON(m.Data)
+	}
+	if e.Replaced, err = parseStamp(m.Header.Get(protocol.HeaderStateReplaced)); err == nil {
+		e.Merged, err = parseStamp(m.Header.Get(protocol.HeaderStateMerged))
+	}
+	if f := m.Header.Get(protocol.HeaderStateFields); err == nil && f != "" {
+		var fields map[string]string
+		if err = json.Unmarshal([]byte(f), &fields); err == nil {
+			e.Fields = make(map[string]aggregate.Stamp, len(fields))
+			for k, v := range fields {
+				if e.Fields[k], err = parseStamp(v); err != nil {
+					break
+				}
+			}
+		}
+	}
+	if err != nil {
+		return aggregate.StateEntry{}, 0, fmt.Errorf("state %s: %w", subject, err)
+	}
+	return e, m.Sequence, nil
+}
+
+// write stores a key's entry if its last message is still the one at
+// last: the value (a delete marker when absent) and its stamps.
+func (s *stateStore) write(ctx context.Context, subject string, e aggregate.StateEntry, last uint64) error {
+	msg := nats.NewMsg(subject)
+	msg.Data = e.Value
+	if e.Value == nil {
+		msg.Header.Set(kvOperation, kvOperationDelete)
+	}
+	msg.Header.Set(protocol.HeaderStateReplaced, formatStamp(e.Replaced))
+	if e.Merged != (aggregate.Stamp{}) {
+		msg.Header.Set(protocol.HeaderStateMerged, formatStamp(e.Merged))
+	}
+	if len(e.Fields) > 0 {
+		fields := make(map[string]string, len(e.Fields))
+		for k, v := range e.Fields {
+			fields[k] = formatStamp(v)
+		}
+		b, err := json.Marshal(fields)
+		if err != nil {
+			return err
+		}
+		msg.Header.Set(protocol.HeaderStateFields, string(b))
+	}
+	_, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(last))
+	return err
+}
+
+// formatStamp and parseStamp write and read a stamp as "<seq>/<index>"
+// ("" is the zero stamp).
+func formatStamp(s aggregate.Stamp) string { return strconv.FormatUint(s.Seq, 10) + "/" + strconv.Itoa(s.Idx) }
+
+func parseStamp(v string) (aggregate.Stamp, error) {
+	if v == "" {
+		return aggregate.Stamp{}, nil
+	}
+	a, b, ok := strings.Cut(v, "/")
+	seq, err1 := strconv.ParseUint(a, 10, 64)
+	idx, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil || idx < 0 {
+		return aggregate.Stamp{}, fmt.Errorf("invalid stamp %q", v)
+	}
+	return aggregate.Stamp{Seq: seq, Idx: idx}, nil
 }
 
 // visible returns the committed state a run sees, keyed by the aggregate's

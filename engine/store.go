@@ -116,7 +116,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 	} {
 		kv.Storage, kv.Replicas = jetstream.FileStorage, sc.Replicas
 		steps = append(steps, func() error {
-			if slices.Contains(sealedBuckets(n), kv.Bucket) {
+			if slices.ContainsFunc(sealedBuckets, func(b protocol.Bucket) bool { return n.BucketName(b) == kv.Bucket }) {
 				// Made once: an update would undo the purge refusal below,
 				// which JetStream then refuses to cancel.
 				if _, err := js.KeyValue(ctx, kv.Bucket); err == nil {
@@ -136,8 +136,8 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 	// buckets: a rollup header on one of their writes would purge every
 	// other key, so the buckets take none (their keys are deleted with
 	// delete markers, which need no rollup).
-	for _, b := range sealedBuckets(n) {
-		s, err := js.Stream(ctx, "KV_"+b)
+	for _, b := range sealedBuckets {
+		s, err := js.Stream(ctx, n.KVStream(b))
 		if err != nil {
 			return fmt.Errorf("bucket %s: %w", b, err)
 		}
@@ -166,7 +166,7 @@ func inParallel(steps []func() error) error {
 
 // sealedBuckets are the buckets that take no rollup: workers and brain
 // services write them.
-func sealedBuckets(n protocol.Names) []string { return []string{n.WorkersBucket(), n.RegistryBucket()} }
+var sealedBuckets = []protocol.Bucket{protocol.BucketWorkers, protocol.BucketRegistry}
 
 // log reads and appends a run's events.
 type eventLog struct {

@@ -392,6 +392,14 @@ const (
 	// HeaderSource names the commit an out message was derived from:
 	// "<events stream sequence>/<index of the output in that commit>".
 	HeaderSource = "Toolbatch-Source"
+	// HeaderStateReplaced, HeaderStateMerged and HeaderStateFields are a
+	// committed state key's stamps (docs/protocol.md 5.4), each
+	// "<events stream sequence>/<index of the command in its batch>": the
+	// command that last replaced the value whole, the latest object merge
+	// since, and a JSON object of each field that merges wrote since.
+	HeaderStateReplaced = "Toolbatch-State-Replaced"
+	HeaderStateMerged   = "Toolbatch-State-Merged"
+	HeaderStateFields   = "Toolbatch-State-Fields"
 	// HeaderForwardedSubject and HeaderForwardedAck carry a forwarded
 	// message's subject and acknowledgement subject (engine internal).
 	HeaderForwardedSubject = "Toolbatch-Forwarded-Subject"
@@ -471,6 +479,10 @@ const CheckpointerLeaderKey = "checkpointer"
 // ProjectorLeaderKey is the key in the owners bucket of the engine that
 // runs the projector.
 const ProjectorLeaderKey = "projector"
+
+// KVStream is the stream a KV bucket is stored in (NATS's layout of
+// buckets on streams).
+func (n Names) KVStream(b Bucket) string { return "KV_" + n.BucketName(b) }
 
 // KVSubject is the subject a KV bucket stores a key under (NATS's layout
 // of buckets on streams), for a direct publish to the bucket.
