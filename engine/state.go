@@ -170,7 +170,9 @@ func (s *stateStore) write(ctx context.Context, subject string, e aggregate.Stat
 
 // formatStamp and parseStamp write and read a stamp as "<seq>/<index>"
 // ("" is the zero stamp).
-func formatStamp(s aggregate.Stamp) string { return strconv.FormatUint(s.Seq, 10) + "/" + strconv.Itoa(s.Idx) }
+func formatStamp(s aggregate.Stamp) string {
+	return strconv.FormatUint(s.Seq, 10) + "/" + strconv.Itoa(s.Idx)
+}
 
 func parseStamp(v string) (aggregate.Stamp, error) {
 	if v == "" {
