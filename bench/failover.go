@@ -35,9 +35,10 @@ import (
 //     first commit.
 //  2. takeover: engine A owns such runs, engine B starts, A is killed.
 //     Figure: from the kill to each run's first commit (by B).
-//  3. projector takeover: the engine named by the owners bucket's
-//     projector key is killed while runs keep being submitted. Figure: from
-//     the kill to the first out message of a commit made after it.
+//  3. projection after a kill: one of two engines is killed while runs
+//     keep being submitted (each engine projects its own commits, so the
+//     other's go on). Figure: from the kill to the first out message of a
+//     commit made after it.
 //  4. (failovercluster.go) a 3-node cluster, two engines with --replicas
 //     3: the events stream's leader is paused, or killed and restarted,
 //     while runs have calls in progress. Figures: runs that changed owner,
@@ -64,9 +65,9 @@ tools:
 
 // The targets of issue 16: every sample within them.
 const (
-	restartTarget   = 2 * time.Second
-	takeoverTarget  = 5 * time.Second
-	projectorTarget = 5 * time.Second
+	restartTarget    = 2 * time.Second
+	takeoverTarget   = 5 * time.Second
+	projectionTarget = 5 * time.Second
 )
 
 // The failover workload.
@@ -74,7 +75,7 @@ const (
 	restartRuns  = 4               // runs per repetition of restart and of takeover
 	restartCall  = 2 * time.Second // their sleep: in progress at the kill
 	takeoverCall = 3 * time.Second
-	trickleEvery = 50 * time.Millisecond  // one echo run submitted this often (projector, cluster)
+	trickleEvery = 50 * time.Millisecond  // one echo run submitted this often (projection, cluster)
 	peerSettle   = 500 * time.Millisecond // a new engine's watch learns the others' presence
 
 	failoverWait  = time.Minute // bound of a wait for commits, results or a restart
@@ -82,19 +83,18 @@ const (
 )
 
 // The engine's log messages the part counts (engine/owner.go, shard.go,
-// liveness.go, projector.go, engine.go), as they begin.
+// liveness.go, cache.go, engine.go), as they begin.
 const (
 	logReady      = "engine ready"
 	logTookOver   = "took the run over from a dead engine"
 	logLost       = "lost the run to another engine"
 	logGone       = "engine gone (no connection answers its probes)"
 	logFenced     = "this engine was declared dead"
-	logTookLead   = "took the projector's lead over from a dead engine"
 	logTakingBack = "taking back the runs this engine owned before it restarted"
 	logRecovered  = "run recovered" // the recovery table applied at a load (engine/cache.go)
 )
 
-var countedLogs = []string{logTookOver, logLost, logGone, logFenced, logTookLead, logTakingBack, logRecovered}
+var countedLogs = []string{logTookOver, logLost, logGone, logFenced, logTakingBack, logRecovered}
 
 // FailoverResult is the failover part.
 type FailoverResult struct {
@@ -104,7 +104,7 @@ type FailoverResult struct {
 	ClusterReps int             `json:"cluster_reps"`
 	Restart     *FailoverFigure `json:"restart,omitempty"`
 	Takeover    *FailoverFigure `json:"takeover,omitempty"`
-	Projector   *FailoverFigure `json:"projector_takeover,omitempty"`
+	Projection  *FailoverFigure `json:"projection_after_kill,omitempty"`
 	Paused      *ClusterFault   `json:"events_leader_paused,omitempty"`
 	Killed      *ClusterFault   `json:"events_leader_killed,omitempty"`
 	// ClusterOwnerKeysLeft counts the owner keys left in the cluster's
@@ -118,7 +118,7 @@ type FailoverResult struct {
 }
 
 // FailoverFigure is one failover duration over every sample of its
-// repetitions: one per run (restart, takeover), one per kill (projector).
+// repetitions: one per run (restart, takeover), one per kill (projection).
 type FailoverFigure struct {
 	Measures string        `json:"measures"`
 	Samples  int           `json:"samples"`
@@ -598,7 +598,7 @@ func runFailover(ctx context.Context, o options, root string, bins binaries, dir
 	return res, nil
 }
 
-// runSingleServer runs restart, takeover and the projector's takeover on
+// runSingleServer runs restart, takeover and projection after a kill on
 // one nats-server.
 func runSingleServer(ctx context.Context, o options, res *FailoverResult, natsBin, engineBin, dir string) error {
 	if err := os.MkdirAll(filepath.Join(dir, "store"), 0o755); err != nil {
@@ -626,9 +626,9 @@ func runSingleServer(ctx context.Context, o options, res *FailoverResult, natsBi
 	if res.Takeover, err = runTakeover(ctx, env, o.foReps); err != nil {
 		return fmt.Errorf("takeover: %w", err)
 	}
-	progress(fmt.Sprintf("failover: projector takeover: kill -9 the engine leading the projector while runs are submitted (%d x)", o.foReps))
-	if res.Projector, err = runProjectorTakeover(ctx, env, o.foReps); err != nil {
-		return fmt.Errorf("projector takeover: %w", err)
+	progress(fmt.Sprintf("failover: projection after a kill: kill -9 one of two engines while runs are submitted (%d x)", o.foReps))
+	if res.Projection, err = runProjectionAfterKill(ctx, env, o.foReps); err != nil {
+		return fmt.Errorf("projection after a kill: %w", err)
 	}
 	return nil
 }
@@ -811,8 +811,8 @@ func (env *foEnv) leaderGet(ctx context.Context, stream, subject string) (string
 	return string(resp.Message.Data), true, nil
 }
 
-func runProjectorTakeover(ctx context.Context, env *foEnv, reps int) (*FailoverFigure, error) {
-	fig := &FailoverFigure{Measures: "kill -9 of the engine leading the projector -> the first out message published for a commit made after the kill"}
+func runProjectionAfterKill(ctx context.Context, env *foEnv, reps int) (*FailoverFigure, error) {
+	fig := &FailoverFigure{Measures: "kill -9 of one of two engines -> the first out message published for a commit made after the kill"}
 	var live []*foEngine
 	defer func() {
 		for _, e := range live {
@@ -820,25 +820,17 @@ func runProjectorTakeover(ctx context.Context, env *foEnv, reps int) (*FailoverF
 		}
 	}()
 	for i := 0; i < 2; i++ {
-		e, err := env.startEngine(fmt.Sprintf("bench-projector-%d", i))
+		e, err := env.startEngine(fmt.Sprintf("bench-projection-%d", i))
 		if err != nil {
 			return nil, err
 		}
 		live = append(live, e)
 	}
-	tr := startTrickle(env.cl, "fo-projector")
+	tr := startTrickle(env.cl, "fo-projection")
 	defer tr.end()
 	time.Sleep(time.Second)
 	for r := 0; r < reps; r++ {
-		leader := ""
-		if entry, err := env.owners.Get(ctx, protocol.ProjectorLeaderKey); err == nil {
-			leader = string(entry.Value())
-		}
-		i := slices.IndexFunc(live, func(e *foEngine) bool { return e.id == leader })
-		if i < 0 {
-			return nil, fmt.Errorf("the projector key names %q, which is no engine running", leader)
-		}
-		doomed, heir := live[i], live[1-i]
+		doomed, heir := live[0], live[1] // the older one
 		lines0 := heir.log.snapshot()
 		killed := time.Now()
 		doomed.kill()
@@ -871,7 +863,7 @@ func runProjectorTakeover(ctx context.Context, env *foEnv, reps int) (*FailoverF
 			lines[k] -= v
 		}
 		fig.Reps = append(fig.Reps, FailoverRep{Killed: doomed.id, Heir: heir.id, SamplesMs: []Num{Num(ms(first.Sub(killed)))}, HeirLines: lines})
-		next, err := env.startEngine(fmt.Sprintf("bench-projector-%d", r+2))
+		next, err := env.startEngine(fmt.Sprintf("bench-projection-%d", r+2))
 		if err != nil {
 			return nil, err
 		}
@@ -881,7 +873,7 @@ func runProjectorTakeover(ctx context.Context, env *foEnv, reps int) (*FailoverF
 	if n := tr.failed.Load(); n > 0 {
 		fig.Notes = append(fig.Notes, fmt.Sprintf("%d of %d submissions failed", n, n+tr.submitted.Load()))
 	}
-	fig.summarize(projectorTarget)
+	fig.summarize(projectionTarget)
 	return fig, nil
 }
 
@@ -904,7 +896,7 @@ func printFailover(w io.Writer, f *FailoverResult) {
 	}{
 		{fmt.Sprintf(`restart (kill -9, same id; %d runs): "engine ready" -> each run's 1st commit`, restartRuns), f.Restart, restartTarget},
 		{fmt.Sprintf("takeover (kill -9, another engine; %d runs): kill -> each run's 1st commit", restartRuns), f.Takeover, takeoverTarget},
-		{"projector takeover (kill -9 of its leader): kill -> 1st out of a later commit", f.Projector, projectorTarget},
+		{"projection after a kill (kill -9 of one of two engines): kill -> 1st out of a later commit", f.Projection, projectionTarget},
 	} {
 		if x.fig == nil {
 			continue

@@ -201,7 +201,7 @@ func run(args []string) error {
 	fs.IntVar(&o.mcpCalls, "mcp-calls", 10, "MCP: calls per repetition")
 	fs.StringVar(&o.modes, "modes", "default,sync_always", "modes: default, sync_always, unsigned (the default mode with the engine's --unsigned: what signing costs), metrics (the default mode with --metrics-listen, scraped every second: what metrics cost), observed (metrics as in the metrics mode and OpenTelemetry traces exported to an OTLP receiver in the bench: what observability costs); a mode may be given more than once")
 	fs.StringVar(&o.skip, "skip", "", "comma-separated parts to skip: w1, w2, census, ceiling, parked, w3, w4, w5, mcp, failover")
-	fs.IntVar(&o.foReps, "failover-reps", 5, "failover: repetitions of restart, takeover and projector takeover")
+	fs.IntVar(&o.foReps, "failover-reps", 5, "failover: repetitions of restart, takeover and projection after a kill")
 	fs.IntVar(&o.foClusterReps, "failover-cluster-reps", 3, "failover: repetitions of each fault of the 3-node cluster (0: skip the cluster)")
 	fs.StringVar(&o.goBin, "go", "go", "the go command that builds the programs")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temporary directory (stores, logs, the recorded stream)")
@@ -704,7 +704,7 @@ func targets(r *Results) []TargetResult {
 		}{
 			{`failover restart: each run's first commit within 2 s of "engine ready"`, f.Restart},
 			{"failover takeover: each run's first commit within 5 s of the kill", f.Takeover},
-			{"failover projector: an out message of a later commit within 5 s", f.Projector},
+			{"failover projection: an out message of a later commit within 5 s of one engine's kill", f.Projection},
 		} {
 			if x.fig != nil {
 				add(x.target, fmt.Sprintf("median %s, max %s (%d samples)", x.fig.Median, x.fig.Max, x.fig.Samples), x.fig.Met)

@@ -84,8 +84,8 @@ func runAudit(r *recorded) []audit.Violation {
 }
 
 // notYetPublished reports whether every violation is an out message the
-// events derive but the projector has not published yet: the projector may
-// still be catching up after the last crash.
+// events derive but nobody has published yet: the engine that took a run
+// over after the last crash may not have projected its last commit again.
 func notYetPublished(vs []audit.Violation) bool {
 	if len(vs) == 0 {
 		return false

@@ -16,14 +16,21 @@ const (
 // listener that falls behind loses nothing that matters: its pending
 // topics are coalesced (a page reloads its part on any notice of its
 // topic), and past maxPending it gets one "all".
+//
+// Every notice moves the hub's generation on. A page is rendered with the
+// generation read before its data, and its stream resumes from it (or from
+// the last notice it took, on a reconnection): a page that missed a
+// notice gets an "all" at once, one that missed nothing is not reloaded.
 type hub struct {
 	mu        sync.Mutex
+	gen       uint64
 	listeners map[*listener]struct{}
 }
 
 type listener struct {
 	mu      sync.Mutex
 	pending map[string]bool
+	gen     uint64        // the generation of the last notice pending
 	wake    chan struct{} // buffered 1
 }
 
@@ -31,12 +38,25 @@ const maxPending = 64
 
 func newHub() *hub { return &hub{listeners: map[*listener]struct{}{}} }
 
-func (h *hub) listen() *listener {
+// listen adds a listener that has seen every notice up to generation
+// since: when more came since, it gets an "all" at once.
+func (h *hub) listen(since uint64) *listener {
 	l := &listener{pending: map[string]bool{}, wake: make(chan struct{}, 1)}
 	h.mu.Lock()
 	h.listeners[l] = struct{}{}
+	if h.gen > since {
+		l.pending[topicAll], l.gen = true, h.gen
+		l.wake <- struct{}{}
+	}
 	h.mu.Unlock()
 	return l
+}
+
+// generation is the number of notices so far.
+func (h *hub) generation() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.gen
 }
 
 func (h *hub) leave(l *listener) {
@@ -49,8 +69,10 @@ func (h *hub) leave(l *listener) {
 func (h *hub) notify(topic string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.gen++
 	for l := range h.listeners {
 		l.mu.Lock()
+		l.gen = h.gen
 		if len(l.pending) >= maxPending {
 			clear(l.pending)
 			l.pending[topicAll] = true
@@ -65,8 +87,9 @@ func (h *hub) notify(topic string) {
 	}
 }
 
-// take returns the listener's pending topics and clears them.
-func (l *listener) take() []string {
+// take returns the listener's pending topics, clearing them, and the
+// generation they bring it to.
+func (l *listener) take() ([]string, uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := make([]string, 0, len(l.pending))
@@ -74,5 +97,5 @@ func (l *listener) take() []string {
 		out = append(out, t)
 	}
 	clear(l.pending)
-	return out
+	return out, l.gen
 }

@@ -32,6 +32,7 @@ type view struct {
 	CSRF      string
 	Flashes   []flash
 	Live      string // the topics the page reloads on: "runs", "tickets", "run:<id>"
+	Since     uint64 // the change notices the page's data has seen (hub.go)
 	Approvals int    // open permission tickets (the tab's badge)
 	Waits     int
 	Ready     bool
@@ -68,6 +69,7 @@ func parsePages() (map[string]*template.Template, error) {
 func (s *Server) render(w http.ResponseWriter, r *http.Request, x *session, name string, v view) {
 	v.Now = s.cfg.Now()
 	v.Ready = s.Ready()
+	v.Since, _ = r.Context().Value(generationKey{}).(uint64)
 	if x != nil {
 		u := x.user
 		v.User, v.CSRF = &u, x.csrf

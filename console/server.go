@@ -8,6 +8,7 @@ import (
 	"html/template"
 	"io/fs"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -168,6 +169,8 @@ func (s *Server) authed(h func(http.ResponseWriter, *http.Request, *session)) ht
 			http.Error(w, "sign in first", http.StatusUnauthorized)
 			return
 		}
+		// The notices the page's data may miss are those after this.
+		r = r.WithContext(context.WithValue(r.Context(), generationKey{}, s.hub.generation()))
 		if r.Method == http.MethodPost {
 			if !sameOrigin(r) {
 				http.Error(w, "refused: a cross-site request", http.StatusForbidden)
@@ -201,6 +204,10 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte("ready\n"))
 }
 
+// generationKey holds in a request's context the hub's generation when the
+// request came in.
+type generationKey struct{}
+
 // events streams change notices to a page (server-sent events): one
 // "change" event per topic, and a comment every 15 s to keep proxies from
 // closing the stream.
@@ -214,7 +221,15 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ *session) {
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no")
-	l := s.hub.listen()
+	// Seen so far: the generation the page was rendered at, or on a
+	// reconnection the last notice the browser took (its Last-Event-ID).
+	since, err := strconv.ParseUint(r.Header.Get("Last-Event-ID"), 10, 64)
+	if err != nil {
+		if since, err = strconv.ParseUint(r.URL.Query().Get("since"), 10, 64); err != nil {
+			since = 0 // unknown: reload the page once
+		}
+	}
+	l := s.hub.listen(since)
 	defer s.hub.leave(l)
 	fmt.Fprint(w, "retry: 2000\n\n")
 	fl.Flush()
@@ -227,8 +242,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ *session) {
 		case <-keep.C:
 			fmt.Fprint(w, ": keep-alive\n\n")
 		case <-l.wake:
-			for _, t := range l.take() {
-				fmt.Fprintf(w, "event: change\ndata: %s\n\n", t)
+			topics, gen := l.take()
+			for _, t := range topics {
+				fmt.Fprintf(w, "id: %d\nevent: change\ndata: %s\n\n", gen, t)
 			}
 		}
 		fl.Flush()

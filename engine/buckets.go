@@ -30,6 +30,7 @@ func (e *Engine) openBuckets(ctx context.Context) error {
 	e.ownersKV = open(e.names.OwnersBucket())
 	e.catalogKV = open(e.names.CatalogBucket())
 	e.state.kv = open(e.names.StateBucket())
+	e.ticketsKV = open(e.names.TicketsBucket())
 	e.state.js, e.state.names = e.js, e.names
 	e.live = &liveCapabilities{workers: open(e.names.WorkersBucket()), registry: open(e.names.RegistryBucket()), noticed: e.checkAdvert}
 	if e.cfg.Signer != nil {
@@ -45,6 +46,9 @@ func (e *Engine) openBuckets(ctx context.Context) error {
 	}
 	if e.state.stream, err = e.js.Stream(ctx, e.names.KVStream(protocol.BucketState)); err != nil {
 		return fmt.Errorf("open the state bucket's stream: %w", err)
+	}
+	if e.outStream, err = e.js.Stream(ctx, e.names.OutStream()); err != nil {
+		return fmt.Errorf("open stream %s: %w", e.names.OutStream(), err)
 	}
 	if e.inbox, err = e.js.Stream(ctx, e.names.InboxStream()); err != nil {
 		return fmt.Errorf("open stream %s: %w", e.names.InboxStream(), err)

@@ -70,11 +70,15 @@ func (s *shard) load(ctx context.Context, rs *runState) error {
 	if rs.loaded {
 		return nil
 	}
-	run, at, size, err := s.e.events.load(ctx, rs.id)
+	l, err := s.e.events.load(ctx, rs.id)
 	if err != nil {
 		return err
 	}
-	rs.run, rs.tip, rs.bytes = run, at, size
+	run := l.run
+	rs.run, rs.tip, rs.bytes = run, l.at, l.size
+	if err := s.projectLoaded(ctx, rs, l); err != nil {
+		return err
+	}
 	if aggregate.Next(run).Kind == aggregate.NextExecuting {
 		caps := map[string]events.Capability{}
 		exclude := map[string]bool{}

@@ -18,7 +18,7 @@ import (
 // publishes it, signed, on the checkpoints stream: every
 // Config.CheckpointEvery and whenever someone asks on
 // <prefix>.api.checkpoint. One engine at a time does it (the key
-// "checkpointer" of the owners bucket, taken like the projector's lead).
+// "checkpointer" of the owners bucket, taken like a run's key).
 // It resumes from its own last checkpoint when that verifies with its own
 // key, and otherwise folds the stream from its first message.
 type checkpointer struct {

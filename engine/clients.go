@@ -190,7 +190,7 @@ func (e *Engine) throttle(m jetstream.Msg, runID, attributed string) bool {
 		msg := nats.NewMsg(e.names.Out(runID, protocol.OutRejected))
 		msg.Data = body
 		// Not derived from a commit: the source 0/0, before every commit's,
-		// so that the projector's later messages on the subject follow it.
+		// so that the projection's later messages on the subject follow it.
 		msg.Header.Set(protocol.HeaderSource, "0/0")
 		// A core publish, which the out stream stores like any other: a
 		// JetStream publish would wait for its acknowledgement (or, async,

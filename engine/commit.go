@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -86,7 +87,16 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 		}
 		rs.tip, rs.bytes = at, rs.bytes+int64(size)
 		s.e.clients.committed(rs.id, rs.client, evs)
+		var after *aggregate.Run // the run after this commit, when it is all that was staged
+		if n == len(rs.pending) {
+			after = rs.run
+		}
 		rs.pending = rs.pending[n:]
+		if err := s.project(ctx, rs, at.seq, evs, after); err != nil {
+			// The commit is in the log; the run is folded again (the
+			// caller abandons it), which projects the commit again.
+			return fmt.Errorf("%w: %w", errNotProjected, err)
+		}
 	}
 	rs.pending = nil
 	rs.durableHeld = len(rs.held)

@@ -39,11 +39,14 @@
 //     another engine, finding the crashed one dead (liveness.go), takes
 //     the run over and recovers it from the log, and the message comes
 //     back to whichever engine owns the run then.
-//  6. Project: a separate durable consumer on the events stream folds every
-//     commit through the projector and publishes dispositions, tickets,
-//     results, refusals and run ends on <prefix>.out.<run_id>.<kind>. Each
-//     output carries its source (stream sequence and index); a redelivered
-//     commit is checked against what the out stream already holds, so a
+//  6. Project: right after each append, before the run's next commit, the
+//     engine folds the commit through the projector and publishes
+//     dispositions, tickets, results, refusals and run ends on
+//     <prefix>.out.<run_id>.<kind>, the run's ticket, the committed state
+//     and timers (project.go). Only a run's last commit can be left
+//     unprojected (a crash); the engine that takes the run over projects
+//     it again. Each output carries its source (stream sequence and
+//     index), checked against what the out stream already holds, so a
 //     result is published exactly once, also long after the duplicate
 //     window. One engine at a time (checkpoint.go) folds the head of the
 //     whole stream and publishes it, signed, on <prefix>.checkpoint.events.
@@ -60,7 +63,8 @@
 // aggregate commands translate.go (sandbox.go for the workers' claims,
 // heartbeats and results), driving the run up to its executors drive.go,
 // the executors brain.go, delegate.go and sandbox.go, the gate chain
-// gate.go, timers timers.go, the projector projector.go, the log store.go.
+// gate.go, timers timers.go, the projection project.go (and the drain of
+// an earlier version's projector consumer projector.go), the log store.go.
 //
 // The engine never decides what the aggregate decides: it gathers the facts
 // a decision needs (time, new ids, the catalog, live capabilities, gate

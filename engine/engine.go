@@ -70,7 +70,7 @@ type Config struct {
 	// MaxPending bounds the inbox messages in progress (default 10000).
 	MaxPending int
 	// CacheRuns bounds the runs whose folded state is kept in memory, by
-	// the engine and by its projector each (default 1024); the least
+	// the engine, with what it projected of each (default 1024); the least
 	// recently used go first, and a run not cached is folded again from
 	// the log when it is next touched. A parked run needs no memory.
 	CacheRuns int
@@ -241,6 +241,8 @@ type Engine struct {
 	shards  []*shard
 	// Buckets, opened once by Setup.
 	ownersKV, catalogKV jetstream.KeyValue
+	ticketsKV           jetstream.KeyValue // every run's open ticket, kept by the projection
+	outStream           jetstream.Stream   // the out stream: a subject's last message
 	live                *liveCapabilities
 	liveness            *liveness        // of the engines (liveness.go)
 	inbox               jetstream.Stream // the inbox stream, opened by Setup
@@ -400,7 +402,6 @@ func (e *Engine) Run(ctx context.Context) error {
 		defer e.tickets.stop()
 	}
 	var intake, timers jetstream.Consumer
-	var proj *projectorRunner
 	err = e.untilDone(ctx, "create the engine's consumers", func(ctx context.Context) error {
 		var err error
 		intake, err = e.js.CreateOrUpdateConsumer(ctx, e.names.InboxStream(), jetstream.ConsumerConfig{
@@ -419,10 +420,12 @@ func (e *Engine) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("timer consumer: %w", err)
 		}
-		proj, err = newProjectorRunner(ctx, e)
-		return err
+		return nil
 	})
 	if err != nil {
+		return err
+	}
+	if err := e.untilDone(ctx, "project what an earlier version had not", e.drainEarlierProjector); err != nil {
 		return err
 	}
 	runCtx, stop := context.WithCancel(context.Background())
@@ -431,8 +434,6 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); s.loop(runCtx) }()
 	}
-	projDone := make(chan error, 1)
-	go func() { projDone <- proj.run(runCtx) }()
 	cpDone := make(chan error, 1)
 	go func() {
 		err := e.runCheckpoints(runCtx)
@@ -494,7 +495,6 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	stop()
 	e.wg.Wait()
-	<-projDone
 	<-cpDone
 	<-trimDone
 	stopLive()

@@ -349,10 +349,13 @@ gate:
 	}
 }
 
-// TestRestartPublishesNothingTwice stops the engine, deletes the
-// projector's durable consumer (as if its progress were lost, long after the
-// duplicate window) and starts again: every result is still published once.
-func TestRestartPublishesNothingTwice(t *testing.T) {
+// TestUpgradeDrainsTheEarlierProjector starts an engine over a log that
+// an earlier version left: its durable projector consumer holds every
+// commit (as if its progress were lost, long after the duplicate window),
+// and the last commit, of run r7, was never projected. The engine projects
+// what the consumer holds before it serves, publishing nothing twice, and
+// deletes the consumer.
+func TestUpgradeDrainsTheEarlierProjector(t *testing.T) {
 	dir := t.TempDir()
 	url := testnats.Start(t, dir)
 	re := startEngine(t, url, engine.Config{})
@@ -370,11 +373,19 @@ func TestRestartPublishesNothingTwice(t *testing.T) {
 	}
 	re.shutdown(t)
 	js := testnats.JetStream(t, testnats.Connect(t, url))
-	if err := js.DeleteConsumer(ctx, "TOOLBATCH_EVENTS", "projector"); err != nil {
+	if _, err := js.CreateOrUpdateConsumer(ctx, "TOOLBATCH_EVENTS", jetstream.ConsumerConfig{Durable: protocol.ConsumerProjector,
+		AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverAllPolicy}); err != nil {
 		t.Fatal(err)
 	}
+	appendUnprojected(t, ctx, js, "r7")
+
 	startEngine(t, url, engine.Config{})
-	// One more batch proves the new projector caught up past the old ones.
+	if _, err := js.Consumer(ctx, "TOOLBATCH_EVENTS", protocol.ConsumerProjector); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatalf("the earlier projector's consumer after the start: %v", err)
+	}
+	if n := subjectCounts(t, ctx, js, "TOOLBATCH_OUT", "toolbatch.out.r7.rejected")["toolbatch.out.r7.rejected"]; n != 1 {
+		t.Fatalf("run r7's rejection published %d times, want 1", n)
+	}
 	if err := c.Submit(ctx, submitOf("r6", 1, "echo", `{}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -382,6 +393,60 @@ func TestRestartPublishesNothingTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	oneResultsEach(t, ctx, js, 6)
+}
+
+// TestTheLastCommitOfADeadEngineIsProjected: an engine appended a run's
+// first commit (a rejection) and died before it published anything of
+// it; its owner key still names it. The engine that takes the run (here
+// the same engine started again) projects that commit before anything
+// else.
+func TestTheLastCommitOfADeadEngineIsProjected(t *testing.T) {
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{ID: "e1"}).shutdown(t) // the streams and buckets
+	ctx := ctxT(t, 30*time.Second)
+	nc := testnats.Connect(t, url)
+	js := testnats.JetStream(t, nc)
+	appendUnprojected(t, ctx, js, "r9")
+	owners, err := js.KeyValue(ctx, "TOOLBATCH_OWNERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := owners.Create(ctx, protocol.OwnerKey("r9"), []byte("e1")); err != nil {
+		t.Fatal(err)
+	}
+	startEngine(t, url, engine.Config{ID: "e1"})
+	w, err := newClient(t, url).Watch(ctx, "r9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	m, err := w.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Rejected == nil || m.Rejected.Reason != "left unprojected" {
+		t.Fatalf("run r9's first out message: %+v", m)
+	}
+}
+
+// appendUnprojected appends a run's first commit, a rejection, as an
+// engine would, and projects nothing of it.
+func appendUnprojected(t *testing.T, ctx context.Context, js jetstream.JetStream, run string) {
+	t.Helper()
+	body, types, err := events.EncodeCommit([]events.Event{&events.BatchRejected{RunID: run, BatchID: run + "/1", Step: 1,
+		Code: events.CodeUndecodable, Reason: "left unprojected", At: time.Now().UTC()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg("toolbatch.events." + run)
+	m.Data = body
+	for _, ty := range types {
+		m.Header.Add(protocol.HeaderEvent, ty)
+	}
+	m.Header.Set(protocol.HeaderPrev, "0")
+	if _, err := js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // oneResultsEach checks that runs r1 to rn each have one results message.

@@ -42,8 +42,8 @@ import (
 // owned (sweep): it asks for each at once, and the run's key goes to the
 // first engine to swap it (acquire). An engine that finds its own presence
 // gone, or taken, was declared dead while it could not renew: it fences
-// itself (forgets every run and the projector's lead, whose keys others may
-// hold by now) and registers again.
+// itself (forgets every run, whose keys others may hold by now) and
+// registers again.
 
 // Liveness timings.
 const (
@@ -185,7 +185,8 @@ func (l *liveness) renew() {
 	} // else the next tick fails the same way and tries again
 }
 
-// fence forgets every run this engine owned, and the projector's lead.
+// fence forgets every run this engine owned (and the lead of an earlier
+// version's projector consumer, while it drains it).
 func (l *liveness) fence() {
 	l.epoch.Add(1)
 	for _, s := range l.e.shards {

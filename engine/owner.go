@@ -46,6 +46,7 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 		if err == nil {
 			s.e.setOwned(rs, true)
 			rs.ownRev = rev
+			rs.cleanKey = !rs.loaded // released here, with every commit projected
 			return nil
 		}
 	}
@@ -56,7 +57,7 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 	if err != nil {
 		return fmt.Errorf("own run %s: %w", rs.id, err)
 	}
-	if from != "" {
+	if from != "" && from != s.e.id {
 		s.e.log.Info().Str(fieldRunID, rs.id).Str("engine", from).Msg("took the run over from a dead engine")
 	}
 	s.e.setOwned(rs, true)
@@ -70,17 +71,22 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 			rs.loaded = false
 		}
 	}
+	// A key found free was released with every commit projected
+	// (project.go); one taken from an engine may not have been. The next
+	// load says which (a run still cached here needs none).
+	rs.cleanKey = from == "" && !rs.loaded
 	return nil
 }
 
 // takeKey makes this engine the holder of a key of the owners bucket (a
-// run's, or the projector's lead): it creates the key when it is free,
-// keeps it when it names this engine already (a previous process of it),
-// and swaps it from a dead engine (liveness.go), the first engine to swap
-// it taking it. It returns the key's revision and the dead engine it was
-// taken from (""), or ownedElsewhere (a live engine holds it) or
-// ErrNotOwner (it went away, or another engine swapped it first: the
-// message comes back soon).
+// run's, or a leader's): it creates the key when it is free, keeps it when
+// it names this engine already (a previous process of it), and swaps it
+// from a dead engine (liveness.go), the first engine to swap it taking it.
+// It returns the key's revision and the engine it was taken from: "" when
+// it was free, this engine's id when it named it already, or the dead
+// engine's; or ownedElsewhere (a live engine holds it) or ErrNotOwner (it
+// went away, or another engine swapped it first: the message comes back
+// soon).
 func (e *Engine) takeKey(ctx context.Context, key string) (rev uint64, from string, err error) {
 	kv := e.ownersKV
 	rev, err = kv.Create(ctx, key, []byte(e.id))
@@ -96,7 +102,7 @@ func (e *Engine) takeKey(ctx context.Context, key string) (rev uint64, from stri
 	}
 	owner := string(entry.Value())
 	if owner == e.id {
-		return entry.Revision(), "", nil
+		return entry.Revision(), e.id, nil
 	}
 	if e.liveness.alive(ctx, owner) {
 		return 0, "", ownedElsewhere{owner: owner}
@@ -124,6 +130,7 @@ func (s *shard) forget(rs *runState) {
 	rs.loaded = false
 	rs.releasedRev, rs.idleSince = 0, time.Time{}
 	rs.held, rs.durableHeld, rs.pending = nil, 0, nil
+	rs.projection.pending = false // the engine that takes the run projects its last commit again
 	clear(rs.inflight)
 	clear(rs.leases)
 	clear(rs.unclaimed)
@@ -139,7 +146,7 @@ const ownerLinger = 2 * time.Second
 
 // quiescent reports whether nothing of the run is in progress here.
 func (rs *runState) quiescent() bool {
-	return len(rs.held) == 0 && len(rs.pending) == 0 && len(rs.inflight) == 0 && len(rs.leases) == 0
+	return len(rs.held) == 0 && len(rs.pending) == 0 && len(rs.inflight) == 0 && len(rs.leases) == 0 && !rs.projection.pending
 }
 
 // noteIdle starts (or stops) the linger of a run this engine owns, or

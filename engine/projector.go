@@ -2,14 +2,11 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/aggregate"
@@ -19,24 +16,22 @@ import (
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
-// projectorRunner folds every commit of the events stream, in stream order,
-// through the projector and publishes what it derives on the out stream. Its
-// progress is the durable consumer's acknowledgement floor. Every out
-// message carries its source (commit and index); the first time the runner
-// publishes on a subject it reads that subject's last message, and it skips
-// what is already there. So a commit delivered again after a crash, or the
-// whole stream delivered again to a new consumer, however long after the
-// duplicate window, publishes nothing twice.
+// projectorRunner is the projector of earlier versions: one engine at a
+// time folded every commit of the events stream, in stream order, from the
+// durable consumer "projector", and published what it derived. Engines of
+// this version project their own commits (project.go); one that starts
+// while that consumer exists projects what the consumer still holds (the
+// commits the earlier version had not projected), then deletes it, before
+// it serves anything (drainEarlierProjector). Every out message carries its
+// source (commit and index); the first time the runner publishes on a
+// subject it reads that subject's last message, and it skips what is
+// already there, so nothing is published twice.
 type projectorRunner struct {
-	e       *Engine
-	state   *stateStore
-	cons    jetstream.Consumer
-	out     jetstream.Stream
-	tickets jetstream.KeyValue
-	models  map[string]*projected
+	e      *Engine
+	cons   jetstream.Consumer
+	models map[string]*projected
 	// quarantined are the runs with a poison commit: projected no
-	// further, by this engine (another that leads later finds the same
-	// commit and quarantines it too).
+	// further.
 	quarantined map[string]bool
 }
 
@@ -44,116 +39,98 @@ type projected struct {
 	model projector.Model
 	seq   uint64     // last commit folded
 	hash  proof.Hash // its hash, when the engine verifies (trust.check)
-	bytes int64      // bytes of the commits folded: what the cache counts it as
-	used  int64      // the stream sequence of the commit that last used it
-	// last is the source of the last message known on each out subject of
-	// the run: read once from the out stream, then kept as it publishes.
-	last map[string]source
+	outs  outCursor
 }
 
-// source names an out message's origin: a commit and an index in it.
-type source struct {
-	seq uint64
-	idx int
-}
-
-func (a source) after(b source) bool { return a.seq > b.seq || (a.seq == b.seq && a.idx > b.idx) }
-
-func newProjectorRunner(ctx context.Context, e *Engine) (*projectorRunner, error) {
-	cons, err := e.js.CreateOrUpdateConsumer(ctx, e.names.EventsStream(), jetstream.ConsumerConfig{
-		Durable: protocol.ConsumerProjector, AckPolicy: jetstream.AckExplicitPolicy, AckWait: min(e.cfg.AckWait, projectorAckWait),
-		MaxAckPending: 1024, MaxDeliver: -1, DeliverPolicy: jetstream.DeliverAllPolicy,
-		Description: "toolbatch projector: publishes out messages",
-	})
-	if err != nil {
-		return nil, fmt.Errorf("projector consumer: %w", err)
+// drainEarlierProjector projects what an earlier version's projector
+// consumer still holds and deletes the consumer. One engine at a time
+// does it (the key "projector" of the owners bucket); the others wait
+// until the consumer is gone. The commits it holds are older than any this
+// engine could make, and it runs before this engine serves: no run goes on
+// before what its earlier commits derive is out.
+func (e *Engine) drainEarlierProjector(ctx context.Context) error {
+	cons, err := e.js.Consumer(ctx, e.names.EventsStream(), protocol.ConsumerProjector)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil
 	}
-	out, err := e.js.Stream(ctx, e.names.OutStream())
 	if err != nil {
-		return nil, err
+		return fmt.Errorf("the earlier projector's consumer: %w", err)
 	}
-	tickets, err := e.js.KeyValue(ctx, e.names.TicketsBucket())
-	if err != nil {
-		return nil, err
-	}
-	return &projectorRunner{e: e, state: e.state, cons: cons, out: out, tickets: tickets, models: map[string]*projected{}, quarantined: map[string]bool{}}, nil
-}
-
-// projectorAckWait is the projector consumer's ack wait. Each commit is
-// acknowledged on its own (AckExplicit), not many at once (AckAll): a new
-// leader may be delivered commits after those a leader it replaced had
-// fetched and not acknowledged, and acknowledging them all at once would
-// acknowledge those too, never projected (the chaos cluster suite found a
-// batch whose results were never published that way). The leader
-// acknowledges each commit within milliseconds (a commit retried in place
-// is kept in progress), so what a dead leader had fetched comes back to the
-// next leader soon after it takes the lead, before what follows.
-const projectorAckWait = 3 * time.Second
-
-// run projects while this engine leads the projection: one engine at a
-// time (the key "projector" in the owners bucket), so that commits are
-// projected in stream order and the committed state has one writer. A
-// commit that fails for a passing reason (NATS) is retried in place until
-// it succeeds, and nothing after it is projected before it. A commit that
-// can never be projected (a poison commit: undecodable, without a valid
-// Toolbatch-Prev, events the projection refuses, or, when the engine
-// signs, a commit that does not verify: trust.go) is logged and skipped
-// with every later commit of its run: that run gets no more out messages,
-// every other run goes on. replay audit reports the same commit.
-func (p *projectorRunner) run(ctx context.Context) error {
-	lead := &leader{e: p.e, key: protocol.ProjectorLeaderKey}
+	e.log.Info().Msg("projecting what the projector consumer of an earlier version still holds")
+	p := &projectorRunner{e: e, cons: cons, models: map[string]*projected{}, quarantined: map[string]bool{}}
+	lead := &leader{e: e, key: protocol.ProjectorLeaderKey}
 	defer lead.resign()
+	waited := time.Now()
 	for ctx.Err() == nil {
 		if !lead.hold(ctx) {
-			clear(p.models) // another engine projects meanwhile
+			// another engine drains it (or an engine of the earlier
+			// version still runs: it must be stopped)
+			if _, err := e.js.Consumer(ctx, e.names.EventsStream(), protocol.ConsumerProjector); errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return nil
+			}
+			if time.Since(waited) > 10*time.Second {
+				e.log.Warn().Msg("waiting for the engine that leads the projection of an earlier version: stop every engine of the earlier version to finish the upgrade")
+				waited = time.Now()
+			}
 			select {
 			case <-ctx.Done():
-				return nil
 			case <-time.After(probeEvery):
 			}
 			continue
 		}
-		batch, err := p.cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
+		info, err := cons.Info(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			p.e.log.Warn().Err(err).Msg("projector fetch failed")
-			continue
+			return fmt.Errorf("the earlier projector's consumer: %w", err)
 		}
-		for m := range batch.Messages() {
-			for {
-				err := p.handle(m)
-				if err == nil {
-					break
-				}
-				var poison *poisonError
-				if errors.As(err, &poison) {
-					p.quarantine(m, poison)
-					break
-				}
-				p.e.log.Error().Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Str(fieldSubject, m.Subject()).Msg("projector: commit not projected; retrying")
-				if meta, merr := m.Metadata(); merr == nil {
-					p.e.log.Debug().Uint64(fieldStreamSeq, meta.Sequence.Stream).Msg("projector: stuck at this commit")
-				}
-				clear(p.models)
-				_ = m.InProgress()
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-time.After(time.Second):
-				}
-				if !lead.hold(ctx) {
-					break // the lead moved on: the message comes back to the new leader
-				}
+		if info.NumPending == 0 && info.NumAckPending == 0 {
+			if err := e.js.DeleteConsumer(ctx, e.names.EventsStream(), protocol.ConsumerProjector); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return fmt.Errorf("delete the earlier projector's consumer: %w", err)
 			}
+			e.log.Info().Msg("the earlier version's projector consumer is drained and deleted")
+			return nil
 		}
-		// Once per fetch, not per commit: the bound's check reads every
-		// model (it cost W2 6% of the engine's CPU per commit).
-		trimOldest(p.models, bound{max: p.e.cfg.CacheRuns, maxBytes: p.e.cfg.CacheBytes}, func(pm *projected) int64 { return pm.used },
-			func(pm *projected) int64 { return pm.bytes }, func(*projected) bool { return true })
+		p.fetch(ctx, lead)
 	}
-	return nil
+	return ctx.Err()
+}
+
+// fetch projects the next commits the consumer holds, each in stream
+// order. A commit that fails for a passing reason (NATS) is retried in
+// place until it succeeds; a commit that can never be projected (a poison
+// commit: undecodable, without a valid Toolbatch-Prev, events the
+// projection refuses, or, when the engine signs, a commit that does not
+// verify: trust.go) is logged and skipped with every later commit of its
+// run. replay audit reports the same commit.
+func (p *projectorRunner) fetch(ctx context.Context, lead *leader) {
+	batch, err := p.cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		p.e.log.Warn().Err(err).Msg("projector fetch failed")
+		return
+	}
+	for m := range batch.Messages() {
+		for {
+			err := p.handle(m)
+			if err == nil {
+				break
+			}
+			var poison *poisonError
+			if errors.As(err, &poison) {
+				p.quarantine(m, poison)
+				break
+			}
+			p.e.log.Error().Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Str(fieldSubject, m.Subject()).Msg("projector: commit not projected; retrying")
+			clear(p.models)
+			_ = m.InProgress()
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+			if !lead.hold(ctx) {
+				return // the lead moved on: the message comes back to the new leader
+			}
+		}
+	}
 }
 
 // leader holds a key of the owners bucket for as long as this engine is
@@ -179,7 +156,7 @@ func (l *leader) hold(ctx context.Context) bool {
 	if err != nil {
 		return false
 	}
-	if from != "" {
+	if from != "" && from != l.e.id {
 		l.e.log.Info().Str("engine", from).Msg("took the projector's lead over from a dead engine")
 	}
 	l.rev, l.epoch = rev, epoch
@@ -244,19 +221,19 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 		}
 		outs = append(outs, o...)
 	}
-	if err := p.syncTicket(ctx, runID, pm.model.Run.Ticket(), model.Run.Ticket()); err != nil {
+	if err := p.e.syncTicket(ctx, runID, pm.model.Run.Ticket(), model.Run.Ticket()); err != nil {
 		return fmt.Errorf("commit %d: ticket: %w", seq, err)
 	}
 	// State first, so that a client that has read a batch's results sees
 	// its state committed.
 	for _, e := range evs {
 		if f, ok := e.(*events.BatchFinalized); ok && f.Conflict == "" {
-			if err := p.state.apply(ctx, runID, model.Run.ThreadID, seq, f.State); err != nil {
+			if err := p.e.state.apply(ctx, runID, model.Run.ThreadID, seq, f.State); err != nil {
 				return fmt.Errorf("commit %d: state: %w", seq, err)
 			}
 		}
 	}
-	if err := p.publish(ctx, pm, runID, seq, outs); err != nil {
+	if err := p.e.publishOuts(ctx, &pm.outs, runID, seq, outs); err != nil {
 		return err
 	}
 	if err := p.e.scheduleTimers(ctx, runID, evs); err != nil {
@@ -265,7 +242,7 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 	if err := p.e.publishCancels(ctx, runID, aggregate.ChildrenToCancel(model.Run, evs)); err != nil {
 		return fmt.Errorf("commit %d: %w", seq, err)
 	}
-	pm.model, pm.seq, pm.hash, pm.used, pm.bytes = model, seq, hash, int64(seq), pm.bytes+int64(len(m.Data()))
+	pm.model, pm.seq, pm.hash = model, seq, hash
 	return m.Ack()
 }
 
@@ -308,7 +285,7 @@ func (p *projectorRunner) quarantine(m jetstream.Msg, poison *poisonError) {
 
 // loadUpTo folds a run's commits up to and including seq (none for 0).
 func (p *projectorRunner) loadUpTo(ctx context.Context, runID string, seq uint64) (*projected, error) {
-	pm := &projected{model: projector.NewModel(runID), last: map[string]source{}}
+	pm := &projected{model: projector.NewModel(runID)}
 	if seq == 0 {
 		return pm, nil
 	}
@@ -327,7 +304,7 @@ func (p *projectorRunner) loadUpTo(ctx context.Context, runID string, seq uint64
 				return poisoned(runID, "commit %d: %w", s, err)
 			}
 		}
-		pm.seq, pm.hash, pm.bytes = s, hash, pm.bytes+int64(len(m.Data()))
+		pm.seq, pm.hash = s, hash
 		return nil
 	})
 	if err != nil {
@@ -337,90 +314,4 @@ func (p *projectorRunner) loadUpTo(ctx context.Context, runID string, seq uint64
 		return nil, poisoned(runID, "projector: run %s has no commit at %d (a Toolbatch-Prev that names no commit of it)", runID, seq)
 	}
 	return pm, nil
-}
-
-// publish sends a commit's outputs, skipping those the out stream already
-// holds.
-func (p *projectorRunner) publish(ctx context.Context, pm *projected, runID string, seq uint64, outs []projector.Output) error {
-	futures := make([]jetstream.PubAckFuture, 0, len(outs))
-	for i, o := range outs {
-		subject := p.e.names.Out(runID, o.Subject())
-		last, known := pm.last[subject]
-		if !known {
-			var err error
-			if last, err = p.lastOn(ctx, subject); err != nil {
-				return err
-			}
-			pm.last[subject] = last
-		}
-		src := source{seq: seq, idx: i}
-		if !src.after(last) {
-			continue // published before
-		}
-		body, err := o.Encode()
-		if err != nil {
-			return err
-		}
-		msg := nats.NewMsg(subject)
-		msg.Data = body
-		id := fmt.Sprintf("%d/%d", seq, i)
-		msg.Header.Set(protocol.HeaderSource, id)
-		f, err := p.e.js.PublishMsgAsync(msg, jetstream.WithMsgID("out/"+id))
-		if err != nil {
-			return err
-		}
-		futures = append(futures, f)
-		pm.last[subject] = src
-	}
-	for _, f := range futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			clear(pm.last) // not known any more: read again
-			return fmt.Errorf("publish %s: %w", f.Msg().Subject, err)
-		case <-ctx.Done():
-			clear(pm.last)
-			return ctx.Err()
-		}
-	}
-	return nil
-}
-
-// lastOn returns the source of the last message on an out subject (zero
-// when there is none).
-func (p *projectorRunner) lastOn(ctx context.Context, subject string) (source, error) {
-	last, err := p.out.GetLastMsgForSubject(ctx, subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return source{}, nil
-	}
-	if err != nil {
-		return source{}, err
-	}
-	a, b, ok := strings.Cut(last.Header.Get(protocol.HeaderSource), "/")
-	s, err1 := strconv.ParseUint(a, 10, 64)
-	i, err2 := strconv.Atoi(b)
-	if !ok || err1 != nil || err2 != nil {
-		return source{}, fmt.Errorf("out subject %s: last message has no valid %s header", subject, protocol.HeaderSource)
-	}
-	return source{seq: s, idx: i}, nil
-}
-
-// syncTicket keeps the run's key of the tickets bucket its open ticket:
-// put when one opens, deleted when it closes. Both are idempotent, so a
-// commit projected again changes nothing.
-func (p *projectorRunner) syncTicket(ctx context.Context, runID string, before, after *events.Ticket) error {
-	switch {
-	case after == nil && before == nil:
-		return nil
-	case after == nil:
-		return p.tickets.Delete(ctx, protocol.TicketKey(runID))
-	case before != nil && before.CorrelationID == after.CorrelationID:
-		return nil
-	}
-	b, err := json.Marshal(protocol.Awaiting(*after))
-	if err != nil {
-		return err
-	}
-	_, err = p.tickets.Put(ctx, protocol.TicketKey(runID), b)
-	return err
 }

@@ -147,6 +147,11 @@ type runState struct {
 	// answer lost) or published on the inbox after it (the worker heard
 	// nothing) is the same result, not one to refuse.
 	answered map[string]bool
+	// projection is what of the run's log this engine published
+	// (project.go); cleanKey says the owner key was found free when this
+	// engine took it: every commit in the log is projected.
+	projection projection
+	cleanKey   bool
 }
 
 // shard serializes the work of the runs hashed to it.
@@ -229,7 +234,7 @@ func (s *shard) keepAlive(runCtx context.Context) {
 		for _, m := range rs.held {
 			_ = m.InProgress()
 		}
-		if len(rs.held) > 0 && len(rs.inflight) == 0 {
+		if (len(rs.held) > 0 || rs.projection.pending) && len(rs.inflight) == 0 {
 			err := s.load(ctx, rs)
 			if err == nil {
 				err = s.drive(ctx, runCtx, rs)
@@ -304,7 +309,7 @@ func (s *shard) handle(runCtx context.Context, it item) {
 		if req := it.request(); req != nil {
 			respond(req, protocol.ClaimReply{Reason: protocol.ReasonBusy})
 		}
-		if o := done; o != nil {
+		if o := done; o != nil && !errors.Is(err, errNotProjected) {
 			// Not recorded: keep the outcome and try again.
 			rs.inflight[fmt.Sprintf("%s/%d", o.callID, o.attempt)] = true
 			time.AfterFunc(time.Second, func() { s.postCtx(runCtx, item{runID: rs.id, work: o}) })

@@ -33,9 +33,9 @@ var (
 
 // engineDuplicates is the duplicate window of the streams only engines
 // write (events, dispatch, out): their message ids make an engine's own
-// retries of an append harmless, and a retry comes within seconds (the
-// projector's republications after a crash are checked against the
-// stream itself, however late). JetStream's default of 2 minutes keeps
+// retries of an append harmless, and a retry comes within seconds (a
+// commit projected again after a crash is checked against the stream
+// itself, however late). JetStream's default of 2 minutes keeps
 // every id of the last 2 minutes in the server's memory: about 300 MB at
 // 16,000 appends/s. The inbox, which clients and workers write, keeps the
 // default.
@@ -107,11 +107,11 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 		{Bucket: n.CatalogBucket(), Description: "toolbatch catalogs by snapshot id"},
 		// No TTL: a run's key is its owner's while the owner lives; an
 		// engine's presence key carries its own TTL (liveness.go).
-		{Bucket: n.OwnersBucket(), LimitMarkerTTL: releasedTTL, Description: "toolbatch: which engine works on which run, the projector's leader, and the engines alive"},
+		{Bucket: n.OwnersBucket(), LimitMarkerTTL: releasedTTL, Description: "toolbatch: which engine works on which run, and the engines alive"},
 		{Bucket: n.StateBucket(), Description: "toolbatch committed state: staged commands of finalized batches"},
 		{Bucket: n.WorkersBucket(), TTL: WorkerTTL, Description: "toolbatch live sandbox workers: sandbox.<pool>.<tool_id>.<worker_id> = capability"},
 		{Bucket: n.RegistryBucket(), Description: "toolbatch live executor registry: recovery capabilities"},
-		{Bucket: n.TicketsBucket(), Description: "toolbatch every run's open ticket (run.<run_id> = JSON AwaitingOut), kept by the projector"},
+		{Bucket: n.TicketsBucket(), Description: "toolbatch every run's open ticket (run.<run_id> = JSON AwaitingOut), kept by the engines"},
 		{Bucket: n.KeysBucket(), History: 16, Description: "toolbatch engines' public signing keys (signer.<nkey>) and where signing began (unsigned_until)"},
 	} {
 		kv.Storage, kv.Replicas = jetstream.FileStorage, sc.Replicas
@@ -189,23 +189,32 @@ type tip struct {
 	hash proof.Hash
 }
 
-// load folds a run from its subject. It returns the state, the run's
-// tip and the bytes of its commits (what the cache counts it as).
-func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, tip, int64, error) {
-	run := aggregate.New(runID)
+// loaded is a run folded from its subject: the state, the run's tip, the
+// bytes of its commits (what the cache counts it as), and its last commit's
+// events with the state before them (what projecting that commit again
+// needs; nil for a run without commits).
+type loaded struct {
+	run      *aggregate.Run
+	at       tip
+	size     int64
+	last     []events.Event
+	beforeIt *aggregate.Run
+}
+
+// load folds a run from its subject.
+func (l *eventLog) load(ctx context.Context, runID string) (loaded, error) {
+	out := loaded{run: aggregate.New(runID)}
 	last, err := l.lastSeq(ctx, runID)
 	if err != nil {
-		return nil, tip{}, 0, fmt.Errorf("load run %s: %w", runID, err)
+		return loaded{}, fmt.Errorf("load run %s: %w", runID, err)
 	}
 	if last == 0 {
-		return run, tip{}, 0, nil
+		return out, nil
 	}
-	var at tip
-	var size int64
 	err = protocol.ReadOrdered(ctx, l.js, l.names.EventsStream(), protocol.ReadOptions{Subjects: []string{l.names.Events(runID)}, UpTo: last}, func(m jetstream.Msg, meta *jetstream.MsgMetadata) error {
 		s := meta.Sequence.Stream
 		// the next commit names the hash of the last one
-		hash, err := l.trust.check(ctx, m, s, at.hash)
+		hash, err := l.trust.check(ctx, m, s, out.at.hash)
 		if err != nil {
 			return err
 		}
@@ -213,17 +222,20 @@ func (l *eventLog) load(ctx context.Context, runID string) (*aggregate.Run, tip,
 		if err != nil {
 			return fmt.Errorf("commit at %d: %w", s, err)
 		}
-		if err := run.ApplyAll(evs); err != nil {
+		if s == last {
+			out.beforeIt, out.last = out.run.Clone(), evs
+		}
+		if err := out.run.ApplyAll(evs); err != nil {
 			return fmt.Errorf("commit at %d: %w", s, err)
 		}
 		l.tracer.Loaded(runID, m.Headers().Get(protocol.HeaderTraceParent), evs)
-		at, size = tip{seq: s, hash: hash}, size+int64(len(m.Data()))
+		out.at, out.size = tip{seq: s, hash: hash}, out.size+int64(len(m.Data()))
 		return nil
 	})
 	if err != nil {
-		return nil, tip{}, 0, fmt.Errorf("load run %s: %w", runID, err)
+		return loaded{}, fmt.Errorf("load run %s: %w", runID, err)
 	}
-	return run, at, size, nil
+	return out, nil
 }
 
 // lastSeq returns the sequence of the run's last commit (0: none).

@@ -119,7 +119,18 @@ func Project(m Model, e events.Event) (Model, []Output, error) {
 	return Model{Run: next, Applied: m.Applied + 1}, out, nil
 }
 
-// outputs returns what e causes to be published, given the state after it.
+// Quiet reports whether e derives no output whatever the run: Project
+// returns none for it.
+func Quiet(e events.Event) bool {
+	switch e.(type) {
+	case *events.CallAwaiting, *events.BatchFinalized, *events.RunEnded, *events.BatchRejected:
+		return false
+	}
+	return true
+}
+
+// outputs returns what e causes to be published, given the state after it
+// (nothing for an event Quiet reports).
 func outputs(r *aggregate.Run, e events.Event) []Output {
 	switch ev := e.(type) {
 	case *events.CallAwaiting:

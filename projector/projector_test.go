@@ -76,6 +76,9 @@ func (h *harness) commit(evs []events.Event) []projector.Output {
 		if err != nil {
 			h.t.Fatalf("project %s: %v", e.EventType(), err)
 		}
+		if len(o) > 0 && projector.Quiet(e) {
+			h.t.Fatalf("%s derived %d outputs, and Quiet says it derives none", e.EventType(), len(o))
+		}
 		h.model = m
 		out = append(out, o...)
 	}

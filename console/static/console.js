@@ -89,7 +89,9 @@
   document.getElementById("show-updates").addEventListener("click", function () {
     refresh(true);
   });
-  const es = new EventSource("/events");
+  // The stream starts from what the page has seen: a notice it missed
+  // comes at once, and none reloads a page that is current.
+  const es = new EventSource("/events?since=" + encodeURIComponent(main.dataset.since || "0"));
   es.addEventListener("change", function (e) {
     if (!relevant(e.data)) return;
     clearTimeout(timer);
@@ -97,9 +99,7 @@
       refresh(false);
     }, 100);
   });
-  // On every (re)connection: what changed while no stream was open.
   es.addEventListener("open", function () {
     document.documentElement.dataset.live = "connected";
-    refresh(false);
   });
 })();

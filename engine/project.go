@@ -1,0 +1,262 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/aggregate"
+	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/projector"
+	"github.com/toolbatch/toolbatch/protocol"
+)
+
+// Projection: what a commit derives (its out messages, the run's open
+// ticket in the tickets bucket, the committed state, ticket timers, cancels
+// of delegated children) is published by the engine that appended the
+// commit, in the run's shard, right after the append and before the run's
+// next commit. So at most a run's last commit is not projected yet (its
+// engine died, or could not publish), and whoever loads the run next
+// projects that commit again before anything else (projectLoaded). Every
+// part is idempotent: an out message carries its source and is skipped
+// when its subject already holds it or a later one, a ticket is put or
+// deleted, a state key carries its commands' stamps (state.go), a timer
+// is a schedule of its own subject, a cancel carries a message id.
+//
+// A run is never released while its last commit is not projected, so a
+// run whose owner key is free has every commit projected; one taken from a
+// dead engine, or from a previous process of this engine, may not.
+
+// errNotProjected wraps the failure to project a commit that is in the
+// log: what the commit decided is recorded, not to be decided again.
+var errNotProjected = errors.New("committed, not projected yet")
+
+// projection is a run's projection state in its runState.
+type projection struct {
+	model projector.Model // the run as of the last commit projected
+	seq   uint64          // that commit's stream sequence
+	// pending is set while the run's last commit is appended and not
+	// projected: the run is not quiescent, so it is neither released nor
+	// its messages acknowledged.
+	pending bool
+	// quarantined is set when a commit could not be projected at all (the
+	// projection refused its events: a defect, logged): the run gets no
+	// more out messages from this engine (replay audit reports it).
+	quarantined bool
+	outs        outCursor
+}
+
+// outCursor knows the source of the last message on each out subject of a
+// run: from its own publications, or read once from the out stream.
+type outCursor struct {
+	last map[string]source
+	// known: every out message of the run's commits up to floor is
+	// published (the run was loaded with every commit projected), so a
+	// subject not in last holds nothing after floor.
+	known bool
+	floor uint64
+}
+
+// projectLoaded sets up the projection of a run just folded from its log:
+// a log whose every commit is projected (this engine projected up to its
+// tip, or took the key free) is taken as is; otherwise its last commit is
+// projected again.
+func (s *shard) projectLoaded(ctx context.Context, rs *runState, l loaded) error {
+	p := &rs.projection
+	p.pending = false
+	if l.at.seq == 0 || p.seq == l.at.seq || rs.cleanKey {
+		rs.cleanKey = false
+		*p = projection{model: projector.Model{Run: l.run.Clone()}, seq: l.at.seq, quarantined: p.quarantined,
+			outs: outCursor{known: true, floor: l.at.seq}}
+		return nil
+	}
+	*p = projection{model: projector.Model{Run: l.beforeIt}, seq: l.at.seq, quarantined: p.quarantined}
+	if err := s.project(ctx, rs, l.at.seq, l.last, l.run); err != nil {
+		return fmt.Errorf("project the last commit of run %s again: %w", rs.id, err)
+	}
+	return nil
+}
+
+// project publishes what the commit at seq derives. after, when not nil,
+// is the run after the commit (the shard's own fold of it). On failure the
+// commit stays pending: the caller reloads the run, which projects it
+// again.
+func (s *shard) project(ctx context.Context, rs *runState, seq uint64, evs []events.Event, after *aggregate.Run) error {
+	p := &rs.projection
+	p.pending = true
+	if p.quarantined {
+		p.pending, p.seq = false, seq
+		return nil
+	}
+	if after != nil && derivesNothing(evs) && sameTicket(p.model.Run.Ticket(), after.Ticket()) {
+		// Nothing to publish: the projection moves to the shard's fold
+		// (aggregate.Decide never changes a run), not folded again.
+		p.model, p.seq, p.pending = projector.Model{Run: after, Applied: p.model.Applied + len(evs)}, seq, false
+		return nil
+	}
+	e := s.e
+	model := p.model
+	var outs []projector.Output
+	for _, ev := range evs {
+		var o []projector.Output
+		var err error
+		if model, o, err = projector.Project(model, ev); err != nil {
+			e.log.Error().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, seq).Err(err).
+				Msg("projection: a commit that can never be projected: this run gets no more out messages (replay audit reports it)")
+			p.quarantined, p.pending, p.seq = true, false, seq
+			return nil
+		}
+		outs = append(outs, o...)
+	}
+	if err := e.syncTicket(ctx, rs.id, p.model.Run.Ticket(), model.Run.Ticket()); err != nil {
+		return fmt.Errorf("commit %d: ticket: %w", seq, err)
+	}
+	// State first, so that a client that has read a batch's results sees
+	// its state committed.
+	for _, ev := range evs {
+		if f, ok := ev.(*events.BatchFinalized); ok && f.Conflict == "" {
+			if err := e.state.apply(ctx, rs.id, model.Run.ThreadID, seq, f.State); err != nil {
+				return fmt.Errorf("commit %d: state: %w", seq, err)
+			}
+		}
+	}
+	if err := e.publishOuts(ctx, &p.outs, rs.id, seq, outs); err != nil {
+		return err
+	}
+	if err := e.scheduleTimers(ctx, rs.id, evs); err != nil {
+		return fmt.Errorf("commit %d: %w", seq, err)
+	}
+	if err := e.publishCancels(ctx, rs.id, aggregate.ChildrenToCancel(model.Run, evs)); err != nil {
+		return fmt.Errorf("commit %d: %w", seq, err)
+	}
+	p.model, p.seq, p.pending = model, seq, false
+	return nil
+}
+
+// derivesNothing reports whether no event of a commit derives an out
+// message (projector.Quiet), committed state (BatchFinalized), a timer
+// (CallAwaiting) or a cancel (aggregate.ChildrenToCancel: RunEnded,
+// TicketResolved): what most commits of a batch in progress are (a gate
+// decision, a call's entry, claim or completion).
+func derivesNothing(evs []events.Event) bool {
+	for _, ev := range evs {
+		if _, resolved := ev.(*events.TicketResolved); resolved || !projector.Quiet(ev) {
+			return false
+		}
+	}
+	return true
+}
+
+func sameTicket(a, b *events.Ticket) bool {
+	return (a == nil) == (b == nil) && (a == nil || a.CorrelationID == b.CorrelationID)
+}
+
+// publishOuts sends a commit's out messages, skipping those the out stream
+// already holds.
+func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, seq uint64, outs []projector.Output) error {
+	if len(outs) == 0 {
+		return nil
+	}
+	if c.last == nil {
+		c.last = map[string]source{}
+	}
+	futures := make([]jetstream.PubAckFuture, 0, len(outs))
+	for i, o := range outs {
+		subject := e.names.Out(runID, o.Subject())
+		last, ok := c.last[subject]
+		if !ok {
+			if c.known {
+				last = source{seq: c.floor, idx: math.MaxInt}
+			} else {
+				var err error
+				if last, err = e.lastOn(ctx, subject); err != nil {
+					return err
+				}
+			}
+		}
+		src := source{seq: seq, idx: i}
+		if !src.after(last) {
+			continue // published before
+		}
+		body, err := o.Encode()
+		if err != nil {
+			return err
+		}
+		msg := nats.NewMsg(subject)
+		msg.Data = body
+		id := fmt.Sprintf("%d/%d", seq, i)
+		msg.Header.Set(protocol.HeaderSource, id)
+		f, err := e.js.PublishMsgAsync(msg, jetstream.WithMsgID("out/"+id))
+		if err != nil {
+			return err
+		}
+		futures = append(futures, f)
+		c.last[subject] = src
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			*c = outCursor{} // not known any more: read again
+			return fmt.Errorf("publish %s: %w", f.Msg().Subject, err)
+		case <-ctx.Done():
+			*c = outCursor{}
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// source names an out message's origin: a commit and an index in it.
+type source struct {
+	seq uint64
+	idx int
+}
+
+func (a source) after(b source) bool { return a.seq > b.seq || (a.seq == b.seq && a.idx > b.idx) }
+
+// lastOn returns the source of the last message on an out subject (zero
+// when there is none).
+func (e *Engine) lastOn(ctx context.Context, subject string) (source, error) {
+	last, err := e.outStream.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return source{}, nil
+	}
+	if err != nil {
+		return source{}, err
+	}
+	a, b, ok := strings.Cut(last.Header.Get(protocol.HeaderSource), "/")
+	s, err1 := strconv.ParseUint(a, 10, 64)
+	i, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil {
+		return source{}, fmt.Errorf("out subject %s: last message has no valid %s header", subject, protocol.HeaderSource)
+	}
+	return source{seq: s, idx: i}, nil
+}
+
+// syncTicket keeps the run's key of the tickets bucket its open ticket:
+// put when one opens, deleted when it closes. Both are idempotent, so a
+// commit projected again changes nothing.
+func (e *Engine) syncTicket(ctx context.Context, runID string, before, after *events.Ticket) error {
+	switch {
+	case after == nil && before == nil:
+		return nil
+	case after == nil:
+		return e.ticketsKV.Delete(ctx, protocol.TicketKey(runID))
+	case before != nil && before.CorrelationID == after.CorrelationID:
+		return nil
+	}
+	b, err := json.Marshal(protocol.Awaiting(*after))
+	if err != nil {
+		return err
+	}
+	_, err = e.ticketsKV.Put(ctx, protocol.TicketKey(runID), b)
+	return err
+}
