@@ -2,6 +2,7 @@ package console
 
 import (
 	"sync"
+	"time"
 )
 
 // A topic names what changed: a run (topicRun + its id), the open tickets
@@ -36,15 +37,21 @@ type listener struct {
 
 const maxPending = 64
 
-func newHub() *hub { return &hub{listeners: map[*listener]struct{}{}} }
+// newHub starts the generations at the clock's nanoseconds, so that a
+// page rendered by an earlier process of the console, or by another one
+// behind the same address, never names a generation of this one.
+func newHub() *hub {
+	return &hub{gen: uint64(time.Now().UnixNano()), listeners: map[*listener]struct{}{}}
+}
 
 // listen adds a listener that has seen every notice up to generation
-// since: when more came since, it gets an "all" at once.
+// since: when more came since (or since is not this hub's), it gets an
+// "all" at once.
 func (h *hub) listen(since uint64) *listener {
 	l := &listener{pending: map[string]bool{}, wake: make(chan struct{}, 1)}
 	h.mu.Lock()
 	h.listeners[l] = struct{}{}
-	if h.gen > since {
+	if h.gen != since {
 		l.pending[topicAll], l.gen = true, h.gen
 		l.wake <- struct{}{}
 	}

@@ -11,11 +11,12 @@ import (
 // the generation a reconnection resumes from.
 func TestStreamsStartFromWhatThePageSaw(t *testing.T) {
 	h := newHub()
+	start := h.generation()
 	h.notify(topicRun + "a")
 	h.notify(topicTickets)
 	rendered := h.generation()
-	if rendered != 2 {
-		t.Fatalf("generation after two notices: %d", rendered)
+	if rendered != start+2 {
+		t.Fatalf("generation after two notices: %d, from %d", rendered, start)
 	}
 
 	current := h.listen(rendered)
@@ -32,13 +33,23 @@ func TestStreamsStartFromWhatThePageSaw(t *testing.T) {
 	default:
 		t.Fatal("a page that missed a notice was not woken")
 	}
-	if topics, gen := behind.take(); fmt.Sprint(topics) != "[all]" || gen != 2 {
+	if topics, gen := behind.take(); fmt.Sprint(topics) != "[all]" || gen != rendered {
 		t.Fatalf("what the page behind takes: %v at %d", topics, gen)
+	}
+
+	// A page of another console process names a generation this hub
+	// never had: it reloads.
+	other := h.listen(rendered + 1000)
+	defer h.leave(other)
+	select {
+	case <-other.wake:
+	default:
+		t.Fatal("a page of another console process was not woken")
 	}
 
 	h.notify(topicRun + "b")
 	<-current.wake
-	if topics, gen := current.take(); fmt.Sprint(topics) != "[run:b]" || gen != 3 {
+	if topics, gen := current.take(); fmt.Sprint(topics) != "[run:b]" || gen != rendered+1 {
 		t.Fatalf("after a new notice: %v at %d", topics, gen)
 	}
 }

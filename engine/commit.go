@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
@@ -59,6 +58,12 @@ func (s *shard) stage(rs *runState, run *aggregate.Run, evs []events.Event) {
 // to be decided again.
 func (s *shard) flush(ctx context.Context, rs *runState) error {
 	for len(rs.pending) > 0 {
+		// The run's last commit is projected before the next one is
+		// appended (project.go).
+		if err := s.settleProjection(ctx, rs); err != nil {
+			s.abandon(rs)
+			return err
+		}
 		n := len(rs.pending)
 		var at tip
 		var size int
@@ -73,6 +78,10 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 			n = (n + 1) / 2 // nothing was sent: try fewer decisions
 		}
 		if err != nil {
+			// It may have landed all the same (a timeout): the run is
+			// not quiescent until a load says whether its log's last
+			// commit is projected.
+			rs.projection.pending, rs.projection.unprojected = true, nil
 			s.abandon(rs)
 			return err
 		}
@@ -92,11 +101,10 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 			after = rs.run
 		}
 		rs.pending = rs.pending[n:]
-		if err := s.project(ctx, rs, at.seq, evs, after); err != nil {
-			// The commit is in the log; the run is folded again (the
-			// caller abandons it), which projects the commit again.
-			return fmt.Errorf("%w: %w", errNotProjected, err)
-		}
+		// What the commit decided stands whether or not its projection
+		// goes through now: one that fails is kept and tried again
+		// before the run's next commit and on the shard's tick.
+		s.projectOrKeep(ctx, rs, commitToProject{seq: at.seq, evs: evs, after: after})
 	}
 	rs.pending = nil
 	rs.durableHeld = len(rs.held)
@@ -128,12 +136,13 @@ func (s *shard) abandon(rs *runState) {
 
 // settle is done with a message that changed nothing: it is acknowledged
 // when the run is quiescent here, and otherwise held with the run's other
-// messages. So whenever a run has work in progress on this engine, one of
-// its messages is unacknowledged, and a crash redelivers it to whichever
-// engine takes the run over (a recovery at load, say, starts work that a
+// messages. So whenever a run has work in progress on this engine (a
+// commit not projected yet among it), one of its messages is
+// unacknowledged, and a crash redelivers it to whichever engine takes the
+// run over (a recovery at load, say, starts work that a
 // refused message alone would not keep alive).
 func (s *shard) settle(rs *runState, m jetstream.Msg) error {
-	if rs.loaded && len(rs.pending) == 0 && len(rs.inflight) == 0 && len(rs.leases) == 0 {
+	if rs.loaded && len(rs.pending) == 0 && len(rs.inflight) == 0 && len(rs.leases) == 0 && !rs.projection.pending {
 		switch aggregate.Next(rs.run).Kind {
 		case aggregate.NextNone, aggregate.NextAwaiting:
 			return m.Ack()

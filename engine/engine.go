@@ -428,6 +428,9 @@ func (e *Engine) Run(ctx context.Context) error {
 	if err := e.untilDone(ctx, "project what an earlier version had not", e.drainEarlierProjector); err != nil {
 		return err
 	}
+	if err := e.untilDone(ctx, "read the state bucket", e.state.loadUnstampedUntil); err != nil {
+		return err
+	}
 	runCtx, stop := context.WithCancel(context.Background())
 	defer stop()
 	for _, s := range e.shards {

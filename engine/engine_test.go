@@ -379,9 +379,25 @@ func TestUpgradeDrainsTheEarlierProjector(t *testing.T) {
 	}
 	appendUnprojected(t, ctx, js, "r7")
 
+	events, err := js.Stream(ctx, "TOOLBATCH_EVENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := events.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	startEngine(t, url, engine.Config{})
 	if _, err := js.Consumer(ctx, "TOOLBATCH_EVENTS", protocol.ConsumerProjector); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		t.Fatalf("the earlier projector's consumer after the start: %v", err)
+	}
+	// The state keys the earlier version wrote are as of the drain.
+	state, err := js.KeyValue(ctx, "TOOLBATCH_STATE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := state.Get(ctx, protocol.StateUnstampedUntilKey); err != nil || string(e.Value()) != fmt.Sprint(info.State.LastSeq) {
+		t.Fatalf("%s after the drain: %v (want %d)", protocol.StateUnstampedUntilKey, err, info.State.LastSeq)
 	}
 	if n := subjectCounts(t, ctx, js, "TOOLBATCH_OUT", "toolbatch.out.r7.rejected")["toolbatch.out.r7.rejected"]; n != 1 {
 		t.Fatalf("run r7's rejection published %d times, want 1", n)

@@ -182,6 +182,13 @@ func (l *liveness) renew() {
 	l.fence()
 	if ack, err := l.publish(ctx, nil); err == nil {
 		l.rev = ack.Sequence
+		// The runs whose keys still name this engine nobody else takes
+		// now: take them back, projecting their last commits again.
+		go func() {
+			ctx, cancel := opCtx()
+			defer cancel()
+			l.e.reclaim(ctx)
+		}()
 	} // else the next tick fails the same way and tries again
 }
 

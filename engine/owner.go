@@ -130,7 +130,8 @@ func (s *shard) forget(rs *runState) {
 	rs.loaded = false
 	rs.releasedRev, rs.idleSince = 0, time.Time{}
 	rs.held, rs.durableHeld, rs.pending = nil, 0, nil
-	rs.projection.pending = false // the engine that takes the run projects its last commit again
+	// the engine that takes the run projects its last commit again
+	rs.projection.pending, rs.projection.unprojected = false, nil
 	clear(rs.inflight)
 	clear(rs.leases)
 	clear(rs.unclaimed)

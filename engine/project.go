@@ -34,18 +34,16 @@ import (
 // run whose owner key is free has every commit projected; one taken from a
 // dead engine, or from a previous process of this engine, may not.
 
-// errNotProjected wraps the failure to project a commit that is in the
-// log: what the commit decided is recorded, not to be decided again.
-var errNotProjected = errors.New("committed, not projected yet")
-
 // projection is a run's projection state in its runState.
 type projection struct {
 	model projector.Model // the run as of the last commit projected
 	seq   uint64          // that commit's stream sequence
-	// pending is set while the run's last commit is appended and not
-	// projected: the run is not quiescent, so it is neither released nor
-	// its messages acknowledged.
-	pending bool
+	// pending is set while the run's last commit may be unprojected: the
+	// run is not quiescent, so it is neither released nor its messages
+	// acknowledged. unprojected is that commit when it is known (nil: an
+	// append that failed may have landed; a load finds out).
+	pending     bool
+	unprojected *commitToProject
 	// quarantined is set when a commit could not be projected at all (the
 	// projection refused its events: a defect, logged): the run gets no
 	// more out messages from this engine (replay audit reports it).
@@ -64,20 +62,53 @@ type outCursor struct {
 	floor uint64
 }
 
+// commitToProject is an appended commit: its sequence, its events and,
+// when known, the run after it.
+type commitToProject struct {
+	seq   uint64
+	evs   []events.Event
+	after *aggregate.Run
+}
+
+// projectOrKeep projects a commit just appended, or keeps it to be
+// projected again.
+func (s *shard) projectOrKeep(ctx context.Context, rs *runState, c commitToProject) {
+	if err := s.project(ctx, rs, c.seq, c.evs, c.after); err != nil {
+		rs.projection.unprojected = &c
+		s.e.log.Warn().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, c.seq).Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).
+			Msg("commit not projected yet; trying again before the run's next commit")
+	}
+}
+
+// settleProjection projects the run's kept commit, if any.
+func (s *shard) settleProjection(ctx context.Context, rs *runState) error {
+	c := rs.projection.unprojected
+	if c == nil {
+		return nil
+	}
+	if err := s.project(ctx, rs, c.seq, c.evs, c.after); err != nil {
+		return fmt.Errorf("project commit %d of run %s: %w", c.seq, rs.id, err)
+	}
+	rs.projection.unprojected = nil
+	return nil
+}
+
 // projectLoaded sets up the projection of a run just folded from its log:
 // a log whose every commit is projected (this engine projected up to its
 // tip, or took the key free) is taken as is; otherwise its last commit is
 // projected again.
 func (s *shard) projectLoaded(ctx context.Context, rs *runState, l loaded) error {
 	p := &rs.projection
-	p.pending = false
-	if l.at.seq == 0 || p.seq == l.at.seq || rs.cleanKey {
-		rs.cleanKey = false
+	clean := l.at.seq == 0 || p.seq == l.at.seq || rs.cleanKey
+	rs.cleanKey = false
+	if clean {
 		*p = projection{model: projector.Model{Run: l.run.Clone()}, seq: l.at.seq, quarantined: p.quarantined,
 			outs: outCursor{known: true, floor: l.at.seq}}
 		return nil
 	}
-	*p = projection{model: projector.Model{Run: l.beforeIt}, seq: l.at.seq, quarantined: p.quarantined}
+	// seq stays unknown until the projection goes through: a load after a
+	// failure here projects again.
+	*p = projection{model: projector.Model{Run: l.beforeIt}, quarantined: p.quarantined}
 	if err := s.project(ctx, rs, l.at.seq, l.last, l.run); err != nil {
 		return fmt.Errorf("project the last commit of run %s again: %w", rs.id, err)
 	}
@@ -86,8 +117,7 @@ func (s *shard) projectLoaded(ctx context.Context, rs *runState, l loaded) error
 
 // project publishes what the commit at seq derives. after, when not nil,
 // is the run after the commit (the shard's own fold of it). On failure the
-// commit stays pending: the caller reloads the run, which projects it
-// again.
+// commit stays pending.
 func (s *shard) project(ctx context.Context, rs *runState, seq uint64, evs []events.Event, after *aggregate.Run) error {
 	p := &rs.projection
 	p.pending = true
@@ -101,6 +131,10 @@ func (s *shard) project(ctx context.Context, rs *runState, seq uint64, evs []eve
 		p.model, p.seq, p.pending = projector.Model{Run: after, Applied: p.model.Applied + len(evs)}, seq, false
 		return nil
 	}
+	// One try is short: the shard waits for it, and a try that fails is
+	// made again later (a stream without a leader answers within one).
+	ctx, cancel := context.WithTimeout(ctx, streamTry)
+	defer cancel()
 	e := s.e
 	model := p.model
 	var outs []projector.Output
@@ -120,12 +154,8 @@ func (s *shard) project(ctx context.Context, rs *runState, seq uint64, evs []eve
 	}
 	// State first, so that a client that has read a batch's results sees
 	// its state committed.
-	for _, ev := range evs {
-		if f, ok := ev.(*events.BatchFinalized); ok && f.Conflict == "" {
-			if err := e.state.apply(ctx, rs.id, model.Run.ThreadID, seq, f.State); err != nil {
-				return fmt.Errorf("commit %d: state: %w", seq, err)
-			}
-		}
+	if err := applyState(ctx, e.state, rs.id, model.Run.ThreadID, seq, evs); err != nil {
+		return fmt.Errorf("commit %d: state: %w", seq, err)
 	}
 	if err := e.publishOuts(ctx, &p.outs, rs.id, seq, outs); err != nil {
 		return err

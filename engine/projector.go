@@ -60,8 +60,13 @@ func (e *Engine) drainEarlierProjector(ctx context.Context) error {
 	p := &projectorRunner{e: e, cons: cons, models: map[string]*projected{}, quarantined: map[string]bool{}}
 	lead := &leader{e: e, key: protocol.ProjectorLeaderKey}
 	defer lead.resign()
-	waited := time.Now()
+	waited, renewed := time.Now(), time.Now()
 	for ctx.Err() == nil {
+		if time.Since(renewed) >= presenceEvery {
+			// the engine serves nothing yet, and must not look dead
+			e.liveness.renew()
+			renewed = time.Now()
+		}
 		if !lead.hold(ctx) {
 			// another engine drains it (or an engine of the earlier
 			// version still runs: it must be stopped)
@@ -83,6 +88,16 @@ func (e *Engine) drainEarlierProjector(ctx context.Context) error {
 			return fmt.Errorf("the earlier projector's consumer: %w", err)
 		}
 		if info.NumPending == 0 && info.NumAckPending == 0 {
+			// Every commit so far had its state applied once: state keys
+			// without stamps are as of here.
+			si, err := e.events.stream.Info(ctx)
+			if err != nil {
+				return fmt.Errorf("events stream: %w", err)
+			}
+			_, err = e.state.kv.Create(ctx, protocol.StateUnstampedUntilKey, []byte(strconv.FormatUint(si.State.LastSeq, 10)))
+			if err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+				return fmt.Errorf("state bucket: %w", err)
+			}
 			if err := e.js.DeleteConsumer(ctx, e.names.EventsStream(), protocol.ConsumerProjector); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 				return fmt.Errorf("delete the earlier projector's consumer: %w", err)
 			}
@@ -226,12 +241,8 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 	}
 	// State first, so that a client that has read a batch's results sees
 	// its state committed.
-	for _, e := range evs {
-		if f, ok := e.(*events.BatchFinalized); ok && f.Conflict == "" {
-			if err := p.e.state.apply(ctx, runID, model.Run.ThreadID, seq, f.State); err != nil {
-				return fmt.Errorf("commit %d: state: %w", seq, err)
-			}
-		}
+	if err := applyState(ctx, p.e.state, runID, model.Run.ThreadID, seq, evs); err != nil {
+		return fmt.Errorf("commit %d: state: %w", seq, err)
 	}
 	if err := p.e.publishOuts(ctx, &pm.outs, runID, seq, outs); err != nil {
 		return err

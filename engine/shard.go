@@ -212,6 +212,11 @@ func (s *shard) loop(ctx context.Context) {
 				}
 			}
 		case <-leaseTick.C:
+			// What came while the shard was busy (a heartbeat, a result)
+			// is taken before a lease is found out of time.
+			for range len(s.in) {
+				s.handle(ctx, <-s.in)
+			}
 			s.checkLeases()
 			s.releaseIdle(false)
 			s.evict()
@@ -236,6 +241,9 @@ func (s *shard) keepAlive(runCtx context.Context) {
 		}
 		if (len(rs.held) > 0 || rs.projection.pending) && len(rs.inflight) == 0 {
 			err := s.load(ctx, rs)
+			if err == nil {
+				err = s.settleProjection(ctx, rs)
+			}
 			if err == nil {
 				err = s.drive(ctx, runCtx, rs)
 			}
@@ -309,7 +317,7 @@ func (s *shard) handle(runCtx context.Context, it item) {
 		if req := it.request(); req != nil {
 			respond(req, protocol.ClaimReply{Reason: protocol.ReasonBusy})
 		}
-		if o := done; o != nil && !errors.Is(err, errNotProjected) {
+		if o := done; o != nil {
 			// Not recorded: keep the outcome and try again.
 			rs.inflight[fmt.Sprintf("%s/%d", o.callID, o.attempt)] = true
 			time.AfterFunc(time.Second, func() { s.postCtx(runCtx, item{runID: rs.id, work: o}) })

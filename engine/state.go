@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -26,6 +27,26 @@ type stateStore struct {
 	stream jetstream.Stream   // the bucket's stream: a key's last message with its headers
 	js     jetstream.JetStream
 	names  protocol.Names
+	// unstampedUntil is where an earlier version's projection ended
+	// (protocol.StateUnstampedUntilKey; 0: none): what a key without
+	// stamps is as of.
+	unstampedUntil uint64
+}
+
+// loadUnstampedUntil reads where an earlier version's projection ended.
+func (s *stateStore) loadUnstampedUntil(ctx context.Context) error {
+	entry, err := s.kv.Get(ctx, protocol.StateUnstampedUntilKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	s.unstampedUntil, err = strconv.ParseUint(string(entry.Value()), 10, 64)
+	if err != nil {
+		return fmt.Errorf("state bucket key %s: %w", protocol.StateUnstampedUntilKey, err)
+	}
+	return nil
 }
 
 func escapeKey(k string) string {
@@ -70,17 +91,19 @@ func bucketKey(c events.Command, runID, threadID string) string {
 }
 
 // apply commits a finalized batch's commands, finalized by the commit at
-// seq of the events stream, with the merge rules of aggregate.MergeState.
+// seq of the events stream, with the merge rules of aggregate.MergeState;
+// first is the index in the commit of the first command (a commit may
+// finalize more than one batch).
 // Each key's message carries its stamps (aggregate.StateEntry), so that a
 // batch's commands give the value that applying every batch in stream
 // order gives, whatever the order in which the projection applies them
 // and however often: a commit projected again, or projected after a later
 // one, changes nothing it should not. Each write is conditional on the
 // key's last message, and tried again when another write came first.
-func (s *stateStore) apply(ctx context.Context, runID, threadID string, seq uint64, cmds []events.Command) error {
+func (s *stateStore) apply(ctx context.Context, runID, threadID string, seq uint64, first int, cmds []events.Command) error {
 	for i, c := range cmds {
 		subject := s.names.KVSubject(protocol.BucketState, bucketKey(c, runID, threadID))
-		at := aggregate.Stamp{Seq: seq, Idx: i}
+		at := aggregate.Stamp{Seq: seq, Idx: first + i}
 		for {
 			entry, last, err := s.read(ctx, subject)
 			if err != nil {
@@ -94,14 +117,28 @@ func (s *stateStore) apply(ctx context.Context, runID, threadID string, seq uint
 				break
 			}
 			err = s.write(ctx, subject, next, last)
-			var apiErr *jetstream.APIError
-			if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
-				continue // written meanwhile: read it again
+			if isWrongLastSequence(err) {
+				continue // written meanwhile (or being written, on a cluster): read it again
 			}
 			if err != nil {
 				return err
 			}
 			break
+		}
+	}
+	return nil
+}
+
+// applyState commits the state of every batch a commit finalized without
+// a conflict, its commands stamped in their order in the commit.
+func applyState(ctx context.Context, s *stateStore, runID, threadID string, seq uint64, evs []events.Event) error {
+	first := 0
+	for _, ev := range evs {
+		if f, ok := ev.(*events.BatchFinalized); ok && f.Conflict == "" {
+			if err := s.apply(ctx, runID, threadID, seq, first, f.State); err != nil {
+				return err
+			}
+			first += len(f.State)
 		}
 	}
 	return nil
@@ -121,7 +158,10 @@ func (s *stateStore) read(ctx context.Context, subject string) (aggregate.StateE
 	if op := m.Header.Get(kvOperation); op != kvOperationDelete && op != kvOperationPurge {
 		e.Value = events.RawJSON(m.Data)
 	}
-	if e.Replaced, err = parseStamp(m.Header.Get(protocol.HeaderStateReplaced)); err == nil {
+	if r := m.Header.Get(protocol.HeaderStateReplaced); r == "" {
+		// written by an earlier version: as of where its projection ended
+		e.Replaced = aggregate.Stamp{Seq: s.unstampedUntil, Idx: math.MaxInt}
+	} else if e.Replaced, err = parseStamp(r); err == nil {
 		e.Merged, err = parseStamp(m.Header.Get(protocol.HeaderStateMerged))
 	}
 	if f := m.Header.Get(protocol.HeaderStateFields); err == nil && f != "" {

@@ -30,7 +30,7 @@ func TestStateInStreamOrderWhateverTheApplyOrder(t *testing.T) {
 	}
 	apply := func(run string, seq uint64, cmds ...events.Command) {
 		t.Helper()
-		if err := s.apply(ctx, run, "t1", seq, cmds); err != nil {
+		if err := s.apply(ctx, run, "t1", seq, 0, cmds); err != nil {
 			t.Fatalf("apply commit %d: %v", seq, err)
 		}
 	}
@@ -59,11 +59,14 @@ func TestStateInStreamOrderWhateverTheApplyOrder(t *testing.T) {
 		t.Fatalf("state %v, want %v", got, want)
 	}
 
-	// A key written by an earlier version, without stamps: later commands
-	// apply on top of it.
+	// A key written by an earlier version, without stamps, is as of where
+	// its projection ended (here 25): a commit before then, projected
+	// again, changes nothing; a later one applies on top of it.
 	if _, err := s.kv.Put(ctx, "thread.t1.old", []byte(`{"x":1}`)); err != nil {
 		t.Fatal(err)
 	}
+	s.unstampedUntil = 25
+	apply("r1", 24, set("old", `"from commit 24"`))
 	apply("r1", 30, merge("old", `{"y":2}`))
 	if got := visible()["thread.t1.old"]; got != `{"x":1,"y":2}` {
 		t.Fatalf("old key: %s", got)
@@ -88,7 +91,7 @@ func TestStateInStreamOrderWhateverTheApplyOrder(t *testing.T) {
 		wg.Add(1)
 		go func(seq uint64, c events.Command) {
 			defer wg.Done()
-			errs <- s.apply(ctx, "r9", "t1", seq, []events.Command{c})
+			errs <- s.apply(ctx, "r9", "t1", seq, 0, []events.Command{c})
 		}(uint64(100+i), c)
 	}
 	wg.Wait()

@@ -476,6 +476,12 @@ const UnsignedUntilKey = "unsigned_until"
 // that publishes the checkpoints.
 const CheckpointerLeaderKey = "checkpointer"
 
+// StateUnstampedUntilKey is the key in the state bucket of the events
+// stream's last sequence when an earlier version's projection was drained
+// (decimal): a state key without stamps was written by that version, as of
+// then (docs/protocol.md 5.4).
+const StateUnstampedUntilKey = "unstamped_until"
+
 // ProjectorLeaderKey is the key in the owners bucket of the engine that
 // runs the projector.
 const ProjectorLeaderKey = "projector"

@@ -77,7 +77,11 @@
         counts();
         tick();
         main.dispatchEvent(new CustomEvent("console:updated", { bubbles: true }));
+      } else {
+        banner.hidden = false; // not fetched: offer it again
       }
+    } catch (e) {
+      banner.hidden = false;
     } finally {
       inflight = false;
       if (again) {
