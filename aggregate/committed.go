@@ -69,9 +69,10 @@ func shallowMerge(old, next events.RawJSON) (events.RawJSON, error) {
 	return events.ValueJSON(om)
 }
 
-// Stamp orders the staged commands of every finalized batch as the events
-// stream does: the stream sequence of the commit that finalized the batch,
-// then the command's index in the batch's state.
+// Stamp is a place in the events stream's order: a commit's stream
+// sequence, then an index in what the commit carries or derives (a
+// command of the state it finalizes; an out message the projection
+// derives from it).
 type Stamp struct {
 	Seq uint64
 	Idx int

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/protocol"
 )
@@ -191,7 +192,7 @@ func (e *Engine) throttle(m jetstream.Msg, runID, attributed string) bool {
 		msg.Data = body
 		// Not derived from a commit: the source 0/0, before every commit's,
 		// so that the projection's later messages on the subject follow it.
-		msg.Header.Set(protocol.HeaderSource, "0/0")
+		msg.Header.Set(protocol.HeaderSource, formatStamp(aggregate.Stamp{}))
 		// A core publish, which the out stream stores like any other: a
 		// JetStream publish would wait for its acknowledgement (or, async,
 		// stall once too many are pending), and a flood must not hold the

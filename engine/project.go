@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
-	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -54,7 +52,7 @@ type projection struct {
 // outCursor knows the source of the last message on each out subject of a
 // run: from its own publications, or read once from the out stream.
 type outCursor struct {
-	last map[string]source
+	last map[string]aggregate.Stamp
 	// known: every out message of the run's commits up to floor is
 	// published (the run was loaded with every commit projected), so a
 	// subject not in last holds nothing after floor.
@@ -63,7 +61,7 @@ type outCursor struct {
 }
 
 // commitToProject is an appended commit: its sequence, its events and,
-// when known, the run after it.
+// when known, the run after it (the shard's own fold of it).
 type commitToProject struct {
 	seq   uint64
 	evs   []events.Event
@@ -73,7 +71,7 @@ type commitToProject struct {
 // projectOrKeep projects a commit just appended, or keeps it to be
 // projected again.
 func (s *shard) projectOrKeep(ctx context.Context, rs *runState, c commitToProject) {
-	if err := s.project(ctx, rs, c.seq, c.evs, c.after); err != nil {
+	if err := s.project(ctx, rs, c); err != nil {
 		rs.projection.unprojected = &c
 		s.e.log.Warn().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, c.seq).Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).
 			Msg("commit not projected yet; trying again before the run's next commit")
@@ -86,7 +84,7 @@ func (s *shard) settleProjection(ctx context.Context, rs *runState) error {
 	if c == nil {
 		return nil
 	}
-	if err := s.project(ctx, rs, c.seq, c.evs, c.after); err != nil {
+	if err := s.project(ctx, rs, *c); err != nil {
 		return fmt.Errorf("project commit %d of run %s: %w", c.seq, rs.id, err)
 	}
 	rs.projection.unprojected = nil
@@ -109,16 +107,16 @@ func (s *shard) projectLoaded(ctx context.Context, rs *runState, l loaded) error
 	// seq stays unknown until the projection goes through: a load after a
 	// failure here projects again.
 	*p = projection{model: projector.Model{Run: l.beforeIt}, quarantined: p.quarantined}
-	if err := s.project(ctx, rs, l.at.seq, l.last, l.run); err != nil {
+	if err := s.project(ctx, rs, commitToProject{seq: l.at.seq, evs: l.last, after: l.run}); err != nil {
 		return fmt.Errorf("project the last commit of run %s again: %w", rs.id, err)
 	}
 	return nil
 }
 
-// project publishes what the commit at seq derives. after, when not nil,
-// is the run after the commit (the shard's own fold of it). On failure the
-// commit stays pending.
-func (s *shard) project(ctx context.Context, rs *runState, seq uint64, evs []events.Event, after *aggregate.Run) error {
+// project publishes what a commit derives. On failure the commit stays
+// pending.
+func (s *shard) project(ctx context.Context, rs *runState, c commitToProject) error {
+	seq, evs, after := c.seq, c.evs, c.after
 	p := &rs.projection
 	p.pending = true
 	if p.quarantined {
@@ -135,39 +133,61 @@ func (s *shard) project(ctx context.Context, rs *runState, seq uint64, evs []eve
 	// made again later (a stream without a leader answers within one).
 	ctx, cancel := context.WithTimeout(ctx, streamTry)
 	defer cancel()
-	e := s.e
-	model := p.model
-	var outs []projector.Output
-	for _, ev := range evs {
-		var o []projector.Output
-		var err error
-		if model, o, err = projector.Project(model, ev); err != nil {
-			e.log.Error().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, seq).Err(err).
-				Msg("projection: a commit that can never be projected: this run gets no more out messages (replay audit reports it)")
-			p.quarantined, p.pending, p.seq = true, false, seq
-			return nil
-		}
-		outs = append(outs, o...)
+	model, err := s.e.publishCommit(ctx, rs.id, p.model, seq, evs, &p.outs)
+	var refused *projectionRefused
+	if errors.As(err, &refused) {
+		s.e.log.Error().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, seq).Err(err).
+			Msg("projection: a commit that can never be projected: this run gets no more out messages (replay audit reports it)")
+		p.quarantined, p.pending, p.seq = true, false, seq
+		return nil
 	}
-	if err := e.syncTicket(ctx, rs.id, p.model.Run.Ticket(), model.Run.Ticket()); err != nil {
-		return fmt.Errorf("commit %d: ticket: %w", seq, err)
-	}
-	// State first, so that a client that has read a batch's results sees
-	// its state committed.
-	if err := applyState(ctx, e.state, rs.id, model.Run.ThreadID, seq, evs); err != nil {
-		return fmt.Errorf("commit %d: state: %w", seq, err)
-	}
-	if err := e.publishOuts(ctx, &p.outs, rs.id, seq, outs); err != nil {
+	if err != nil {
 		return err
-	}
-	if err := e.scheduleTimers(ctx, rs.id, evs); err != nil {
-		return fmt.Errorf("commit %d: %w", seq, err)
-	}
-	if err := e.publishCancels(ctx, rs.id, aggregate.ChildrenToCancel(model.Run, evs)); err != nil {
-		return fmt.Errorf("commit %d: %w", seq, err)
 	}
 	p.model, p.seq, p.pending = model, seq, false
 	return nil
+}
+
+// projectionRefused is a commit whose events the projection refuses: it
+// can never be projected.
+type projectionRefused struct{ err error }
+
+func (r *projectionRefused) Error() string { return r.err.Error() }
+func (r *projectionRefused) Unwrap() error { return r.err }
+
+// publishCommit folds the commit at seq into model (the run before it) and
+// publishes what it derives: the run's ticket, the committed state (first,
+// so that a client that has read a batch's results sees its state
+// committed), the out messages, the ticket timers and the cancels of
+// delegated children. It returns the run after the commit; events the
+// projection refuses are a *projectionRefused, and nothing is published.
+func (e *Engine) publishCommit(ctx context.Context, runID string, model projector.Model, seq uint64, evs []events.Event, outs *outCursor) (projector.Model, error) {
+	after := model
+	var derived []projector.Output
+	for _, ev := range evs {
+		var o []projector.Output
+		var err error
+		if after, o, err = projector.Project(after, ev); err != nil {
+			return model, &projectionRefused{fmt.Errorf("commit %d: %w", seq, err)}
+		}
+		derived = append(derived, o...)
+	}
+	if err := e.syncTicket(ctx, runID, model.Run.Ticket(), after.Run.Ticket()); err != nil {
+		return model, fmt.Errorf("commit %d: ticket: %w", seq, err)
+	}
+	if err := applyState(ctx, e.state, runID, after.Run.ThreadID, seq, evs); err != nil {
+		return model, fmt.Errorf("commit %d: state: %w", seq, err)
+	}
+	if err := e.publishOuts(ctx, outs, runID, seq, derived); err != nil {
+		return model, err
+	}
+	if err := e.scheduleTimers(ctx, runID, evs); err != nil {
+		return model, fmt.Errorf("commit %d: %w", seq, err)
+	}
+	if err := e.publishCancels(ctx, runID, aggregate.ChildrenToCancel(after.Run, evs)); err != nil {
+		return model, fmt.Errorf("commit %d: %w", seq, err)
+	}
+	return after, nil
 }
 
 // derivesNothing reports whether no event of a commit derives an out
@@ -195,7 +215,7 @@ func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, se
 		return nil
 	}
 	if c.last == nil {
-		c.last = map[string]source{}
+		c.last = map[string]aggregate.Stamp{}
 	}
 	futures := make([]jetstream.PubAckFuture, 0, len(outs))
 	for i, o := range outs {
@@ -203,7 +223,7 @@ func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, se
 		last, ok := c.last[subject]
 		if !ok {
 			if c.known {
-				last = source{seq: c.floor, idx: math.MaxInt}
+				last = aggregate.Stamp{Seq: c.floor, Idx: math.MaxInt}
 			} else {
 				var err error
 				if last, err = e.lastOn(ctx, subject); err != nil {
@@ -211,8 +231,8 @@ func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, se
 				}
 			}
 		}
-		src := source{seq: seq, idx: i}
-		if !src.after(last) {
+		src := aggregate.Stamp{Seq: seq, Idx: i}
+		if !src.After(last) {
 			continue // published before
 		}
 		body, err := o.Encode()
@@ -221,7 +241,7 @@ func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, se
 		}
 		msg := nats.NewMsg(subject)
 		msg.Data = body
-		id := fmt.Sprintf("%d/%d", seq, i)
+		id := formatStamp(src)
 		msg.Header.Set(protocol.HeaderSource, id)
 		f, err := e.js.PublishMsgAsync(msg, jetstream.WithMsgID("out/"+id))
 		if err != nil {
@@ -244,31 +264,22 @@ func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, se
 	return nil
 }
 
-// source names an out message's origin: a commit and an index in it.
-type source struct {
-	seq uint64
-	idx int
-}
-
-func (a source) after(b source) bool { return a.seq > b.seq || (a.seq == b.seq && a.idx > b.idx) }
-
 // lastOn returns the source of the last message on an out subject (zero
 // when there is none).
-func (e *Engine) lastOn(ctx context.Context, subject string) (source, error) {
+func (e *Engine) lastOn(ctx context.Context, subject string) (aggregate.Stamp, error) {
 	last, err := e.outStream.GetLastMsgForSubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return source{}, nil
+		return aggregate.Stamp{}, nil
 	}
 	if err != nil {
-		return source{}, err
+		return aggregate.Stamp{}, err
 	}
-	a, b, ok := strings.Cut(last.Header.Get(protocol.HeaderSource), "/")
-	s, err1 := strconv.ParseUint(a, 10, 64)
-	i, err2 := strconv.Atoi(b)
-	if !ok || err1 != nil || err2 != nil {
-		return source{}, fmt.Errorf("out subject %s: last message has no valid %s header", subject, protocol.HeaderSource)
+	h := last.Header.Get(protocol.HeaderSource)
+	src, err := parseStamp(h)
+	if err != nil || h == "" {
+		return aggregate.Stamp{}, fmt.Errorf("out subject %s: last message has no valid %s header", subject, protocol.HeaderSource)
 	}
-	return source{seq: s, idx: i}, nil
+	return src, nil
 }
 
 // syncTicket keeps the run's key of the tickets bucket its open ticket:

@@ -9,7 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/projector"
 	"github.com/toolbatch/toolbatch/proof"
@@ -226,32 +225,13 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 	if err != nil {
 		return poisoned(runID, "commit %d: %w", seq, err)
 	}
-	model := pm.model
-	var outs []projector.Output
-	for _, e := range evs {
-		var o []projector.Output
-		model, o, err = projector.Project(model, e)
-		if err != nil {
-			return poisoned(runID, "commit %d: %w", seq, err)
-		}
-		outs = append(outs, o...)
+	model, err := p.e.publishCommit(ctx, runID, pm.model, seq, evs, &pm.outs)
+	var refused *projectionRefused
+	if errors.As(err, &refused) {
+		return poisoned(runID, "%w", err)
 	}
-	if err := p.e.syncTicket(ctx, runID, pm.model.Run.Ticket(), model.Run.Ticket()); err != nil {
-		return fmt.Errorf("commit %d: ticket: %w", seq, err)
-	}
-	// State first, so that a client that has read a batch's results sees
-	// its state committed.
-	if err := applyState(ctx, p.e.state, runID, model.Run.ThreadID, seq, evs); err != nil {
-		return fmt.Errorf("commit %d: state: %w", seq, err)
-	}
-	if err := p.e.publishOuts(ctx, &pm.outs, runID, seq, outs); err != nil {
+	if err != nil {
 		return err
-	}
-	if err := p.e.scheduleTimers(ctx, runID, evs); err != nil {
-		return fmt.Errorf("commit %d: %w", seq, err)
-	}
-	if err := p.e.publishCancels(ctx, runID, aggregate.ChildrenToCancel(model.Run, evs)); err != nil {
-		return fmt.Errorf("commit %d: %w", seq, err)
 	}
 	pm.model, pm.seq, pm.hash = model, seq, hash
 	return m.Ack()

@@ -209,7 +209,8 @@ func (s *stateStore) write(ctx context.Context, subject string, e aggregate.Stat
 }
 
 // formatStamp and parseStamp write and read a stamp as "<seq>/<index>"
-// ("" is the zero stamp).
+// ("" is the zero stamp): a state key's stamps, and an out message's
+// source (protocol.HeaderSource).
 func formatStamp(s aggregate.Stamp) string {
 	return strconv.FormatUint(s.Seq, 10) + "/" + strconv.Itoa(s.Idx)
 }
