@@ -195,7 +195,9 @@ func (l Layout) Permissions(u User) (Permissions, error) {
 func (l Layout) auditorReads(pub func(...string)) (deny []string) {
 	n := l.Names
 	pub(reader(n.EventsStream())...)
-	// the engines' own durable on the events stream is theirs alone
+	// the earlier versions' projector durable on the events stream is the
+	// engines' alone: an engine that finds it drains it before it serves
+	// (engine/projector.go)
 	deny = []string{
 		"$JS.API.CONSUMER.CREATE." + n.EventsStream() + "." + protocol.ConsumerProjector,
 		"$JS.API.CONSUMER.CREATE." + n.EventsStream() + "." + protocol.ConsumerProjector + ".>",

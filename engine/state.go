@@ -94,6 +94,7 @@ func bucketKey(c events.Command, runID, threadID string) string {
 // seq of the events stream, with the merge rules of aggregate.MergeState;
 // first is the index in the commit of the first command (a commit may
 // finalize more than one batch).
+//
 // Each key's message carries its stamps (aggregate.StateEntry), so that a
 // batch's commands give the value that applying every batch in stream
 // order gives, whatever the order in which the projection applies them
