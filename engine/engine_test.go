@@ -1291,9 +1291,10 @@ func TestEnginesStartTogetherOnAFreshCluster(t *testing.T) {
 	for _, e := range engines {
 		go func() { done <- e.Run(runCtx) }()
 	}
+	running := len(engines)
 	defer func() {
 		stop()
-		for range engines {
+		for range running {
 			if err := <-done; err != nil {
 				t.Errorf("engine: %v", err)
 			}
@@ -1303,6 +1304,7 @@ func TestEnginesStartTogetherOnAFreshCluster(t *testing.T) {
 		select {
 		case <-e.Ready():
 		case err := <-done:
+			running--
 			t.Fatalf("an engine stopped before it was ready: %v", err)
 		case <-ctx.Done():
 			t.Fatal("an engine not ready within the test's time")
