@@ -131,7 +131,7 @@ func (s *shard) forget(rs *runState) {
 	rs.releasedRev, rs.idleSince = 0, time.Time{}
 	rs.held, rs.durableHeld, rs.pending = nil, 0, nil
 	// the engine that takes the run projects its last commit again
-	rs.projection.pending, rs.projection.unprojected = false, nil
+	rs.projection.pending, rs.projection.unprojected, rs.projection.acks = false, nil, nil
 	clear(rs.inflight)
 	clear(rs.leases)
 	clear(rs.unclaimed)

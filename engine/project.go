@@ -47,6 +47,54 @@ type projection struct {
 	// more out messages from this engine (replay audit reports it).
 	quarantined bool
 	outs        outCursor
+	// acks are the last commit's out messages sent and not yet known to
+	// be in the out stream: the commit counts as projected once they are.
+	acks *outAcks
+}
+
+// outAcks are a commit's out messages sent without waiting for their
+// acknowledgements: the shard goes on with its other runs while the
+// server stores (and, with --sync-always, syncs) them. A watcher waits for
+// them and tells the shard (acksIn); the run's next commit, its release
+// and a load wait for them first. When one is not acknowledged, the commit
+// is projected again from before it (what did land is skipped).
+type outAcks struct {
+	futures   []jetstream.PubAckFuture
+	before    projector.Model // the projection before the commit
+	beforeSeq uint64
+	commit    commitToProject
+	done      chan struct{} // closed once err is set
+	err       error
+}
+
+// acksIn is the work item of a commit's out messages acknowledged (or not
+// within a try).
+type acksIn struct{ acks *outAcks }
+
+// watch waits for the acknowledgements, at most one try (also at
+// shutdown: settleOuts waits for them), and posts acksIn to the run's
+// shard.
+func (a *outAcks) watch(s *shard, runID string) {
+	defer s.e.wg.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), streamTry)
+	a.err = waitAcks(ctx, a.futures)
+	cancel()
+	close(a.done)
+	s.postCtx(s.runCtx, item{runID: runID, work: &acksIn{a}})
+}
+
+// waitAcks waits for the acknowledgement of each publication.
+func waitAcks(ctx context.Context, futures []jetstream.PubAckFuture) error {
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return fmt.Errorf("publish %s: %w", f.Msg().Subject, err)
+		case <-ctx.Done():
+			return fmt.Errorf("publish %s: %w", f.Msg().Subject, ctx.Err())
+		}
+	}
+	return nil
 }
 
 // outCursor knows the source of the last message on each out subject of a
@@ -78,16 +126,34 @@ func (s *shard) projectOrKeep(ctx context.Context, rs *runState, c commitToProje
 	}
 }
 
-// settleProjection projects the run's kept commit, if any.
+// settleProjection waits for the out messages of the run's last commit,
+// and projects the run's kept commit, if any.
 func (s *shard) settleProjection(ctx context.Context, rs *runState) error {
-	c := rs.projection.unprojected
+	p := &rs.projection
+	if a := p.acks; a != nil {
+		select {
+		case <-a.done:
+		case <-ctx.Done():
+			return fmt.Errorf("run %s: out messages of commit %d: %w", rs.id, a.commit.seq, ctx.Err())
+		}
+		p.acks = nil
+		if a.err == nil {
+			p.pending = p.unprojected != nil
+		} else {
+			s.e.log.Warn().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, a.commit.seq).Err(a.err).Str(protocol.FieldMeaning, protocol.Meaning(a.err)).
+				Msg("out messages not acknowledged; projecting the commit again")
+			p.model, p.seq, p.outs = a.before, a.beforeSeq, outCursor{} // the cursor is not known any more: read again
+			p.unprojected = &a.commit
+		}
+	}
+	c := p.unprojected
 	if c == nil {
 		return nil
 	}
 	if err := s.project(ctx, rs, *c); err != nil {
 		return fmt.Errorf("project commit %d of run %s: %w", c.seq, rs.id, err)
 	}
-	rs.projection.unprojected = nil
+	p.unprojected = nil
 	return nil
 }
 
@@ -97,6 +163,12 @@ func (s *shard) settleProjection(ctx context.Context, rs *runState) error {
 // projected again.
 func (s *shard) projectLoaded(ctx context.Context, rs *runState, l loaded) error {
 	p := &rs.projection
+	if p.acks != nil {
+		// The last commit's out messages are in, or it is projected again.
+		if err := s.settleProjection(ctx, rs); err != nil {
+			return err
+		}
+	}
 	clean := l.at.seq == 0 || p.seq == l.at.seq || rs.cleanKey
 	rs.cleanKey = false
 	if clean {
@@ -113,8 +185,8 @@ func (s *shard) projectLoaded(ctx context.Context, rs *runState, l loaded) error
 	return nil
 }
 
-// project publishes what a commit derives. On failure the commit stays
-// pending.
+// project publishes what a commit derives (its out messages without
+// waiting: outAcks). On failure the commit stays pending.
 func (s *shard) project(ctx context.Context, rs *runState, c commitToProject) error {
 	seq, evs, after := c.seq, c.evs, c.after
 	p := &rs.projection
@@ -133,7 +205,7 @@ func (s *shard) project(ctx context.Context, rs *runState, c commitToProject) er
 	// made again later (a stream without a leader answers within one).
 	ctx, cancel := context.WithTimeout(ctx, streamTry)
 	defer cancel()
-	model, err := s.e.publishCommit(ctx, rs.id, p.model, seq, evs, &p.outs)
+	model, futures, err := s.e.publishCommit(ctx, rs.id, p.model, seq, evs, &p.outs)
 	var refused *projectionRefused
 	if errors.As(err, &refused) {
 		s.e.log.Error().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, seq).Err(err).
@@ -142,9 +214,15 @@ func (s *shard) project(ctx context.Context, rs *runState, c commitToProject) er
 		return nil
 	}
 	if err != nil {
+		p.outs = outCursor{} // what was sent is not known: read again
 		return err
 	}
-	p.model, p.seq, p.pending = model, seq, false
+	if len(futures) > 0 {
+		p.acks = &outAcks{futures: futures, before: p.model, beforeSeq: p.seq, commit: c, done: make(chan struct{})}
+		s.e.wg.Add(1)
+		go p.acks.watch(s, rs.id)
+	}
+	p.model, p.seq, p.pending = model, seq, p.acks != nil
 	return nil
 }
 
@@ -159,35 +237,37 @@ func (r *projectionRefused) Unwrap() error { return r.err }
 // publishes what it derives: the run's ticket, the committed state (first,
 // so that a client that has read a batch's results sees its state
 // committed), the out messages, the ticket timers and the cancels of
-// delegated children. It returns the run after the commit; events the
-// projection refuses are a *projectionRefused, and nothing is published.
-func (e *Engine) publishCommit(ctx context.Context, runID string, model projector.Model, seq uint64, evs []events.Event, outs *outCursor) (projector.Model, error) {
+// delegated children. It returns the run after the commit and the out
+// messages' acknowledgements, not waited for; events the projection
+// refuses are a *projectionRefused, and nothing is published.
+func (e *Engine) publishCommit(ctx context.Context, runID string, model projector.Model, seq uint64, evs []events.Event, outs *outCursor) (projector.Model, []jetstream.PubAckFuture, error) {
 	after := model
 	var derived []projector.Output
 	for _, ev := range evs {
 		var o []projector.Output
 		var err error
 		if after, o, err = projector.Project(after, ev); err != nil {
-			return model, &projectionRefused{fmt.Errorf("commit %d: %w", seq, err)}
+			return model, nil, &projectionRefused{fmt.Errorf("commit %d: %w", seq, err)}
 		}
 		derived = append(derived, o...)
 	}
 	if err := e.syncTicket(ctx, runID, model.Run.Ticket(), after.Run.Ticket()); err != nil {
-		return model, fmt.Errorf("commit %d: ticket: %w", seq, err)
+		return model, nil, fmt.Errorf("commit %d: ticket: %w", seq, err)
 	}
 	if err := applyState(ctx, e.state, runID, after.Run.ThreadID, seq, evs); err != nil {
-		return model, fmt.Errorf("commit %d: state: %w", seq, err)
+		return model, nil, fmt.Errorf("commit %d: state: %w", seq, err)
 	}
-	if err := e.publishOuts(ctx, outs, runID, seq, derived); err != nil {
-		return model, err
+	futures, err := e.publishOuts(ctx, outs, runID, seq, derived)
+	if err != nil {
+		return model, nil, err
 	}
 	if err := e.scheduleTimers(ctx, runID, evs); err != nil {
-		return model, fmt.Errorf("commit %d: %w", seq, err)
+		return model, nil, fmt.Errorf("commit %d: %w", seq, err)
 	}
 	if err := e.publishCancels(ctx, runID, aggregate.ChildrenToCancel(after.Run, evs)); err != nil {
-		return model, fmt.Errorf("commit %d: %w", seq, err)
+		return model, nil, fmt.Errorf("commit %d: %w", seq, err)
 	}
-	return after, nil
+	return after, futures, nil
 }
 
 // derivesNothing reports whether no event of a commit derives an out
@@ -209,10 +289,12 @@ func sameTicket(a, b *events.Ticket) bool {
 }
 
 // publishOuts sends a commit's out messages, skipping those the out stream
-// already holds.
-func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, seq uint64, outs []projector.Output) error {
+// already holds, and returns their acknowledgements, not waited for. The
+// cursor counts them as in: a caller that does not get every
+// acknowledgement resets it.
+func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, seq uint64, outs []projector.Output) ([]jetstream.PubAckFuture, error) {
 	if len(outs) == 0 {
-		return nil
+		return nil, nil
 	}
 	if c.last == nil {
 		c.last = map[string]aggregate.Stamp{}
@@ -227,7 +309,7 @@ func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, se
 			} else {
 				var err error
 				if last, err = e.lastOn(ctx, subject); err != nil {
-					return err
+					return nil, err
 				}
 			}
 		}
@@ -237,7 +319,7 @@ func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, se
 		}
 		body, err := o.Encode()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		msg := nats.NewMsg(subject)
 		msg.Data = body
@@ -245,23 +327,12 @@ func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, se
 		msg.Header.Set(protocol.HeaderSource, id)
 		f, err := e.js.PublishMsgAsync(msg, jetstream.WithMsgID("out/"+id))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		futures = append(futures, f)
 		c.last[subject] = src
 	}
-	for _, f := range futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			*c = outCursor{} // not known any more: read again
-			return fmt.Errorf("publish %s: %w", f.Msg().Subject, err)
-		case <-ctx.Done():
-			*c = outCursor{}
-			return ctx.Err()
-		}
-	}
-	return nil
+	return futures, nil
 }
 
 // lastOn returns the source of the last message on an out subject (zero

@@ -225,12 +225,16 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 	if err != nil {
 		return poisoned(runID, "commit %d: %w", seq, err)
 	}
-	model, err := p.e.publishCommit(ctx, runID, pm.model, seq, evs, &pm.outs)
+	model, futures, err := p.e.publishCommit(ctx, runID, pm.model, seq, evs, &pm.outs)
 	var refused *projectionRefused
 	if errors.As(err, &refused) {
 		return poisoned(runID, "%w", err)
 	}
+	if err == nil {
+		err = waitAcks(ctx, futures)
+	}
 	if err != nil {
+		pm.outs = outCursor{} // what was sent is not known: read again
 		return err
 	}
 	pm.model, pm.seq, pm.hash = model, seq, hash

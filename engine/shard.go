@@ -22,8 +22,9 @@ type item struct {
 }
 
 // work is one kind of work item: *inboxMsg, *outcome, *claimReq,
-// *heartbeatReq, *resultReq, *leaseExpiry, *unclaimedExpiry or *reclaimRun. Each is decoded once,
-// where it enters the engine, and the run is driven once per item.
+// *heartbeatReq, *resultReq, *leaseExpiry, *unclaimedExpiry, *reclaimRun
+// or *acksIn. Each is decoded once, where it enters the engine, and the
+// run is driven once per item.
 type work interface{ kindName() string }
 
 // inboxMsg is a message of the inbox or a timer's fire.
@@ -68,6 +69,7 @@ func (*resultReq) kindName() string       { return "result request" }
 func (*leaseExpiry) kindName() string     { return "lease" }
 func (*unclaimedExpiry) kindName() string { return "unclaimed" }
 func (*reclaimRun) kindName() string      { return "reclaim" }
+func (*acksIn) kindName() string          { return "out acknowledgements" }
 
 // msg returns the item's inbox message, or nil.
 func (it item) msg() jetstream.Msg {
@@ -201,6 +203,7 @@ func (s *shard) loop(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			s.settleOuts()
 			s.releaseIdle(true)
 			return
 		case it := <-s.in:
@@ -253,6 +256,18 @@ func (s *shard) keepAlive(runCtx context.Context) {
 			}
 		}
 		s.noteIdle(ctx, rs)
+	}
+}
+
+// settleOuts waits, at shutdown, for the out messages the runs' last
+// commits sent, so that those runs can be released.
+func (s *shard) settleOuts() {
+	ctx, cancel := opCtx()
+	defer cancel()
+	for _, rs := range s.runs {
+		if rs.owned && rs.projection.acks != nil && s.settleProjection(ctx, rs) == nil {
+			s.noteIdle(ctx, rs)
+		}
 	}
 }
 
@@ -378,6 +393,11 @@ func (s *shard) handleOnce(ctx, runCtx context.Context, rs *runState, it item) e
 	switch w := it.work.(type) {
 	case *reclaimRun:
 		return nil // owned and loaded (recovered): handle drives it
+	case *acksIn:
+		if rs.projection.acks != w.acks {
+			return nil // settled since
+		}
+		return s.settleProjection(ctx, rs)
 	case *outcome:
 		return s.onOutcome(ctx, runCtx, rs, w)
 	case *claimReq:
