@@ -138,6 +138,11 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, n protocol.Names
 	// delete markers, which need no rollup).
 	for _, b := range sealedBuckets {
 		s, err := js.Stream(ctx, n.KVStream(b))
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			// Found or made above, by this engine or another: a
+			// cluster that is still placing it answers so for a moment.
+			err = protocol.NotYet(err)
+		}
 		if err != nil {
 			return fmt.Errorf("bucket %s: %w", b, err)
 		}

@@ -71,6 +71,10 @@ func Passing(err error) bool {
 		}
 		return true
 	}
+	var n notYet
+	if errors.As(err, &n) {
+		return true
+	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		return slices.Contains(passingCodes, apiErr.ErrorCode)
@@ -78,6 +82,15 @@ func Passing(err error) bool {
 	var d definite
 	return !errors.Is(err, nats.ErrMaxPayload) && !errors.As(err, &d)
 }
+
+// NotYet marks an error that passes in its context although its answer
+// is definite elsewhere (a stream not found by one server right after
+// another made it, while a cluster places it): Passing reports true.
+func NotYet(err error) error { return notYet{err} }
+
+type notYet struct{ error }
+
+func (n notYet) Unwrap() error { return n.error }
 
 // Definite marks an error that no retry changes, although no JetStream
 // answer says so (a revoked signing key, say): Passing reports false.

@@ -39,7 +39,7 @@ func TestMeaningOfFaultErrors(t *testing.T) {
 // yet, the system temporarily unavailable) is waited out; a refusal of the
 // configuration is not, alone or among passing errors; nor a definite
 // answer to a request (a wrong last sequence, a message too large for the
-// server, a message not found).
+// server, a message not found), unless marked NotYet where it is met.
 func TestPassingErrors(t *testing.T) {
 	refused := &jetstream.APIError{Code: 500, ErrorCode: 10052, Description: "stream configuration update can not cancel deny purge"}
 	for _, c := range []struct {
@@ -56,6 +56,9 @@ func TestPassingErrors(t *testing.T) {
 		{&jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequence}, false},
 		{fmt.Errorf("append: %w", nats.ErrMaxPayload), false},
 		{jetstream.ErrMsgNotFound, false},
+		{fmt.Errorf("bucket W: %w", jetstream.ErrStreamNotFound), false},
+		{fmt.Errorf("bucket W: %w", NotYet(jetstream.ErrStreamNotFound)), true},
+		{Definite(fmt.Errorf("revoked")), false},
 	} {
 		if got := Passing(c.err); got != c.want {
 			t.Errorf("Passing(%v) = %v, want %v", c.err, got, c.want)
