@@ -44,6 +44,9 @@ func (e *Engine) openBuckets(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("open stream %s: %w", e.names.EventsStream(), err)
 	}
+	if e.ownersStream, err = e.js.Stream(ctx, e.names.KVStream(protocol.BucketOwners)); err != nil {
+		return fmt.Errorf("open the owners bucket's stream: %w", err)
+	}
 	if e.state.stream, err = e.js.Stream(ctx, e.names.KVStream(protocol.BucketState)); err != nil {
 		return fmt.Errorf("open the state bucket's stream: %w", err)
 	}

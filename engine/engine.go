@@ -241,6 +241,7 @@ type Engine struct {
 	shards  []*shard
 	// Buckets, opened once by Setup.
 	ownersKV, catalogKV jetstream.KeyValue
+	ownersStream        jetstream.Stream   // the owners bucket's: a key's last message, headers and all
 	ticketsKV           jetstream.KeyValue // every run's open ticket, kept by the projection
 	outStream           jetstream.Stream   // the out stream: a subject's last message
 	live                *liveCapabilities

@@ -445,6 +445,55 @@ func TestTheLastCommitOfADeadEngineIsProjected(t *testing.T) {
 	}
 }
 
+// TestACommitAppendedAfterARelease: an engine paused in the middle of an
+// append, whose run another engine took over and released meanwhile,
+// appends late and dies before it projects. The engine that takes the
+// key next finds it free, and its release marker names an earlier commit
+// than the log's last: it projects that commit.
+func TestACommitAppendedAfterARelease(t *testing.T) {
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{ID: "e1"}).shutdown(t) // the streams and buckets
+	ctx := ctxT(t, 30*time.Second)
+	nc := testnats.Connect(t, url)
+	js := testnats.JetStream(t, nc)
+	owners, err := js.KeyValue(ctx, "TOOLBATCH_OWNERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another engine held the run and released it with nothing in its log
+	// projected to do, as an engine releases it (a delete marker naming
+	// the log's last commit then).
+	rev, err := owners.Create(ctx, protocol.OwnerKey("r9"), []byte("e0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := nats.NewMsg("$KV.TOOLBATCH_OWNERS." + protocol.OwnerKey("r9"))
+	release.Header.Set("KV-Operation", "DEL")
+	release.Header.Set(protocol.HeaderProjected, "0")
+	if _, err := js.PublishMsg(ctx, release, jetstream.WithExpectLastSequencePerSubject(rev)); err != nil {
+		t.Fatal(err)
+	}
+	appendUnprojected(t, ctx, js, "r9") // the late append
+	startEngine(t, url, engine.Config{ID: "e1"})
+	c := newClient(t, url)
+	w, err := c.Watch(ctx, "r9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	// The run's next message makes an engine take its key.
+	if err := c.Submit(ctx, submitOf("r9", 2, "echo", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	m, err := w.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Rejected == nil || m.Rejected.Reason != "left unprojected" {
+		t.Fatalf("run r9's first out message: %+v", m)
+	}
+}
+
 // appendUnprojected appends a run's first commit, a rejection, as an
 // engine would, and projects nothing of it.
 func appendUnprojected(t *testing.T, ctx context.Context, js jetstream.JetStream, run string) {

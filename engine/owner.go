@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -46,11 +48,11 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 		if err == nil {
 			s.e.setOwned(rs, true)
 			rs.ownRev = rev
-			rs.cleanKey = !rs.loaded // released here, with every commit projected
+			rs.keyProjected = rs.releasedAt // released here, with every commit up to there projected
 			return nil
 		}
 	}
-	rev, from, err := s.e.takeKey(ctx, key)
+	rev, from, projected, err := s.e.takeKey(ctx, key)
 	if errors.Is(err, ErrNotOwner) {
 		return err
 	}
@@ -71,10 +73,14 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 			rs.loaded = false
 		}
 	}
-	// A key found free was released with every commit projected
-	// (project.go); one taken from an engine may not have been. The next
-	// load says which (a run still cached here needs none).
-	rs.cleanKey = from == "" && !rs.loaded
+	// A key found free was released with every commit up to the one its
+	// marker names projected (project.go); one taken from an engine may
+	// not have been. The next load says which (a run still cached here
+	// needs none).
+	rs.keyProjected = 0
+	if from == "" {
+		rs.keyProjected = projected
+	}
 	return nil
 }
 
@@ -86,36 +92,62 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 // it was free, this engine's id when it named it already, or the dead
 // engine's; or ownedElsewhere (a live engine holds it) or ErrNotOwner (it
 // went away, or another engine swapped it first: the message comes back
-// soon).
-func (e *Engine) takeKey(ctx context.Context, key string) (rev uint64, from string, err error) {
+// soon). For a key found free, projected is what its release marker says
+// was projected (HeaderProjected; anyProjected when there is no marker or
+// it says nothing, as an earlier version's).
+//
+// It does what the bucket's Create does (a write on an empty subject, or
+// else a read of the key's last message and a write conditional on it),
+// reading the last message whole, so that a marker's header costs no
+// round trip more.
+func (e *Engine) takeKey(ctx context.Context, key string) (rev uint64, from string, projected uint64, err error) {
 	kv := e.ownersKV
-	rev, err = kv.Create(ctx, key, []byte(e.id))
-	if !errors.Is(err, jetstream.ErrKeyExists) {
-		return rev, "", err
+	rev, err = kv.Update(ctx, key, []byte(e.id), 0)
+	if !isWrongLastSequence(err) {
+		return rev, "", anyProjected, err
 	}
-	entry, err := kv.Get(ctx, key)
+	last, err := e.ownersStream.GetLastMsgForSubject(ctx, e.names.KVSubject(protocol.BucketOwners, key))
 	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-		return 0, "", ErrNotOwner
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, "", 0, ErrNotOwner
 	case err != nil:
-		return 0, "", err
+		return 0, "", 0, err
 	}
-	owner := string(entry.Value())
+	if op := last.Header.Get(kvOperation); op == kvOperationDelete || op == kvOperationPurge {
+		rev, err = kv.Update(ctx, key, []byte(e.id), last.Sequence)
+		if isWrongLastSequence(err) {
+			return 0, "", 0, ErrNotOwner
+		}
+		projected = anyProjected
+		if h := last.Header.Get(protocol.HeaderProjected); h != "" {
+			if projected, err = strconv.ParseUint(h, 10, 64); err != nil {
+				projected = 0 // not known: projected again
+			}
+		}
+		return rev, "", projected, nil
+	}
+	owner := string(last.Data)
 	if owner == e.id {
-		return entry.Revision(), e.id, nil
+		return last.Sequence, e.id, 0, nil
 	}
 	if e.liveness.alive(ctx, owner) {
-		return 0, "", ownedElsewhere{owner: owner}
+		return 0, "", 0, ownedElsewhere{owner: owner}
 	}
-	rev, err = kv.Update(ctx, key, []byte(e.id), entry.Revision())
+	rev, err = kv.Update(ctx, key, []byte(e.id), last.Sequence)
 	if isWrongLastSequence(err) {
-		return 0, "", ErrNotOwner
+		return 0, "", 0, ErrNotOwner
 	}
 	if err != nil {
-		return 0, "", err
+		return 0, "", 0, err
 	}
-	return rev, owner, nil
+	return rev, owner, 0, nil
 }
+
+// anyProjected says that every commit of a run is projected, whatever its
+// log's last: a key never made, or whose release marker has gone (after
+// releasedTTL; the run's held messages bring an engine to it well before
+// then), or written by an earlier version.
+const anyProjected = math.MaxUint64
 
 // forget drops this engine's hold on a run it no longer owns: its held
 // messages are given back at once (not acknowledged here: they go to the
@@ -197,6 +229,9 @@ func (s *shard) release(ctx context.Context, rs *runState) {
 	}
 	m := nats.NewMsg(s.e.names.KVSubject(protocol.BucketOwners, protocol.OwnerKey(rs.id)))
 	m.Header.Set(kvOperation, kvOperationDelete)
+	// Whoever takes the key next projects again a commit after this one: a
+	// commit appended late by an engine this one took the run from.
+	m.Header.Set(protocol.HeaderProjected, strconv.FormatUint(rs.tip.seq, 10))
 	tctx, cancel := context.WithTimeout(ctx, streamTry)
 	ack, err := s.e.js.PublishMsg(tctx, m, jetstream.WithExpectLastSequencePerSubject(rs.ownRev), jetstream.WithMsgTTL(releasedTTL))
 	cancel()
@@ -209,7 +244,7 @@ func (s *shard) release(ctx context.Context, rs *runState) {
 	rs.idleSince = time.Time{}
 	s.e.clients.release(rs.id) // not this engine's work any more
 	if err == nil {
-		rs.releasedRev = ack.Sequence
+		rs.releasedRev, rs.releasedAt = ack.Sequence, rs.tip.seq
 	} // else the key moved on: not this engine's to release
 }
 

@@ -28,9 +28,12 @@ import (
 // deleted, a state key carries its commands' stamps (state.go), a timer
 // is a schedule of its own subject, a cancel carries a message id.
 //
-// A run is never released while its last commit is not projected, so a
-// run whose owner key is free has every commit projected; one taken from a
-// dead engine, or from a previous process of this engine, may not.
+// A run is never released while its last commit is not projected, and
+// its key's release marker names that commit, so a run whose owner key is
+// free has every commit up to that one projected (a later one was
+// appended late, by an engine whose run was taken over and released
+// meanwhile); one taken from a dead engine, or from a previous process of
+// this engine, may not.
 
 // projection is a run's projection state in its runState.
 type projection struct {
@@ -159,8 +162,8 @@ func (s *shard) settleProjection(ctx context.Context, rs *runState) error {
 
 // projectLoaded sets up the projection of a run just folded from its log:
 // a log whose every commit is projected (this engine projected up to its
-// tip, or took the key free) is taken as is; otherwise its last commit is
-// projected again.
+// tip, or took the key free and its marker names the tip) is taken as is;
+// otherwise its last commit is projected again.
 func (s *shard) projectLoaded(ctx context.Context, rs *runState, l loaded) error {
 	p := &rs.projection
 	if p.acks != nil {
@@ -169,8 +172,8 @@ func (s *shard) projectLoaded(ctx context.Context, rs *runState, l loaded) error
 			return err
 		}
 	}
-	clean := l.at.seq == 0 || p.seq == l.at.seq || rs.cleanKey
-	rs.cleanKey = false
+	clean := l.at.seq == 0 || p.seq == l.at.seq || rs.keyProjected == anyProjected || rs.keyProjected == l.at.seq
+	rs.keyProjected = 0
 	if clean {
 		*p = projection{model: projector.Model{Run: l.run.Clone()}, seq: l.at.seq, quarantined: p.quarantined,
 			outs: outCursor{known: true, floor: l.at.seq}}

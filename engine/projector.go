@@ -166,7 +166,7 @@ func (l *leader) hold(ctx context.Context) bool {
 	}
 	l.rev = 0
 	epoch := l.e.liveness.epoch.Load()
-	rev, from, err := l.e.takeKey(ctx, l.key)
+	rev, from, _, err := l.e.takeKey(ctx, l.key)
 	if err != nil {
 		return false
 	}

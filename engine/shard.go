@@ -136,8 +136,8 @@ type runState struct {
 	owned       bool   // this engine holds the run's owner key
 	ownRev      uint64 // its revision
 	// releasedRev is the revision of this engine's last release of the
-	// key (0: none, or taken since).
-	releasedRev uint64
+	// key (0: none, or taken since), releasedAt the run's last commit then.
+	releasedRev, releasedAt uint64
 	// idleSince is when the owned run became quiescent here (zero: busy,
 	// or not owned).
 	idleSince time.Time
@@ -150,10 +150,11 @@ type runState struct {
 	// nothing) is the same result, not one to refuse.
 	answered map[string]bool
 	// projection is what of the run's log this engine published
-	// (project.go); cleanKey says the owner key was found free when this
-	// engine took it: every commit in the log is projected.
-	projection projection
-	cleanKey   bool
+	// (project.go); keyProjected is what the owner key said was projected
+	// when this engine took it free (its release marker's commit, or
+	// anyProjected; 0: nothing, taken from an engine).
+	projection   projection
+	keyProjected uint64
 }
 
 // shard serializes the work of the runs hashed to it.

@@ -336,3 +336,23 @@ func w3Commits(tb testing.TB) []struct {
 	}
 	return out
 }
+
+// BenchmarkEncodeCommit encodes the commits of a W1 batch (w3Commits).
+func BenchmarkEncodeCommit(b *testing.B) {
+	var commits [][]events.Event
+	for _, cm := range w3Commits(b) {
+		evs, err := events.DecodeCommit(cm.body, cm.types)
+		if err != nil {
+			b.Fatal(err)
+		}
+		commits = append(commits, evs)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, evs := range commits {
+			if _, _, err := events.EncodeCommit(evs); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}

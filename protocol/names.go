@@ -400,6 +400,10 @@ const (
 	HeaderStateReplaced = "Toolbatch-State-Replaced"
 	HeaderStateMerged   = "Toolbatch-State-Merged"
 	HeaderStateFields   = "Toolbatch-State-Fields"
+	// HeaderProjected is on the delete marker of a run's key in the owners
+	// bucket, written when its engine releases the run: the events stream
+	// sequence of the run's last commit, which that engine projected.
+	HeaderProjected = "Toolbatch-Projected"
 	// HeaderForwardedSubject and HeaderForwardedAck carry a forwarded
 	// message's subject and acknowledgement subject (engine internal).
 	HeaderForwardedSubject = "Toolbatch-Forwarded-Subject"
