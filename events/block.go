@@ -3,6 +3,7 @@ package events
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -209,7 +210,30 @@ func (b ContentBlock) EncodeMsgpack(enc *msgpack.Encoder) error {
 	if err := CheckBlocks([]ContentBlock{b}); err != nil {
 		return err
 	}
+	if len(b.Extra) == 0 {
+		switch b.Type {
+		case BlockText, BlockToolUse:
+			return b.encodeTyped(enc)
+		}
+	}
 	return encodeFields(enc, b.fields())
+}
+
+// encodeTyped writes a text or tool_use block without extra keys as
+// encodeFields writes its typedFields, without boxing each field
+// (TestBlockEncodedTyped).
+func (b ContentBlock) encodeTyped(enc *msgpack.Encoder) error {
+	if b.Type == BlockText {
+		return errors.Join(enc.EncodeMapLen(2), enc.EncodeString("type"), enc.EncodeString(string(b.Type)),
+			enc.EncodeString("text"), enc.EncodeString(b.Text))
+	}
+	in := b.Input
+	if len(in) == 0 {
+		in = RawJSON("null")
+	}
+	return errors.Join(enc.EncodeMapLen(4), enc.EncodeString("type"), enc.EncodeString(string(b.Type)),
+		enc.EncodeString("id"), enc.EncodeString(b.ID), enc.EncodeString("name"), enc.EncodeString(b.Name),
+		enc.EncodeString("input"), in.EncodeMsgpack(enc))
 }
 
 // DecodeMsgpack implements msgpack.CustomDecoder; it is strict.

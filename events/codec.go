@@ -113,25 +113,38 @@ type envelope struct {
 // EncodeCommit encodes events as one commit body: a msgpack array of
 // {type, schema_version, data} maps. It also returns the type names for the
 // Toolbatch-Event header, in order.
+//
+// It writes the body in one pass, each envelope as the encoder writes the
+// envelope struct (a map of its three fields in their order) with the
+// event's encoding in place of its data: the bytes Marshal([]envelope)
+// gives (TestEncodeCommitAsEnvelopes).
 func EncodeCommit(evs []Event) ([]byte, []string, error) {
-	envs := make([]envelope, len(evs))
 	types := make([]string, len(evs))
+	p := encPool.Get().(*pooledEncoder)
+	defer encPool.Put(p)
+	p.buf.Reset()
+	enc := p.enc
+	if err := enc.EncodeArrayLen(len(evs)); err != nil {
+		return nil, nil, err
+	}
 	for i, e := range evs {
 		if e == nil {
 			return nil, nil, fmt.Errorf("%w: nil event at %d", ErrMalformed, i)
 		}
-		if _, ok := registry[e.EventType()]; !ok {
-			return nil, nil, fmt.Errorf("%w: %q", ErrUnknownEventType, e.EventType())
+		t := e.EventType()
+		if _, ok := registry[t]; !ok {
+			return nil, nil, fmt.Errorf("%w: %q", ErrUnknownEventType, t)
 		}
-		data, err := Marshal(e)
-		if err != nil {
-			return nil, nil, fmt.Errorf("encode %s: %w", e.EventType(), err)
+		if err := errors.Join(enc.EncodeMapLen(3), enc.EncodeString("type"), enc.EncodeString(string(t)),
+			enc.EncodeString("schema_version"), enc.EncodeInt(SchemaVersion), enc.EncodeString("data")); err != nil {
+			return nil, nil, err
 		}
-		envs[i] = envelope{Type: e.EventType(), SchemaVersion: SchemaVersion, Data: data}
-		types[i] = string(e.EventType())
+		if err := enc.Encode(e); err != nil {
+			return nil, nil, fmt.Errorf("encode %s: %w", t, err)
+		}
+		types[i] = string(t)
 	}
-	body, err := Marshal(envs)
-	return body, types, err
+	return bytes.Clone(p.buf.Bytes()), types, nil
 }
 
 // DecodeCommit decodes a commit body. When headerTypes is not nil, it must

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"testing"
 	"unsafe"
@@ -353,6 +354,38 @@ func BenchmarkEncodeCommit(b *testing.B) {
 			if _, _, err := events.EncodeCommit(evs); err != nil {
 				b.Fatal(err)
 			}
+		}
+	}
+}
+
+// TestEncodeCommitAsEnvelopes: the one-pass commit encoding gives the
+// bytes of the envelopes marshalled whole, for commits of one event to
+// more than a small array's 15 (every sample type, the W1 batch's
+// commits).
+func TestEncodeCommitAsEnvelopes(t *testing.T) {
+	var all []events.Event
+	for _, typ := range events.Types() {
+		all = append(all, eventSamples()[typ].event)
+	}
+	commits := [][]events.Event{all, slices.Concat(all, all), all[:1]}
+	for _, cm := range w3Commits(t) {
+		evs, err := events.DecodeCommit(cm.body, cm.types)
+		if err != nil {
+			t.Fatal(err)
+		}
+		commits = append(commits, evs)
+	}
+	for i, evs := range commits {
+		got, _, err := events.EncodeCommit(evs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := events.EncodeCommitAsEnvelopes(evs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("commit %d (%d events): one pass gives %x, the envelopes %x", i, len(evs), got, want)
 		}
 	}
 }

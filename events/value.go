@@ -88,6 +88,10 @@ func (r RawJSON) EncodeMsgpack(enc *msgpack.Encoder) error {
 	if len(r) == 0 {
 		return enc.EncodeNil()
 	}
+	if plainJSON(r) {
+		_, err := encodePlain(enc, r, 0)
+		return err
+	}
 	v, err := jsonToValue(r)
 	if err != nil {
 		return err
