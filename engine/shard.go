@@ -284,7 +284,6 @@ func (s *shard) handle(runCtx context.Context, it item) {
 		done.counted = false // a retry of the same outcome is not counted again
 		defer s.e.running.Add(-1)
 	}
-	log := s.e.log.With().Str(fieldRunID, it.runID).Logger()
 	rs := s.state(it.runID)
 	ctx, cancel := opCtx()
 	defer cancel()
@@ -315,15 +314,15 @@ func (s *shard) handle(runCtx context.Context, it item) {
 		if owner, ok := s.stillOwner(ctx, rs); !ok {
 			// Taken over: this engine was thought dead. The new owner
 			// decides now; the item goes to it.
-			log.Warn().Str("engine", owner).Msg("lost the run to another engine")
+			s.e.log.Warn().Str(fieldRunID, it.runID).Str("engine", owner).Msg("lost the run to another engine")
 			s.forget(rs)
 			s.busy(it, ownedElsewhere{owner: owner})
 			return
 		}
-		log.Debug().Err(err).Msg("run extended elsewhere: reloading")
+		s.e.log.Debug().Str(fieldRunID, it.runID).Err(err).Msg("run extended elsewhere: reloading")
 	}
 	if err != nil {
-		log.Error().Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Str("kind", it.work.kindName()).Msg("work failed; will retry")
+		s.e.log.Error().Str(fieldRunID, it.runID).Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Str("kind", it.work.kindName()).Msg("work failed; will retry")
 		m := it.msg()
 		held := m != nil && slices.Contains(rs.held, m)
 		s.abandon(rs) // fold again next time

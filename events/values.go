@@ -257,13 +257,21 @@ func (c Command) Validate() error {
 // OutputSize returns the size of an output as canonical JSON, the measure
 // of the output limit.
 func OutputSize(o Output) int {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
+	var n byteCount
+	enc := json.NewEncoder(&n)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(o); err != nil {
 		return math.MaxInt // what cannot be measured does not fit
 	}
-	return buf.Len() - 1 // the encoder's newline
+	return int(n) - 1 // the encoder's newline
+}
+
+// byteCount is a writer that counts what it is given.
+type byteCount int
+
+func (c *byteCount) Write(p []byte) (int, error) {
+	*c += byteCount(len(p))
+	return len(p), nil
 }
 
 // CheckBlocks checks that every content block has a known type (the msgpack
