@@ -113,14 +113,20 @@ func (e *Engine) takeKey(ctx context.Context, key string) (rev uint64, from stri
 	case err != nil:
 		return 0, "", 0, err
 	}
-	if op := last.Header.Get(kvOperation); op == kvOperationDelete || op == kvOperationPurge {
+	if op := last.Header.Get(kvOperation); op == kvOperationDelete || op == kvOperationPurge || last.Header.Get(jetstream.MarkerReasonHeader) != "" {
+		// Deleted, purged, or a marker the server left where a message
+		// expired (the bucket's LimitMarkerTTL): free.
 		rev, err = kv.Update(ctx, key, []byte(e.id), last.Sequence)
 		if isWrongLastSequence(err) {
 			return 0, "", 0, ErrNotOwner
 		}
+		if err != nil {
+			return 0, "", 0, err
+		}
 		projected = anyProjected
 		if h := last.Header.Get(protocol.HeaderProjected); h != "" {
-			if projected, err = strconv.ParseUint(h, 10, 64); err != nil {
+			var perr error
+			if projected, perr = strconv.ParseUint(h, 10, 64); perr != nil {
 				projected = 0 // not known: projected again
 			}
 		}
