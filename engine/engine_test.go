@@ -417,25 +417,43 @@ func TestUpgradeDrainsTheEarlierProjector(t *testing.T) {
 // the same engine started again) projects that commit before anything
 // else.
 func TestTheLastCommitOfADeadEngineIsProjected(t *testing.T) {
-	url := testnats.Start(t, t.TempDir())
-	startEngine(t, url, engine.Config{ID: "e1"}).shutdown(t) // the streams and buckets
-	ctx := ctxT(t, 30*time.Second)
-	nc := testnats.Connect(t, url)
-	js := testnats.JetStream(t, nc)
+	url, ctx, js, owners := streamsOnly(t)
 	appendUnprojected(t, ctx, js, "r9")
-	owners, err := js.KeyValue(ctx, "TOOLBATCH_OWNERS")
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := owners.Create(ctx, protocol.OwnerKey("r9"), []byte("e1")); err != nil {
 		t.Fatal(err)
 	}
 	startEngine(t, url, engine.Config{ID: "e1"})
-	w, err := newClient(t, url).Watch(ctx, "r9")
+	firstOutIsTheUnprojected(t, ctx, newClient(t, url), nil)
+}
+
+// streamsOnly starts a server with the engine's streams and buckets and no
+// engine, and returns its URL, a context, JetStream and the owners bucket.
+func streamsOnly(t *testing.T) (string, context.Context, jetstream.JetStream, jetstream.KeyValue) {
+	t.Helper()
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{ID: "e1"}).shutdown(t)
+	ctx := ctxT(t, 30*time.Second)
+	js := testnats.JetStream(t, testnats.Connect(t, url))
+	owners, err := js.KeyValue(ctx, "TOOLBATCH_OWNERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return url, ctx, js, owners
+}
+
+// firstOutIsTheUnprojected checks that run r9's first out message is the
+// rejection appendUnprojected left unprojected, once then (when not nil)
+// has made an engine take the run.
+func firstOutIsTheUnprojected(t *testing.T, ctx context.Context, c *client.Client, then func()) {
+	t.Helper()
+	w, err := c.Watch(ctx, "r9")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Stop()
+	if then != nil {
+		then()
+	}
 	m, err := w.Next(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -451,15 +469,7 @@ func TestTheLastCommitOfADeadEngineIsProjected(t *testing.T) {
 // key next finds it free, and its release marker names an earlier commit
 // than the log's last: it projects that commit.
 func TestACommitAppendedAfterARelease(t *testing.T) {
-	url := testnats.Start(t, t.TempDir())
-	startEngine(t, url, engine.Config{ID: "e1"}).shutdown(t) // the streams and buckets
-	ctx := ctxT(t, 30*time.Second)
-	nc := testnats.Connect(t, url)
-	js := testnats.JetStream(t, nc)
-	owners, err := js.KeyValue(ctx, "TOOLBATCH_OWNERS")
-	if err != nil {
-		t.Fatal(err)
-	}
+	url, ctx, js, owners := streamsOnly(t)
 	// Another engine held the run and released it with nothing in its log
 	// projected to do, as an engine releases it (a delete marker naming
 	// the log's last commit then).
@@ -476,22 +486,12 @@ func TestACommitAppendedAfterARelease(t *testing.T) {
 	appendUnprojected(t, ctx, js, "r9") // the late append
 	startEngine(t, url, engine.Config{ID: "e1"})
 	c := newClient(t, url)
-	w, err := c.Watch(ctx, "r9")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
-	// The run's next message makes an engine take its key.
-	if err := c.Submit(ctx, submitOf("r9", 2, "echo", `{}`)); err != nil {
-		t.Fatal(err)
-	}
-	m, err := w.Next(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m.Rejected == nil || m.Rejected.Reason != "left unprojected" {
-		t.Fatalf("run r9's first out message: %+v", m)
-	}
+	firstOutIsTheUnprojected(t, ctx, c, func() {
+		// The run's next message makes an engine take its key.
+		if err := c.Submit(ctx, submitOf("r9", 2, "echo", `{}`)); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 // appendUnprojected appends a run's first commit, a rejection, as an
