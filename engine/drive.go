@@ -62,6 +62,12 @@ func (s *shard) drive(ctx, runCtx context.Context, rs *runState) error {
 			if err := s.flush(ctx, rs); err != nil {
 				return err
 			}
+			if rs.projection.pending {
+				// The held messages are acknowledged once the last
+				// commit is projected (its sends in: acksIn drives again),
+				// so that a crash before then brings an engine back.
+				return nil
+			}
 			for _, m := range rs.held {
 				if err := m.Ack(); err != nil {
 					s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("ack failed; the message will be redelivered and is harmless")

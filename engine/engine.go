@@ -272,7 +272,10 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("engine config: %w", err)
 	}
-	js, err := jetstream.New(nc)
+	// An asynchronous publish (an out message) that no answer reaches in
+	// time fails rather than waiting forever among the pending ones; the
+	// projection's watcher gives up on it sooner (streamTry).
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
 	if err != nil {
 		return nil, err
 	}

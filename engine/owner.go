@@ -48,7 +48,10 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 		if err == nil {
 			s.e.setOwned(rs, true)
 			rs.ownRev = rev
-			rs.keyProjected = rs.releasedAt // released here, with every commit up to there projected
+			rs.keyProjected = 0
+			if !rs.loaded {
+				rs.keyProjected = rs.releasedAt // released here, with every commit up to there projected
+			}
 			return nil
 		}
 	}
@@ -78,7 +81,7 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 	// not have been. The next load says which (a run still cached here
 	// needs none).
 	rs.keyProjected = 0
-	if from == "" {
+	if from == "" && !rs.loaded {
 		rs.keyProjected = projected
 	}
 	return nil
@@ -168,8 +171,10 @@ func (s *shard) forget(rs *runState) {
 	rs.loaded = false
 	rs.releasedRev, rs.idleSince = 0, time.Time{}
 	rs.held, rs.durableHeld, rs.pending = nil, 0, nil
-	// the engine that takes the run projects its last commit again
-	rs.projection.pending, rs.projection.unprojected, rs.projection.acks = false, nil, nil
+	// The engine that takes the run projects its last commit again; so
+	// does this one if it takes the run back: what it projected is not
+	// known any more (sends may be in flight).
+	rs.projection = projection{quarantined: rs.projection.quarantined}
 	clear(rs.inflight)
 	clear(rs.leases)
 	clear(rs.unclaimed)

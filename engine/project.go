@@ -130,34 +130,36 @@ func (s *shard) projectOrKeep(ctx context.Context, rs *runState, c commitToProje
 }
 
 // settleProjection waits for the out messages of the run's last commit,
-// and projects the run's kept commit, if any.
+// and projects the run's kept commit, if any, until the commit is
+// projected (its projected again sends waited for too) or ctx ends.
 func (s *shard) settleProjection(ctx context.Context, rs *runState) error {
 	p := &rs.projection
-	if a := p.acks; a != nil {
-		select {
-		case <-a.done:
-		case <-ctx.Done():
-			return fmt.Errorf("run %s: out messages of commit %d: %w", rs.id, a.commit.seq, ctx.Err())
+	for {
+		if a := p.acks; a != nil {
+			select {
+			case <-a.done:
+			case <-ctx.Done():
+				return fmt.Errorf("run %s: out messages of commit %d: %w", rs.id, a.commit.seq, ctx.Err())
+			}
+			p.acks = nil
+			if a.err == nil {
+				p.pending = p.unprojected != nil
+			} else {
+				s.e.log.Warn().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, a.commit.seq).Err(a.err).Str(protocol.FieldMeaning, protocol.Meaning(a.err)).
+					Msg("out messages not acknowledged; projecting the commit again")
+				p.model, p.seq, p.outs = a.before, a.beforeSeq, outCursor{} // the cursor is not known any more: read again
+				p.unprojected = &a.commit
+			}
 		}
-		p.acks = nil
-		if a.err == nil {
-			p.pending = p.unprojected != nil
-		} else {
-			s.e.log.Warn().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, a.commit.seq).Err(a.err).Str(protocol.FieldMeaning, protocol.Meaning(a.err)).
-				Msg("out messages not acknowledged; projecting the commit again")
-			p.model, p.seq, p.outs = a.before, a.beforeSeq, outCursor{} // the cursor is not known any more: read again
-			p.unprojected = &a.commit
+		c := p.unprojected
+		if c == nil {
+			return nil
 		}
+		if err := s.project(ctx, rs, *c); err != nil {
+			return fmt.Errorf("project commit %d of run %s: %w", c.seq, rs.id, err)
+		}
+		p.unprojected = nil // its sends, if any, are waited for next
 	}
-	c := p.unprojected
-	if c == nil {
-		return nil
-	}
-	if err := s.project(ctx, rs, *c); err != nil {
-		return fmt.Errorf("project commit %d of run %s: %w", c.seq, rs.id, err)
-	}
-	p.unprojected = nil
-	return nil
 }
 
 // projectLoaded sets up the projection of a run just folded from its log:
@@ -193,6 +195,11 @@ func (s *shard) projectLoaded(ctx context.Context, rs *runState, l loaded) error
 func (s *shard) project(ctx context.Context, rs *runState, c commitToProject) error {
 	seq, evs, after := c.seq, c.evs, c.after
 	p := &rs.projection
+	if p.acks != nil {
+		// A projection follows the one before it only once that one's
+		// sends are in (settleProjection): its model is that one's result.
+		return fmt.Errorf("engine: commit %d of run %s projected before commit %d's out messages are in", seq, rs.id, p.acks.commit.seq)
+	}
 	p.pending = true
 	if p.quarantined {
 		p.pending, p.seq = false, seq

@@ -288,9 +288,13 @@ func (s *shard) handle(runCtx context.Context, it item) {
 	ctx, cancel := opCtx()
 	defer cancel()
 	if _, back := it.work.(*reclaimRun); it.msg() == nil && it.request() == nil && !back {
-		// An executor's outcome or a watched deadline of this engine's.
+		// An executor's outcome, a watched deadline of this engine's, or
+		// out messages acknowledged.
 		if !rs.owned {
 			return // this engine lost the run since: the new owner recovers the call
+		}
+		if in, ok := it.work.(*acksIn); ok && in.acks != rs.projection.acks {
+			return // settled since
 		}
 	} else if err := s.acquire(ctx, rs); err != nil {
 		s.busy(it, err)
@@ -395,7 +399,7 @@ func (s *shard) handleOnce(ctx, runCtx context.Context, rs *runState, it item) e
 		return nil // owned and loaded (recovered): handle drives it
 	case *acksIn:
 		if rs.projection.acks != w.acks {
-			return nil // settled since
+			return nil // settled since (by the load)
 		}
 		return s.settleProjection(ctx, rs)
 	case *outcome:

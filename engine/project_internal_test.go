@@ -1,0 +1,174 @@
+package engine
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/aggregate"
+	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/projector"
+	"github.com/toolbatch/toolbatch/protocol"
+)
+
+// The projection's out messages are sent without the shard waiting
+// (outAcks). These tests make the out stream refuse them for a while (a
+// maximum message size no out message fits), as a stream without a leader
+// would, and check that no commit's out message is left unsent.
+
+// TestASecondProjectionIsWaitedFor: a commit whose out message was refused
+// is projected again by settleProjection, which returns only once that
+// second send is in.
+func TestASecondProjectionIsWaitedFor(t *testing.T) {
+	e, s, ctx := projectionShard(t)
+	l := appendRejection(t, ctx, e, "ra")
+	rs := s.state("ra")
+	e.setOwned(rs, true)
+	rs.run, rs.tip, rs.loaded = l.run, l.at, true
+	rs.projection = projection{model: projector.Model{Run: l.beforeIt}}
+	refuseOuts(t, ctx, e, true)
+	if err := s.project(ctx, rs, commitToProject{seq: l.at.seq, evs: l.last, after: l.run}); err != nil {
+		t.Fatal(err)
+	}
+	a := rs.projection.acks
+	if a == nil {
+		t.Fatal("the out message's send is not kept")
+	}
+	<-a.done // refused
+	if a.err == nil {
+		t.Fatal("the out stream took a message larger than its maximum")
+	}
+	refuseOuts(t, ctx, e, false)
+	if err := s.settleProjection(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	if rs.projection.acks != nil || rs.projection.pending || rs.projection.seq != l.at.seq {
+		t.Fatalf("settled with sends in flight %v, pending %v, projected up to %d (want %d)", rs.projection.acks != nil, rs.projection.pending, rs.projection.seq, l.at.seq)
+	}
+	if n := outCount(t, ctx, e, "ra"); n != 1 {
+		t.Fatalf("%d out messages of run ra, want 1", n)
+	}
+}
+
+// TestAForgottenRunIsProjectedAgain: an engine that lets a run go (fenced)
+// while its last commit's out message is in flight projects that commit
+// again when it takes the run back (its key still naming it).
+func TestAForgottenRunIsProjectedAgain(t *testing.T) {
+	e, s, ctx := projectionShard(t)
+	l := appendRejection(t, ctx, e, "rb")
+	rs := s.state("rb")
+	e.setOwned(rs, true)
+	rs.run, rs.tip, rs.loaded = l.run, l.at, true
+	rs.projection = projection{model: projector.Model{Run: l.beforeIt}}
+	refuseOuts(t, ctx, e, true)
+	if err := s.project(ctx, rs, commitToProject{seq: l.at.seq, evs: l.last, after: l.run}); err != nil {
+		t.Fatal(err)
+	}
+	a := rs.projection.acks
+	s.forget(rs) // the fence
+	<-a.done
+	refuseOuts(t, ctx, e, false)
+	e.setOwned(rs, true) // taken back: the key names this engine
+	if err := s.load(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.settleProjection(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	if n := outCount(t, ctx, e, "rb"); n != 1 {
+		t.Fatalf("%d out messages of run rb, want 1", n)
+	}
+}
+
+// TestAFreeKeyOfACachedRunVouchesForNothing: a run still cached here whose
+// key is found free keeps its own account of what it projected: an
+// append of unknown outcome (it landed) is projected at the next load.
+func TestAFreeKeyOfACachedRunVouchesForNothing(t *testing.T) {
+	e, s, ctx := projectionShard(t)
+	rs := s.state("rc")
+	rs.run, rs.loaded = aggregate.New("rc"), true // cached, its log empty, its key never made
+	if err := s.acquire(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	appendRejection(t, ctx, e, "rc")                             // an append that timed out here, and landed
+	rs.projection.pending, rs.projection.unprojected = true, nil // as flush leaves it
+	s.abandon(rs)
+	if err := s.load(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.settleProjection(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	if n := outCount(t, ctx, e, "rc"); n != 1 {
+		t.Fatalf("%d out messages of run rc, want 1", n)
+	}
+}
+
+func projectionShard(t *testing.T) (*Engine, *shard, context.Context) {
+	t.Helper()
+	e, ctx := setUpEngine(t)
+	s := e.shards[0]
+	s.runCtx = ctx
+	t.Cleanup(e.wg.Wait) // the watchers
+	return e, s, ctx
+}
+
+// appendRejection appends a run's first commit, a rejection (one out
+// message), and returns the run loaded from its log.
+func appendRejection(t *testing.T, ctx context.Context, e *Engine, run string) loaded {
+	t.Helper()
+	body, types, err := events.EncodeCommit([]events.Event{&events.BatchRejected{RunID: run, BatchID: run + "/1", Step: 1,
+		Code: events.CodeUndecodable, Reason: "left unprojected", At: time.Now().UTC()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(e.names.Events(run))
+	m.Data = body
+	for _, ty := range types {
+		m.Header.Add(protocol.HeaderEvent, ty)
+	}
+	m.Header.Set(protocol.HeaderPrev, "0")
+	if _, err := e.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
+		t.Fatal(err)
+	}
+	l, err := e.events.load(ctx, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// outCount returns how many out messages of a run the out stream holds.
+func outCount(t *testing.T, ctx context.Context, e *Engine, run string) int {
+	t.Helper()
+	info, err := e.outStream.Info(ctx, jetstream.WithSubjectFilter(e.names.Out(run, ">")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, c := range info.State.Subjects {
+		n += int(c)
+	}
+	return n
+}
+
+// refuseOuts makes the out stream refuse every message (none fits its
+// maximum size), or take them again.
+func refuseOuts(t *testing.T, ctx context.Context, e *Engine, refuse bool) {
+	t.Helper()
+	info, err := e.outStream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.Config
+	cfg.MaxMsgSize = -1
+	if refuse {
+		cfg.MaxMsgSize = 8
+	}
+	if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+}
