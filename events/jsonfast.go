@@ -37,40 +37,29 @@ func plainValue(b []byte, i, depth int) (int, bool) {
 		return 0, false
 	}
 	switch c := b[i]; {
-	case c == '{':
+	case c == '{' || c == '[':
+		// An object's members are a key, a colon and a value; an array's
+		// a value.
+		closing := byte(']')
+		if c == '{' {
+			closing = '}'
+		}
 		i++
 		var last []byte
 		for n := 0; ; n++ {
-			if i < len(b) && b[i] == '}' && n == 0 {
+			if i < len(b) && b[i] == closing && n == 0 {
 				return i + 1, true
 			}
-			ks := i
-			ke, ok := plainString(b, i)
-			if !ok || ke >= len(b) || b[ke] != ':' {
-				return 0, false
-			}
-			key := b[ks+1 : ke-1]
-			if n > 0 && bytes.Compare(last, key) >= 0 {
-				return 0, false
-			}
-			last = key
-			if i, ok = plainValue(b, ke+1, depth+1); !ok || i >= len(b) {
-				return 0, false
-			}
-			switch b[i] {
-			case ',':
-				i++
-			case '}':
-				return i + 1, true
-			default:
-				return 0, false
-			}
-		}
-	case c == '[':
-		i++
-		for n := 0; ; n++ {
-			if i < len(b) && b[i] == ']' && n == 0 {
-				return i + 1, true
+			if c == '{' {
+				ke, ok := plainString(b, i)
+				if !ok || ke >= len(b) || b[ke] != ':' {
+					return 0, false
+				}
+				key := b[i+1 : ke-1]
+				if n > 0 && bytes.Compare(last, key) >= 0 {
+					return 0, false
+				}
+				last, i = key, ke+1
 			}
 			var ok bool
 			if i, ok = plainValue(b, i, depth+1); !ok || i >= len(b) {
@@ -79,7 +68,7 @@ func plainValue(b []byte, i, depth int) (int, bool) {
 			switch b[i] {
 			case ',':
 				i++
-			case ']':
+			case closing:
 				return i + 1, true
 			default:
 				return 0, false
