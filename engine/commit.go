@@ -81,7 +81,7 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 			// It may have landed all the same (a timeout): the run is
 			// not quiescent until a load says whether its log's last
 			// commit is projected.
-			rs.projection.pending, rs.projection.unprojected = true, nil
+			rs.projection.unknown, rs.projection.unprojected = true, nil
 			s.abandon(rs)
 			return err
 		}
@@ -142,7 +142,7 @@ func (s *shard) abandon(rs *runState) {
 // run over (a recovery at load, say, starts work that a
 // refused message alone would not keep alive).
 func (s *shard) settle(rs *runState, m jetstream.Msg) error {
-	if rs.loaded && len(rs.pending) == 0 && len(rs.inflight) == 0 && len(rs.leases) == 0 && !rs.projection.pending {
+	if rs.loaded && len(rs.pending) == 0 && len(rs.inflight) == 0 && len(rs.leases) == 0 && !rs.projection.pending() {
 		switch aggregate.Next(rs.run).Kind {
 		case aggregate.NextNone, aggregate.NextAwaiting:
 			return m.Ack()

@@ -62,7 +62,7 @@ func (s *shard) drive(ctx, runCtx context.Context, rs *runState) error {
 			if err := s.flush(ctx, rs); err != nil {
 				return err
 			}
-			if rs.projection.pending {
+			if rs.projection.pending() {
 				// The held messages are acknowledged once the last
 				// commit is projected (its sends in: acksIn drives again),
 				// so that a crash before then brings an engine back.

@@ -190,7 +190,7 @@ const ownerLinger = 2 * time.Second
 
 // quiescent reports whether nothing of the run is in progress here.
 func (rs *runState) quiescent() bool {
-	return len(rs.held) == 0 && len(rs.pending) == 0 && len(rs.inflight) == 0 && len(rs.leases) == 0 && !rs.projection.pending
+	return len(rs.held) == 0 && len(rs.pending) == 0 && len(rs.inflight) == 0 && len(rs.leases) == 0 && !rs.projection.pending()
 }
 
 // noteIdle starts (or stops) the linger of a run this engine owns, or

@@ -39,12 +39,12 @@ import (
 type projection struct {
 	model projector.Model // the run as of the last commit projected
 	seq   uint64          // that commit's stream sequence
-	// pending is set while the run's last commit may be unprojected: the
-	// run is not quiescent, so it is neither released nor its messages
-	// acknowledged. unprojected is that commit when it is known (nil: an
-	// append that failed may have landed; a load finds out).
-	pending     bool
+	// The run's last commit may be unprojected (pending) when it is kept
+	// to be projected again (unprojected), its out messages are in flight
+	// (acks), or an append that failed may have landed (unknown: a load
+	// finds out).
 	unprojected *commitToProject
+	unknown     bool
 	// quarantined is set when a commit could not be projected at all (the
 	// projection refused its events: a defect, logged): the run gets no
 	// more out messages from this engine (replay audit reports it).
@@ -54,6 +54,11 @@ type projection struct {
 	// be in the out stream: the commit counts as projected once they are.
 	acks *outAcks
 }
+
+// pending reports whether the run's last commit may be unprojected: the
+// run is then not quiescent, so it is neither released nor its messages
+// acknowledged.
+func (p *projection) pending() bool { return p.unprojected != nil || p.acks != nil || p.unknown }
 
 // outAcks are a commit's out messages sent without waiting for their
 // acknowledgements: the shard goes on with its other runs while the
@@ -142,9 +147,7 @@ func (s *shard) settleProjection(ctx context.Context, rs *runState) error {
 				return fmt.Errorf("run %s: out messages of commit %d: %w", rs.id, a.commit.seq, ctx.Err())
 			}
 			p.acks = nil
-			if a.err == nil {
-				p.pending = p.unprojected != nil
-			} else {
+			if a.err != nil {
 				s.e.log.Warn().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, a.commit.seq).Err(a.err).Str(protocol.FieldMeaning, protocol.Meaning(a.err)).
 					Msg("out messages not acknowledged; projecting the commit again")
 				p.model, p.seq, p.outs = a.before, a.beforeSeq, outCursor{} // the cursor is not known any more: read again
@@ -184,7 +187,9 @@ func (s *shard) projectLoaded(ctx context.Context, rs *runState, l loaded) error
 	// seq stays unknown until the projection goes through: a load after a
 	// failure here projects again.
 	*p = projection{model: projector.Model{Run: l.beforeIt}, quarantined: p.quarantined}
-	if err := s.project(ctx, rs, commitToProject{seq: l.at.seq, evs: l.last, after: l.run}); err != nil {
+	c := commitToProject{seq: l.at.seq, evs: l.last, after: l.run}
+	if err := s.project(ctx, rs, c); err != nil {
+		p.unprojected = &c
 		return fmt.Errorf("project the last commit of run %s again: %w", rs.id, err)
 	}
 	return nil
@@ -200,15 +205,14 @@ func (s *shard) project(ctx context.Context, rs *runState, c commitToProject) er
 		// sends are in (settleProjection): its model is that one's result.
 		return fmt.Errorf("engine: commit %d of run %s projected before commit %d's out messages are in", seq, rs.id, p.acks.commit.seq)
 	}
-	p.pending = true
 	if p.quarantined {
-		p.pending, p.seq = false, seq
+		p.seq = seq
 		return nil
 	}
 	if after != nil && derivesNothing(evs) && sameTicket(p.model.Run.Ticket(), after.Ticket()) {
 		// Nothing to publish: the projection moves to the shard's fold
 		// (aggregate.Decide never changes a run), not folded again.
-		p.model, p.seq, p.pending = projector.Model{Run: after, Applied: p.model.Applied + len(evs)}, seq, false
+		p.model, p.seq = projector.Model{Run: after, Applied: p.model.Applied + len(evs)}, seq
 		return nil
 	}
 	// One try is short: the shard waits for it, and a try that fails is
@@ -220,7 +224,7 @@ func (s *shard) project(ctx context.Context, rs *runState, c commitToProject) er
 	if errors.As(err, &refused) {
 		s.e.log.Error().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, seq).Err(err).
 			Msg("projection: a commit that can never be projected: this run gets no more out messages (replay audit reports it)")
-		p.quarantined, p.pending, p.seq = true, false, seq
+		p.quarantined, p.seq = true, seq
 		return nil
 	}
 	if err != nil {
@@ -232,7 +236,7 @@ func (s *shard) project(ctx context.Context, rs *runState, c commitToProject) er
 		s.e.wg.Add(1)
 		go p.acks.watch(s, rs.id)
 	}
-	p.model, p.seq, p.pending = model, seq, p.acks != nil
+	p.model, p.seq = model, seq
 	return nil
 }
 

@@ -243,7 +243,7 @@ func (s *shard) keepAlive(runCtx context.Context) {
 		for _, m := range rs.held {
 			_ = m.InProgress()
 		}
-		if (len(rs.held) > 0 || rs.projection.pending) && len(rs.inflight) == 0 {
+		if (len(rs.held) > 0 || rs.projection.pending()) && len(rs.inflight) == 0 {
 			err := s.load(ctx, rs)
 			if err == nil {
 				err = s.settleProjection(ctx, rs)
