@@ -377,7 +377,7 @@ func TestUpgradeDrainsTheEarlierProjector(t *testing.T) {
 		AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverAllPolicy}); err != nil {
 		t.Fatal(err)
 	}
-	appendUnprojected(t, ctx, js, "r7")
+	engine.AppendUnprojected(t, ctx, js, "r7")
 
 	events, err := js.Stream(ctx, "TOOLBATCH_EVENTS")
 	if err != nil {
@@ -418,7 +418,7 @@ func TestUpgradeDrainsTheEarlierProjector(t *testing.T) {
 // else.
 func TestTheLastCommitOfADeadEngineIsProjected(t *testing.T) {
 	url, ctx, js, owners := streamsOnly(t)
-	appendUnprojected(t, ctx, js, "r9")
+	engine.AppendUnprojected(t, ctx, js, "r9")
 	if _, err := owners.Create(ctx, protocol.OwnerKey("r9"), []byte("e1")); err != nil {
 		t.Fatal(err)
 	}
@@ -483,7 +483,7 @@ func TestACommitAppendedAfterARelease(t *testing.T) {
 	if _, err := js.PublishMsg(ctx, release, jetstream.WithExpectLastSequencePerSubject(rev)); err != nil {
 		t.Fatal(err)
 	}
-	appendUnprojected(t, ctx, js, "r9") // the late append
+	engine.AppendUnprojected(t, ctx, js, "r9") // the late append
 	startEngine(t, url, engine.Config{ID: "e1"})
 	c := newClient(t, url)
 	firstOutIsTheUnprojected(t, ctx, c, func() {
@@ -492,26 +492,6 @@ func TestACommitAppendedAfterARelease(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-}
-
-// appendUnprojected appends a run's first commit, a rejection, as an
-// engine would, and projects nothing of it.
-func appendUnprojected(t *testing.T, ctx context.Context, js jetstream.JetStream, run string) {
-	t.Helper()
-	body, types, err := events.EncodeCommit([]events.Event{&events.BatchRejected{RunID: run, BatchID: run + "/1", Step: 1,
-		Code: events.CodeUndecodable, Reason: "left unprojected", At: time.Now().UTC()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := nats.NewMsg("toolbatch.events." + run)
-	m.Data = body
-	for _, ty := range types {
-		m.Header.Add(protocol.HeaderEvent, ty)
-	}
-	m.Header.Set(protocol.HeaderPrev, "0")
-	if _, err := js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // oneResultsEach checks that runs r1 to rn each have one results message.

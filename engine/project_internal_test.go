@@ -23,16 +23,7 @@ import (
 // is projected again by settleProjection, which returns only once that
 // second send is in.
 func TestASecondProjectionIsWaitedFor(t *testing.T) {
-	e, s, ctx := projectionShard(t)
-	l := appendRejection(t, ctx, e, "ra")
-	rs := s.state("ra")
-	e.setOwned(rs, true)
-	rs.run, rs.tip, rs.loaded = l.run, l.at, true
-	rs.projection = projection{model: projector.Model{Run: l.beforeIt}}
-	refuseOuts(t, ctx, e, true)
-	if err := s.project(ctx, rs, commitToProject{seq: l.at.seq, evs: l.last, after: l.run}); err != nil {
-		t.Fatal(err)
-	}
+	e, s, ctx, rs, l := refusedSend(t, "ra")
 	a := rs.projection.acks
 	if a == nil {
 		t.Fatal("the out message's send is not kept")
@@ -45,8 +36,8 @@ func TestASecondProjectionIsWaitedFor(t *testing.T) {
 	if err := s.settleProjection(ctx, rs); err != nil {
 		t.Fatal(err)
 	}
-	if rs.projection.acks != nil || rs.projection.pending || rs.projection.seq != l.at.seq {
-		t.Fatalf("settled with sends in flight %v, pending %v, projected up to %d (want %d)", rs.projection.acks != nil, rs.projection.pending, rs.projection.seq, l.at.seq)
+	if rs.projection.acks != nil || rs.projection.pending() || rs.projection.seq != l.at.seq {
+		t.Fatalf("settled with sends in flight %v, pending %v, projected up to %d (want %d)", rs.projection.acks != nil, rs.projection.pending(), rs.projection.seq, l.at.seq)
 	}
 	if n := outCount(t, ctx, e, "ra"); n != 1 {
 		t.Fatalf("%d out messages of run ra, want 1", n)
@@ -57,16 +48,7 @@ func TestASecondProjectionIsWaitedFor(t *testing.T) {
 // while its last commit's out message is in flight projects that commit
 // again when it takes the run back (its key still naming it).
 func TestAForgottenRunIsProjectedAgain(t *testing.T) {
-	e, s, ctx := projectionShard(t)
-	l := appendRejection(t, ctx, e, "rb")
-	rs := s.state("rb")
-	e.setOwned(rs, true)
-	rs.run, rs.tip, rs.loaded = l.run, l.at, true
-	rs.projection = projection{model: projector.Model{Run: l.beforeIt}}
-	refuseOuts(t, ctx, e, true)
-	if err := s.project(ctx, rs, commitToProject{seq: l.at.seq, evs: l.last, after: l.run}); err != nil {
-		t.Fatal(err)
-	}
+	e, s, ctx, rs, _ := refusedSend(t, "rb")
 	a := rs.projection.acks
 	s.forget(rs) // the fence
 	<-a.done
@@ -93,8 +75,8 @@ func TestAFreeKeyOfACachedRunVouchesForNothing(t *testing.T) {
 	if err := s.acquire(ctx, rs); err != nil {
 		t.Fatal(err)
 	}
-	appendRejection(t, ctx, e, "rc")                             // an append that timed out here, and landed
-	rs.projection.pending, rs.projection.unprojected = true, nil // as flush leaves it
+	appendUnprojected(t, ctx, e.js, "rc")                        // an append that timed out here, and landed
+	rs.projection.unknown, rs.projection.unprojected = true, nil // as flush leaves it
 	s.abandon(rs)
 	if err := s.load(ctx, rs); err != nil {
 		t.Fatal(err)
@@ -116,29 +98,46 @@ func projectionShard(t *testing.T) (*Engine, *shard, context.Context) {
 	return e, s, ctx
 }
 
-// appendRejection appends a run's first commit, a rejection (one out
-// message), and returns the run loaded from its log.
-func appendRejection(t *testing.T, ctx context.Context, e *Engine, run string) loaded {
+// refusedSend appends a run's first commit, a rejection (one out
+// message), as the run's owner, and projects it while the out stream
+// refuses every message: its send is in flight, to be refused.
+func refusedSend(t *testing.T, run string) (*Engine, *shard, context.Context, *runState, loaded) {
+	t.Helper()
+	e, s, ctx := projectionShard(t)
+	appendUnprojected(t, ctx, e.js, run)
+	l, err := e.events.load(ctx, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := s.state(run)
+	e.setOwned(rs, true)
+	rs.run, rs.tip, rs.loaded = l.run, l.at, true
+	rs.projection = projection{model: projector.Model{Run: l.beforeIt}}
+	refuseOuts(t, ctx, e, true)
+	if err := s.project(ctx, rs, commitToProject{seq: l.at.seq, evs: l.last, after: l.run}); err != nil {
+		t.Fatal(err)
+	}
+	return e, s, ctx, rs, l
+}
+
+// appendUnprojected appends a run's first commit, a rejection (one out
+// message), as an engine would, and projects nothing of it.
+func appendUnprojected(t *testing.T, ctx context.Context, js jetstream.JetStream, run string) {
 	t.Helper()
 	body, types, err := events.EncodeCommit([]events.Event{&events.BatchRejected{RunID: run, BatchID: run + "/1", Step: 1,
 		Code: events.CodeUndecodable, Reason: "left unprojected", At: time.Now().UTC()}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := nats.NewMsg(e.names.Events(run))
+	m := nats.NewMsg(protocol.Names{Prefix: protocol.DefaultPrefix}.Events(run))
 	m.Data = body
 	for _, ty := range types {
 		m.Header.Add(protocol.HeaderEvent, ty)
 	}
 	m.Header.Set(protocol.HeaderPrev, "0")
-	if _, err := e.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
+	if _, err := js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
 		t.Fatal(err)
 	}
-	l, err := e.events.load(ctx, run)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
 }
 
 // outCount returns how many out messages of a run the out stream holds.
