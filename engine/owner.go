@@ -116,9 +116,7 @@ func (e *Engine) takeKey(ctx context.Context, key string) (rev uint64, from stri
 	case err != nil:
 		return 0, "", 0, err
 	}
-	if op := last.Header.Get(kvOperation); op == kvOperationDelete || op == kvOperationPurge || last.Header.Get(jetstream.MarkerReasonHeader) != "" {
-		// Deleted, purged, or a marker the server left where a message
-		// expired (the bucket's LimitMarkerTTL): free.
+	if kvRemoved(last.Header) {
 		rev, err = kv.Update(ctx, key, []byte(e.id), last.Sequence)
 		if isWrongLastSequence(err) {
 			return 0, "", 0, ErrNotOwner
@@ -281,6 +279,14 @@ const (
 	kvOperationDelete = "DEL"
 	kvOperationPurge  = "PURGE"
 )
+
+// kvRemoved reports whether a bucket's message says its key is gone:
+// deleted, purged, or a marker the server left where a message expired
+// (a bucket's LimitMarkerTTL), as the bucket's own reads take them.
+func kvRemoved(h nats.Header) bool {
+	op := h.Get(kvOperation)
+	return op == kvOperationDelete || op == kvOperationPurge || h.Get(jetstream.MarkerReasonHeader) != ""
+}
 
 // setOwned records whether this engine holds the run's owner key, and
 // counts the runs it holds (toolbatch_runs_owned).

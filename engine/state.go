@@ -156,7 +156,7 @@ func (s *stateStore) read(ctx context.Context, subject string) (aggregate.StateE
 		return aggregate.StateEntry{}, 0, err
 	}
 	var e aggregate.StateEntry
-	if op := m.Header.Get(kvOperation); op != kvOperationDelete && op != kvOperationPurge {
+	if !kvRemoved(m.Header) {
 		e.Value = events.RawJSON(m.Data)
 	}
 	if r := m.Header.Get(protocol.HeaderStateReplaced); r == "" {
