@@ -135,34 +135,40 @@ func (s *shard) projectOrKeep(ctx context.Context, rs *runState, c commitToProje
 }
 
 // settleProjection waits for the out messages of the run's last commit,
-// and projects the run's kept commit, if any, until the commit is
-// projected (its projected again sends waited for too) or ctx ends.
+// and projects the run's kept commit, if any. A commit it projects again
+// has its sends in flight when it returns: that is an error (the run is
+// not settled; its next commit waits), and the next settle, on their
+// acksIn or the shard's tick, waits for them. The shard is never held
+// longer than a try for one commit: a worker's heartbeats queue behind
+// it.
 func (s *shard) settleProjection(ctx context.Context, rs *runState) error {
 	p := &rs.projection
-	for {
-		if a := p.acks; a != nil {
-			select {
-			case <-a.done:
-			case <-ctx.Done():
-				return fmt.Errorf("run %s: out messages of commit %d: %w", rs.id, a.commit.seq, ctx.Err())
-			}
-			p.acks = nil
-			if a.err != nil {
-				s.e.log.Warn().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, a.commit.seq).Err(a.err).Str(protocol.FieldMeaning, protocol.Meaning(a.err)).
-					Msg("out messages not acknowledged; projecting the commit again")
-				p.model, p.seq, p.outs = a.before, a.beforeSeq, outCursor{} // the cursor is not known any more: read again
-				p.unprojected = &a.commit
-			}
+	if a := p.acks; a != nil {
+		select {
+		case <-a.done:
+		case <-ctx.Done():
+			return fmt.Errorf("run %s: out messages of commit %d: %w", rs.id, a.commit.seq, ctx.Err())
 		}
-		c := p.unprojected
-		if c == nil {
-			return nil
+		p.acks = nil
+		if a.err != nil {
+			s.e.log.Warn().Str(fieldRunID, rs.id).Uint64(fieldStreamSeq, a.commit.seq).Err(a.err).Str(protocol.FieldMeaning, protocol.Meaning(a.err)).
+				Msg("out messages not acknowledged; projecting the commit again")
+			p.model, p.seq, p.outs = a.before, a.beforeSeq, outCursor{} // the cursor is not known any more: read again
+			p.unprojected = &a.commit
 		}
-		if err := s.project(ctx, rs, *c); err != nil {
-			return fmt.Errorf("project commit %d of run %s: %w", c.seq, rs.id, err)
-		}
-		p.unprojected = nil // its sends, if any, are waited for next
 	}
+	c := p.unprojected
+	if c == nil {
+		return nil
+	}
+	if err := s.project(ctx, rs, *c); err != nil {
+		return fmt.Errorf("project commit %d of run %s: %w", c.seq, rs.id, err)
+	}
+	p.unprojected = nil
+	if p.acks != nil {
+		return fmt.Errorf("run %s: commit %d projected again: its out messages are not in yet", rs.id, c.seq)
+	}
+	return nil
 }
 
 // projectLoaded sets up the projection of a run just folded from its log:

@@ -20,8 +20,8 @@ import (
 // would, and check that no commit's out message is left unsent.
 
 // TestASecondProjectionIsWaitedFor: a commit whose out message was refused
-// is projected again by settleProjection, which returns only once that
-// second send is in.
+// is projected again by settleProjection, which says the run is settled
+// only once that second send is in.
 func TestASecondProjectionIsWaitedFor(t *testing.T) {
 	e, s, ctx, rs, l := refusedSend(t, "ra")
 	a := rs.projection.acks
@@ -33,7 +33,10 @@ func TestASecondProjectionIsWaitedFor(t *testing.T) {
 		t.Fatal("the out stream took a message larger than its maximum")
 	}
 	refuseOuts(t, ctx, e, false)
-	if err := s.settleProjection(ctx, rs); err != nil {
+	if err := s.settleProjection(ctx, rs); err == nil {
+		t.Fatal("settled while the commit projected again has its out message in flight")
+	}
+	if err := s.settleProjection(ctx, rs); err != nil { // its acksIn, or the shard's tick
 		t.Fatal(err)
 	}
 	if rs.projection.acks != nil || rs.projection.pending() || rs.projection.seq != l.at.seq {
