@@ -36,7 +36,9 @@ const (
 	// DefaultCheckpointEvery is Config.CheckpointEvery's default.
 	DefaultCheckpointEvery = time.Minute
 	// DefaultTrimEvery is Config.TrimEvery's default.
-	DefaultTrimEvery  = 5 * time.Second
+	DefaultTrimEvery = 5 * time.Second
+	// DefaultSweepEvery is Config.SweepEvery's default.
+	DefaultSweepEvery = 30 * time.Second
 	DefaultMaxPending = 10000
 	DefaultCacheRuns  = 1024
 	DefaultCacheBytes = 256 << 20
@@ -119,6 +121,10 @@ type Config struct {
 	// TrimEvery is how often the engine removes the inbox and dispatch
 	// messages their consumers have acknowledged (default 5s; trim.go).
 	TrimEvery time.Duration
+	// SweepEvery is how often the engine looks for open tickets whose
+	// timer should have fired and did not, and fires them (default 30s;
+	// timers.go).
+	SweepEvery time.Duration
 	// Metrics, when set, is where the engine registers its metrics
 	// (package metrics; nil: none).
 	Metrics prometheus.Registerer
@@ -144,6 +150,9 @@ func (c *Config) defaults() {
 	}
 	if c.TrimEvery <= 0 {
 		c.TrimEvery = DefaultTrimEvery
+	}
+	if c.SweepEvery <= 0 {
+		c.SweepEvery = DefaultSweepEvery
 	}
 	if c.OutMaxAge <= 0 {
 		c.OutMaxAge = DefaultOutMaxAge
@@ -451,6 +460,11 @@ func (e *Engine) Run(ctx context.Context) error {
 	}()
 	trimDone := make(chan struct{})
 	go func() { defer close(trimDone); e.runTrims(runCtx) }()
+	sweepDone := make(chan struct{})
+	go func() {
+		defer close(sweepDone)
+		e.every(runCtx, e.cfg.SweepEvery, "looking for overdue ticket timers", e.sweepOverdue)
+	}()
 	// Liveness outlives the shards: its presence goes last, once the runs
 	// that could be released were.
 	liveCtx, stopLive := context.WithCancel(context.Background())
@@ -504,6 +518,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	e.wg.Wait()
 	<-cpDone
 	<-trimDone
+	<-sweepDone
 	stopLive()
 	<-liveDone
 	e.log.Info().Msg("engine stopped")

@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/toolbatch/toolbatch/client"
@@ -716,6 +719,84 @@ gate:
 	if got := fmt.Sprint(resultTexts(res)); got != `[c1=error "blocked: confirmation timed out"]` {
 		t.Fatalf("results: %s", got)
 	}
+}
+
+// TestALostTimerIsFiredByTheSweep: a ticket whose stored schedule does not
+// fire (here: the engine's clock runs two hours ahead of the server's, so
+// the schedules wait for their time on the server) is resolved all the
+// same, its fire published by the sweep once, whatever the number of
+// sweeps. A schedule the server lost leaves the same state: a ticket in
+// the bucket and no fire.
+func TestALostTimerIsFiredByTheSweep(t *testing.T) {
+	cat := mustCatalog(t, `
+tools:
+  - {id: send_mail, builtin: echo}
+  - {id: report, builtin: echo, recovery: {mode: replay_safe}}
+gate:
+  rules:
+    - {tools: ["send_*"], outcome: require_confirmation, deadline: 1h}
+    - {tools: ["report"], outcome: schedule, after: 1h}
+`)
+	var ahead atomic.Int64
+	now := func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }
+	reg := prometheus.NewRegistry()
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{Catalog: cat, Now: now, SweepEvery: 50 * time.Millisecond, Metrics: reg})
+	c := newClient(t, url)
+	ctx := ctxT(t, 60*time.Second)
+
+	w, err := c.Watch(ctx, "lt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	for i, tc := range []struct{ tool, want string }{
+		{"report", `[c1=ok "{}"]`},
+		{"send_mail", `[c1=error "blocked: confirmation timed out"]`},
+	} {
+		batch := fmt.Sprintf("lt/%d", i+1)
+		if err := c.Submit(ctx, submitOf("lt", int64(i+1), tc.tool, `{}`)); err != nil {
+			t.Fatal(err)
+		}
+		for parked := false; !parked; {
+			m, err := w.Next(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parked = m.Awaiting != nil && m.Awaiting.BatchID == batch
+		}
+		ahead.Add(int64(2 * time.Hour)) // every sweep from now on finds the ticket overdue
+		res, err := c.WaitResults(ctx, "lt", batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprint(resultTexts(res)); got != tc.want {
+			t.Fatalf("%s: results %s, want %s", batch, got, tc.want)
+		}
+	}
+	if got := overdueCounts(t, reg); got != "expire=1 perform=1" {
+		t.Fatalf("toolbatch_timers_overdue_total: %s, want expire=1 perform=1", got)
+	}
+}
+
+// overdueCounts reads toolbatch_timers_overdue_total by action.
+func overdueCounts(t *testing.T, reg *prometheus.Registry) string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		if mf.GetName() != "toolbatch_timers_overdue_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			out = append(out, fmt.Sprintf("%s=%g", m.GetLabel()[0].GetValue(), m.GetCounter().GetValue()))
+		}
+	}
+	sort.Strings(out)
+	return strings.Join(out, " ")
 }
 
 // subjectCounts returns the number of messages of each subject that

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -24,6 +25,14 @@ import (
 // the runs at start. A fire for a ticket already resolved is refused by the
 // aggregate (not_awaiting) and dropped; one that arrives early (clocks) is
 // scheduled again.
+//
+// A stored schedule can still be lost: a cluster's timers stream losing
+// its leader as the schedule is written has been seen to leave a ticket
+// that never fires. So every engine also sweeps the tickets bucket every
+// SweepEvery (sweepOverdue) and fires itself each timer more than
+// overdueAfter past its time. The fire is the one the server would have
+// published, under a message id, and the aggregate decides it as it does
+// any fire: one that comes twice is refused (not_awaiting) and dropped.
 //
 // The projector runner also publishes, with no schedule, one fire per
 // delegated child a commit stopped (aggregate.ChildrenToCancel): the
@@ -63,10 +72,8 @@ func (e *Engine) publishCancels(ctx context.Context, runID string, children []ag
 		if err != nil {
 			return err
 		}
-		msg := nats.NewMsg(e.names.TimerFire(runID))
-		msg.Data = body
 		id := fmt.Sprintf("cancel/%s/%d", c.OperationID, c.Attempt)
-		if _, err := e.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id)); err != nil {
+		if _, err := e.fire(ctx, runID, body, id); err != nil {
 			return fmt.Errorf("cancel of child %s: %w", id, err)
 		}
 	}
@@ -92,5 +99,83 @@ func (e *Engine) schedule(ctx context.Context, runID string, f protocol.TimerFir
 	if err != nil {
 		return fmt.Errorf("schedule %s of %s at %s: %w", f.Action, f.CorrelationID, at.Format(time.RFC3339), err)
 	}
+	return nil
+}
+
+// fire publishes a fire of the run now, under a message id: a repeat
+// within the timers stream's duplicate window is dropped (dup).
+func (e *Engine) fire(ctx context.Context, runID string, body []byte, id string) (dup bool, err error) {
+	msg := nats.NewMsg(e.names.TimerFire(runID))
+	msg.Data = body
+	ack, err := e.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id))
+	if err != nil {
+		return false, err
+	}
+	return ack.Duplicate, nil
+}
+
+// overdueAfter is how long past its time a ticket's timer may be before
+// the sweep fires it: a schedule fires within a second of its time (their
+// resolution), and the run's engine resolves the ticket at once, or within
+// a failover when its engine died.
+const overdueAfter = 10 * time.Second
+
+// sweepOverdue reads every open ticket and fires each timer that should
+// have fired more than overdueAfter ago.
+func (e *Engine) sweepOverdue(ctx context.Context) error {
+	w, err := e.ticketsKV.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("tickets bucket: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	cutoff := e.cfg.Now().Add(-overdueAfter)
+	for {
+		var entry jetstream.KeyValueEntry
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("tickets bucket: %w", ctx.Err())
+		case entry = <-w.Updates():
+		}
+		if entry == nil {
+			return nil // every open ticket read
+		}
+		var t protocol.AwaitingOut
+		if err := json.Unmarshal(entry.Value(), &t); err != nil {
+			e.log.Warn().Str("key", entry.Key()).Err(err).Msg("ticket undecodable in the tickets bucket: not swept")
+			continue
+		}
+		for _, tm := range [...]struct{ action, at string }{{protocol.TimerExpire, t.Deadline}, {protocol.TimerPerform, t.Due}} {
+			if err := e.fireOverdue(ctx, t, tm.action, tm.at, cutoff); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// fireOverdue fires a ticket's timer (its action, due at at) when at is
+// before cutoff.
+func (e *Engine) fireOverdue(ctx context.Context, t protocol.AwaitingOut, action, at string, cutoff time.Time) error {
+	if at == "" {
+		return nil
+	}
+	due, err := time.Parse(time.RFC3339Nano, at)
+	if err != nil {
+		e.log.Warn().Str(fieldRunID, t.RunID).Err(err).Msg("ticket with an undecodable time in the tickets bucket: not swept")
+		return nil
+	}
+	if !due.Before(cutoff) {
+		return nil
+	}
+	body, err := events.Marshal(protocol.TimerFire{Action: action, CorrelationID: t.CorrelationID})
+	if err != nil {
+		return err
+	}
+	dup, err := e.fire(ctx, t.RunID, body, "overdue/"+action+"/"+t.CorrelationID)
+	if err != nil || dup {
+		return err // dup: fired by an earlier sweep, here or elsewhere
+	}
+	e.metrics.TimerOverdue(action)
+	e.log.Warn().Str(fieldRunID, t.RunID).Str("action", action).Str("correlation_id", t.CorrelationID).Time("at", due).
+		Msg("a ticket's timer did not fire in time (its stored schedule lost or late): fired by the sweep")
 	return nil
 }

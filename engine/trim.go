@@ -105,7 +105,13 @@ func (t *trimmer) below(ctx context.Context, info *jetstream.ConsumerInfo, filte
 // runTrims trims every TrimEvery until ctx is done.
 func (e *Engine) runTrims(ctx context.Context) {
 	t := e.newTrimmer()
-	tick := time.NewTicker(e.cfg.TrimEvery)
+	e.every(ctx, e.cfg.TrimEvery, "trimming acknowledged messages", t.trim)
+}
+
+// every calls fn every period until ctx is done, each call bounded by the
+// period; a failure is logged with what, and the next period tries again.
+func (e *Engine) every(ctx context.Context, period time.Duration, what string, fn func(context.Context) error) {
+	tick := time.NewTicker(period)
 	defer tick.Stop()
 	for {
 		select {
@@ -113,9 +119,9 @@ func (e *Engine) runTrims(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		tctx, cancel := context.WithTimeout(ctx, e.cfg.TrimEvery)
-		if err := t.trim(tctx); err != nil && ctx.Err() == nil {
-			e.log.Warn().Err(err).Msg("trimming acknowledged messages")
+		tctx, cancel := context.WithTimeout(ctx, period)
+		if err := fn(tctx); err != nil && ctx.Err() == nil {
+			e.log.Warn().Err(err).Msg(what)
 		}
 		cancel()
 	}

@@ -44,6 +44,7 @@ type Engine struct {
 	gateDecisions    *prometheus.CounterVec
 	runsEnded        *prometheus.CounterVec
 	recoveries       *prometheus.CounterVec
+	timersOverdue    *prometheus.CounterVec
 	resultsRefused   *prometheus.CounterVec
 	commits          prometheus.Counter
 	conflicts        prometheus.Counter
@@ -132,10 +133,12 @@ func NewEngine(reg prometheus.Registerer, g EngineGauges) *Engine {
 		runsEnded:      f.counterVec("toolbatch_runs_ended_total", "Runs ended, by cause.", "cause"),
 		recoveries:     f.counterVec("toolbatch_recoveries_total", "Recovery actions on calls found executing after a crash or takeover.", "action"),
 		resultsRefused: f.counterVec("toolbatch_results_refused_total", "Executor results refused (stale attempt, bad token, ...), by reason.", "reason"),
-		commits:        f.counter("toolbatch_commits_total", "Commits appended to the events stream."),
-		conflicts:      f.counter("toolbatch_commit_conflicts_total", "Appends refused because the run was extended elsewhere (reloaded and decided again)."),
-		batches:        map[string]*batchSeen{},
-		series:         map[[2]string]*stages{},
+		timersOverdue: f.counterVec("toolbatch_timers_overdue_total",
+			"Ticket timers (action expire or perform) that had not fired well after their time, fired by an engine's sweep: their stored schedule was lost or late.", "action"),
+		commits:   f.counter("toolbatch_commits_total", "Commits appended to the events stream."),
+		conflicts: f.counter("toolbatch_commit_conflicts_total", "Appends refused because the run was extended elsewhere (reloaded and decided again)."),
+		batches:   map[string]*batchSeen{},
+		series:    map[[2]string]*stages{},
 	}
 	info := f.gaugeVec("toolbatch_build_info", "The engine's version and Go version (always 1).", "version", "go_version")
 	info.WithLabelValues(version(), goVersion()).Set(1)
@@ -170,6 +173,13 @@ func (m *Engine) Commit() {
 func (m *Engine) Conflict() {
 	if m != nil {
 		m.conflicts.Inc()
+	}
+}
+
+// TimerOverdue counts a ticket's timer fired by the sweep.
+func (m *Engine) TimerOverdue(action string) {
+	if m != nil {
+		m.timersOverdue.WithLabelValues(action).Inc()
 	}
 }
 
