@@ -545,6 +545,20 @@ func medianOf(reps []LatencyRep, f func(LatencyRep) Num) Num {
 	return Num(median(v))
 }
 
+// w1Loop runs W1 batches of tool, one at a time, for d.
+func w1Loop(ctx context.Context, c *cluster, tool, prefix string, d time.Duration, stepsPerRun int) ([]sample, float64, error) {
+	c.measures++
+	prefix = fmt.Sprintf("m%d-%s", c.measures, prefix)
+	var samples []sample
+	stop := make(chan struct{})
+	timer := time.AfterFunc(d, func() { close(stop) })
+	defer timer.Stop()
+	start := time.Now()
+	err := clientLoop(ctx, loopConfig{client: c.clients[0], js: c.jss[0], prefix: protocol.DefaultPrefix, runPrefix: prefix, tool: tool, calls: 4, stepsPerRun: stepsPerRun},
+		stop, func(s sample) { samples = append(samples, s) })
+	return samples, time.Since(start).Seconds(), err
+}
+
 // runW1 measures one run at a time: reps windows of dur each, after a
 // warm-up of one second.
 func runW1(ctx context.Context, c *cluster, tool string, reps int, dur time.Duration, stepsPerRun int) (W1Result, error) {
@@ -552,17 +566,8 @@ func runW1(ctx context.Context, c *cluster, tool string, reps int, dur time.Dura
 	if tool == "echo" {
 		res.Where = "engine brain builtin"
 	}
-	c.measures++
 	loop := func(prefix string, d time.Duration) ([]sample, float64, error) {
-		prefix = fmt.Sprintf("m%d-%s", c.measures, prefix)
-		var samples []sample
-		stop := make(chan struct{})
-		timer := time.AfterFunc(d, func() { close(stop) })
-		defer timer.Stop()
-		start := time.Now()
-		err := clientLoop(ctx, loopConfig{client: c.clients[0], js: c.jss[0], prefix: protocol.DefaultPrefix, runPrefix: prefix, tool: tool, calls: 4, stepsPerRun: stepsPerRun},
-			stop, func(s sample) { samples = append(samples, s) })
-		return samples, time.Since(start).Seconds(), err
+		return w1Loop(ctx, c, tool, prefix, d, stepsPerRun)
 	}
 	if _, _, err := loop("w1"+tool+"-warm", time.Second); err != nil {
 		return res, err

@@ -12,13 +12,16 @@ import (
 
 // What a mode costs against the default mode, measured interleaved: in
 // each round the two modes' clusters run side by side (the one not
-// measured is idle), and W1 noop, W1 echo and W2 are measured on one, then
-// at once on the other (with --w2-together, the two W2 run at the same
-// time, each with about half the machine). The two figures of a round are
-// seconds apart
-// rather than minutes (as --abba's pairs are), so the machine's drift
-// (other tenants, thermal state) reaches both alike; each round is one
-// pair of the ratios.
+// measured is idle). W1 noop and W1 echo are measured in turns, in
+// --w1-slices short windows on one then the other (A B B A ...), each
+// mode's p50 over all its windows' batches; W2 on one then the other, or
+// (with --w2-together) on both at the same time, each with about half the
+// machine. The two figures of a round are a fraction of a second (W1) or
+// seconds apart rather than minutes (as --abba's pairs are), so the
+// machine's drift (other tenants, thermal state) reaches both alike; each
+// round is one pair of the ratios. (W1 in one window per mode, as it was
+// until 2026-12-05, made the mode measured second 1.16x slower in one run
+// and 1.02x in another: the order dominated a 3% comparison.)
 //
 // Each round starts its two clusters afresh: a cluster has a speed of its
 // own (two clusters of the default mode kept for 9 rounds differed by 11%
@@ -92,16 +95,11 @@ func interleavedRound(ctx context.Context, o options, skip map[string]bool, bins
 	progress(fmt.Sprintf("interleaved: round %d (%s started first, %s measured first)", r+1, modes[starts[0]], modes[order[0]]))
 	if !skip["w1"] {
 		for _, tool := range []string{"noop", "echo"} {
-			var w1 [2]W1Result
-			for _, i := range order {
-				settle(cs)
-				res, err := runW1(ctx, cs[i], tool, 1, o.w1, o.steps)
-				if err != nil {
-					return p, false, fmt.Errorf("%s: W1 %s: %w", modes[i], tool, err)
-				}
-				w1[i] = res
+			p50, err := runW1Sliced(ctx, cs, order, modes, tool, o.w1, o.w1slices, o.steps)
+			if err != nil {
+				return p, false, err
 			}
-			x := Num(ratio(float64(w1[1].P50ms), float64(w1[0].P50ms)))
+			x := Num(ratio(p50[1], p50[0]))
 			if tool == "noop" {
 				p.W1NoopP50 = x
 			} else {
@@ -147,6 +145,46 @@ func interleavedRound(ctx context.Context, o options, skip map[string]bool, bins
 		}
 	}
 	return p, cs[1].otlp != nil && cs[1].otlp.exports.Load() > 0, nil
+}
+
+// runW1Sliced measures W1 of tool on the two clusters in turns: after a
+// second's warm-up of each, slices windows of dur/slices on each, in the
+// order order, reversed, order, ... (A B B A A B ...), so that a change of
+// the machine's speed within the round reaches both alike. It returns each
+// cluster's p50 over the batches of all its windows.
+func runW1Sliced(ctx context.Context, cs [2]*cluster, order [2]int, modes []string, tool string, dur time.Duration, slices, stepsPerRun int) ([2]float64, error) {
+	var lat [2][]time.Duration
+	var p50 [2]float64
+	slice := dur / time.Duration(max(slices, 1))
+	for k := -1; k < max(slices, 1); k++ {
+		turn := order
+		if k%2 != 0 {
+			turn = [2]int{order[1], order[0]}
+		}
+		for _, i := range turn {
+			settle(cs)
+			if k < 0 {
+				if _, _, err := w1Loop(ctx, cs[i], tool, "w1"+tool+"-warm", time.Second, stepsPerRun); err != nil {
+					return p50, fmt.Errorf("%s: W1 %s: %w", modes[i], tool, err)
+				}
+				continue
+			}
+			samples, _, err := w1Loop(ctx, cs[i], tool, fmt.Sprintf("w1%s-s%d", tool, k), slice, stepsPerRun)
+			if err != nil {
+				return p50, fmt.Errorf("%s: W1 %s: %w", modes[i], tool, err)
+			}
+			for _, s := range samples {
+				lat[i] = append(lat[i], s.lat)
+			}
+		}
+	}
+	for i := range cs {
+		p50[i] = percentile(lat[i], 50)
+		if err := cs[i].checkAlive(); err != nil {
+			return p50, fmt.Errorf("%s: %w", modes[i], err)
+		}
+	}
+	return p50, nil
 }
 
 // Each measurement of a round starts once neither cluster is busy: not

@@ -91,6 +91,9 @@ type Settings struct {
 	// W2Together says that --interleave's rounds ran the two modes' W2
 	// at once (--w2-together).
 	W2Together bool `json:"w2_together,omitempty"`
+	// W1Slices is the number of windows in which --interleave's rounds
+	// measured each mode's W1, in turns (--w1-slices).
+	W1Slices int `json:"w1_slices,omitempty"`
 }
 
 // ModeResult is W1, W2 and the ceiling in one durability mode.
@@ -152,6 +155,7 @@ type options struct {
 	foClusterReps int
 	abba          int
 	interleave    int
+	w1slices      int
 	w2together    bool
 }
 
@@ -209,6 +213,7 @@ func run(args []string) error {
 	fs.StringVar(&o.pprofDir, "pprof-dir", "", "run the engine of the first of --modes with CPU profiling and write w1.pprof (W1 noop), w1echo.pprof and w2.pprof here")
 	fs.IntVar(&o.abba, "abba", 0, "run the two --modes (the default mode and a variant) in this many pairs, ordered default-variant, variant-default, ..., and print the variant's ratios over the default's, pair by pair and their medians")
 	fs.IntVar(&o.interleave, "interleave", 0, "run the two --modes (default,VARIANT) side by side and measure them in this many rounds of W1 and W2, one mode then the other (the order alternating), and print the variant's ratios over the default's, round by round, their medians and their balanced geometric means")
+	fs.IntVar(&o.w1slices, "w1-slices", 8, "with --interleave: measure each round's W1 as this many windows of --w1/N on each mode, in turns (A B B A ...), and compare the p50s of all their batches")
 	fs.BoolVar(&o.w2together, "w2-together", false, "with --interleave: run the two modes' W2 at once, sharing the machine, rather than one after the other; their ratio is then free of the machine's drift and of the order of measurement")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -235,6 +240,9 @@ func run(args []string) error {
 		W2Workers: o.w2workers, WorkerConcurrency: o.concurrency, StepsPerRun: o.steps, ClientConns: o.clientConns,
 		CeilingWindow: o.ceilWindow.String(), W3Events: o.w3events, ParkedRuns: o.parked, FailoverReps: o.foReps, FailoverCluster: o.foClusterReps,
 		Interleave: o.interleave, W2Together: o.w2together}}
+	if o.interleave > 0 {
+		res.Settings.W1Slices = o.w1slices
+	}
 	if skip["parked"] {
 		res.Settings.ParkedRuns = 0
 	}
@@ -730,7 +738,7 @@ func printTable(w io.Writer, r *Results) {
 	fmt.Fprintf(w, "command: %s\n", r.Command)
 	every := fmt.Sprintf("every figure: median of %d repetitions", r.Settings.Reps)
 	if n := r.Settings.Interleave; n > 0 {
-		every = fmt.Sprintf("W1 and W2: %d interleaved rounds of one repetition per mode, each ratio the median of the rounds'", n)
+		every = fmt.Sprintf("W1 and W2: %d interleaved rounds of one repetition per mode (W1 in %d windows per mode, in turns), each ratio the median of the rounds'", n, r.Settings.W1Slices)
 	}
 	fmt.Fprintf(w, "%s; W1 %s per repetition, W2 %s windows after %s warm-up, %d runs at once, %d workers (--concurrency %d); runs of %d batches\n\n",
 		every, r.Settings.W1Window, r.Settings.W2Window, r.Settings.W2Warmup, r.Settings.W2Runs, r.Settings.W2Workers,
