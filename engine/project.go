@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -320,8 +321,19 @@ func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, se
 		c.last = map[string]aggregate.Stamp{}
 	}
 	futures := make([]jetstream.PubAckFuture, 0, len(outs))
+	var sent map[string]int // subject -> index in futures, when a commit sends on it again
 	for i, o := range outs {
 		subject := e.names.Out(runID, o.Subject())
+		if j, again := sent[subject]; again && futures[j] != nil {
+			// A second message of the commit on one subject goes once the
+			// first is in: were the first lost and the second stored, the
+			// projection made again would take the first for published
+			// (the skip below compares with the subject's last message).
+			if err := waitAcks(ctx, futures[j:j+1]); err != nil {
+				return nil, err
+			}
+			futures[j] = nil // its acknowledgement was taken here
+		}
 		last, ok := c.last[subject]
 		if !ok {
 			if c.known {
@@ -349,10 +361,14 @@ func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, se
 		if err != nil {
 			return nil, err
 		}
+		if sent == nil {
+			sent = map[string]int{}
+		}
+		sent[subject] = len(futures)
 		futures = append(futures, f)
 		c.last[subject] = src
 	}
-	return futures, nil
+	return slices.DeleteFunc(futures, func(f jetstream.PubAckFuture) bool { return f == nil }), nil
 }
 
 // lastOn returns the source of the last message on an out subject (zero

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -172,5 +174,66 @@ func refuseOuts(t *testing.T, ctx context.Context, e *Engine, refuse bool) {
 	}
 	if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTwoOutMessagesOnOneSubjectGoInTurn: a commit's second message on a
+// subject is sent once the first is in. Here the first is refused (over
+// the stream's maximum size) and the second would be stored: it is not
+// sent, so the projection made again sends both, the first first. (Sent
+// at once, the second was stored, and the projection made again took the
+// first for published: the subject's last message was after it.)
+func TestTwoOutMessagesOnOneSubjectGoInTurn(t *testing.T) {
+	e, _, ctx := projectionShard(t)
+	const run = "two-on-one"
+	reason := func(n int) string { return strings.Repeat("x", n) }
+	outs := []projector.Output{
+		{Kind: "rejected", Rejected: &protocol.RejectedOut{BatchID: run + "/1", Code: events.CodeUndecodable, Reason: reason(2000)}},
+		{Kind: "rejected", Rejected: &protocol.RejectedOut{BatchID: run + "/2", Code: events.CodeUndecodable, Reason: reason(10)}},
+	}
+	info, err := e.outStream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.Config
+	cfg.MaxMsgSize = 1000 // the first does not fit, the second does
+	if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	var cur outCursor
+	futures, err := e.publishOuts(ctx, &cur, run, 7, outs)
+	if err == nil {
+		err = waitAcks(ctx, futures)
+	}
+	if err == nil {
+		t.Fatal("the first message's refusal was not reported")
+	}
+	refuseOuts(t, ctx, e, false)
+	cur = outCursor{} // what was sent is not known: read again (as project does)
+	futures, err = e.publishOuts(ctx, &cur, run, 7, outs)
+	if err == nil {
+		err = waitAcks(ctx, futures)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	cons, err := e.outStream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{e.names.Out(run, ">")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range outCount(t, ctx, e, run) {
+		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r protocol.RejectedOut
+		if err := events.Unmarshal(m.Data(), &r); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r.BatchID)
+	}
+	if want := []string{run + "/1", run + "/2"}; !slices.Equal(got, want) {
+		t.Fatalf("out messages %v, want %v", got, want)
 	}
 }
