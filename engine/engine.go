@@ -37,11 +37,13 @@ const (
 	DefaultCheckpointEvery = time.Minute
 	// DefaultTrimEvery is Config.TrimEvery's default.
 	DefaultTrimEvery = 5 * time.Second
-	// DefaultSweepEvery is Config.SweepEvery's default.
-	DefaultSweepEvery = 30 * time.Second
-	DefaultMaxPending = 10000
-	DefaultCacheRuns  = 1024
-	DefaultCacheBytes = 256 << 20
+	// DefaultSweepEvery and DefaultOverdueAfter are Config.SweepEvery's
+	// and Config.OverdueAfter's defaults.
+	DefaultSweepEvery   = 30 * time.Second
+	DefaultOverdueAfter = 10 * time.Second
+	DefaultMaxPending   = 10000
+	DefaultCacheRuns    = 1024
+	DefaultCacheBytes   = 256 << 20
 )
 
 // Config configures an engine. The zero value of each field means its
@@ -122,9 +124,10 @@ type Config struct {
 	// messages their consumers have acknowledged (default 5s; trim.go).
 	TrimEvery time.Duration
 	// SweepEvery is how often the engine looks for open tickets whose
-	// timer should have fired and did not, and fires them (default 30s;
-	// timers.go).
-	SweepEvery time.Duration
+	// timer should have fired and did not, and schedules them again
+	// (default 30s; timers.go); OverdueAfter is how long past its time a
+	// timer may be unfired before that (default 10s).
+	SweepEvery, OverdueAfter time.Duration
 	// Metrics, when set, is where the engine registers its metrics
 	// (package metrics; nil: none).
 	Metrics prometheus.Registerer
@@ -153,6 +156,9 @@ func (c *Config) defaults() {
 	}
 	if c.SweepEvery <= 0 {
 		c.SweepEvery = DefaultSweepEvery
+	}
+	if c.OverdueAfter <= 0 {
+		c.OverdueAfter = DefaultOverdueAfter
 	}
 	if c.OutMaxAge <= 0 {
 		c.OutMaxAge = DefaultOutMaxAge
@@ -260,7 +266,7 @@ type Engine struct {
 	trust               *trust           // what this engine verifies; nil: it does not sign
 	metrics             *metrics.Engine  // nil: none
 	ownedRuns           atomic.Int64     // runs whose owner key this engine holds
-	tickets             *ticketCounts    // open tickets by reason, with metrics
+	tickets             *openTickets     // the tickets bucket, mirrored (timers.go)
 	intake              atomic.Pointer[jetstream.Consumer]
 
 	catMu    sync.Mutex
@@ -300,8 +306,8 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 	if e.id == "" {
 		e.id = nuid.Next()
 	}
+	e.tickets = &openTickets{}
 	if cfg.Metrics != nil {
-		e.tickets = &ticketCounts{}
 		e.metrics = metrics.NewEngine(cfg.Metrics, metrics.EngineGauges{
 			RunsOwned:    func() float64 { return float64(e.ownedRuns.Load()) },
 			InboxPending: e.inboxPending,
@@ -402,18 +408,10 @@ func (e *Engine) Run(ctx context.Context) error {
 		return err
 	}
 	defer e.live.stop()
-	if e.tickets != nil {
-		if err := e.untilDone(ctx, "watch the tickets bucket", func(ctx context.Context) error {
-			kv, err := e.js.KeyValue(ctx, e.names.TicketsBucket())
-			if err != nil {
-				return err
-			}
-			return e.tickets.start(ctx, kv)
-		}); err != nil {
-			return err
-		}
-		defer e.tickets.stop()
+	if err := e.untilDone(ctx, "watch the tickets bucket", func(ctx context.Context) error { return e.tickets.start(ctx, e.ticketsKV) }); err != nil {
+		return err
 	}
+	defer e.tickets.stop()
 	var intake, timers jetstream.Consumer
 	err = e.untilDone(ctx, "create the engine's consumers", func(ctx context.Context) error {
 		var err error

@@ -721,20 +721,70 @@ gate:
 	}
 }
 
-// TestALostTimerIsFiredByTheSweep: a ticket whose stored schedule does not
-// fire (here: the engine's clock runs two hours ahead of the server's, so
-// the schedules wait for their time on the server) is resolved all the
-// same, its fire published by the sweep once, whatever the number of
-// sweeps. A schedule the server lost leaves the same state: a ticket in
-// the bucket and no fire.
-func TestALostTimerIsFiredByTheSweep(t *testing.T) {
+// TestALostScheduleIsScheduledAgain: a ticket whose stored schedule is
+// gone (here purged from the timers stream, as a server that lost it
+// would leave it) is resolved all the same: the sweep finds its timer
+// overdue and schedules it again, and counts it once.
+func TestALostScheduleIsScheduledAgain(t *testing.T) {
 	cat := mustCatalog(t, `
 tools:
   - {id: send_mail, builtin: echo}
   - {id: report, builtin: echo, recovery: {mode: replay_safe}}
 gate:
   rules:
-    - {tools: ["send_*"], outcome: require_confirmation, deadline: 1h}
+    - {tools: ["send_*"], outcome: require_confirmation, deadline: 3s}
+    - {tools: ["report"], outcome: schedule, after: 3s}
+`)
+	reg := prometheus.NewRegistry()
+	url := testnats.Start(t, t.TempDir())
+	startEngine(t, url, engine.Config{Catalog: cat, SweepEvery: 50 * time.Millisecond, OverdueAfter: 2 * time.Second, Metrics: reg})
+	c := newClient(t, url)
+	ctx := ctxT(t, 60*time.Second)
+	js := testnats.JetStream(t, testnats.Connect(t, url))
+	timers, err := js.Stream(ctx, "TOOLBATCH_TIMERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	runs := map[string]struct{ tool, want string }{
+		"ls-perform": {"report", `[c1=ok "{}"]`},
+		"ls-expire":  {"send_mail", `[c1=error "blocked: confirmation timed out"]`},
+	}
+	for run, tc := range runs {
+		if err := c.Submit(ctx, submitOf(run, 1, tc.tool, `{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for run := range runs {
+		awaitTicket(t, ctx, c, run)
+		// The schedule is due in 3 s: it is purged long before.
+		if err := timers.Purge(ctx, jetstream.WithPurgeSubject("toolbatch.timer.at."+run+".>")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for run, tc := range runs {
+		res, err := c.WaitResults(ctx, run, run+"/1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprint(resultTexts(res)); got != tc.want {
+			t.Fatalf("%s: results %s, want %s", run, got, tc.want)
+		}
+	}
+	if got := overdueCounts(t, reg); got != "expire=1 perform=1" {
+		t.Fatalf("toolbatch_timers_overdue_total: %s, want expire=1 perform=1", got)
+	}
+}
+
+// TestAFastClockFiresNoTimerEarly: an engine whose clock runs two hours
+// ahead finds a timer due in an hour overdue, and schedules it again at
+// its own time: the server's clock decides when it fires.
+func TestAFastClockFiresNoTimerEarly(t *testing.T) {
+	cat := mustCatalog(t, `
+tools:
+  - {id: report, builtin: echo, recovery: {mode: replay_safe}}
+gate:
+  rules:
     - {tools: ["report"], outcome: schedule, after: 1h}
 `)
 	var ahead atomic.Int64
@@ -744,38 +794,61 @@ gate:
 	startEngine(t, url, engine.Config{Catalog: cat, Now: now, SweepEvery: 50 * time.Millisecond, Metrics: reg})
 	c := newClient(t, url)
 	ctx := ctxT(t, 60*time.Second)
+	js := testnats.JetStream(t, testnats.Connect(t, url))
 
-	w, err := c.Watch(ctx, "lt")
+	if err := c.Submit(ctx, submitOf("fc", 1, "report", `{}`)); err != nil {
+		t.Fatal(err)
+	}
+	ticket := awaitTicket(t, ctx, c, "fc")
+	ahead.Store(int64(2 * time.Hour))
+	timers, err := js.Stream(ctx, "TOOLBATCH_TIMERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := "toolbatch.timer.at.fc.perform." + ticket.CorrelationID
+	var sched *jetstream.RawStreamMsg
+	testwait.Until(t, ctx, "the sweep schedules the timer again", func() bool {
+		m, err := timers.GetLastMsgForSubject(ctx, subject)
+		if err == nil && m.Header.Get(jetstream.MsgIDHeader) == "overdue/perform/"+ticket.CorrelationID {
+			sched = m
+		}
+		return sched != nil
+	})
+	due, err := time.Parse(time.RFC3339Nano, ticket.Due)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "@at " + due.Truncate(time.Second).Add(time.Second).UTC().Format(time.RFC3339); sched.Header.Get("Nats-Schedule") != want {
+		t.Fatalf("scheduled again with %q, want %q (the ticket's own time)", sched.Header.Get("Nats-Schedule"), want)
+	}
+	if got := overdueCounts(t, reg); got != "expire=0 perform=1" {
+		t.Fatalf("toolbatch_timers_overdue_total: %s, want expire=0 perform=1", got)
+	}
+	kv, err := js.KeyValue(ctx, "TOOLBATCH_TICKETS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Get(ctx, protocol.TicketKey("fc")); err != nil {
+		t.Fatalf("the ticket is not open any more: %v", err)
+	}
+}
+
+// awaitTicket waits for the run's ticket.
+func awaitTicket(t *testing.T, ctx context.Context, c *client.Client, runID string) *protocol.AwaitingOut {
+	t.Helper()
+	w, err := c.Watch(ctx, runID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Stop()
-	for i, tc := range []struct{ tool, want string }{
-		{"report", `[c1=ok "{}"]`},
-		{"send_mail", `[c1=error "blocked: confirmation timed out"]`},
-	} {
-		batch := fmt.Sprintf("lt/%d", i+1)
-		if err := c.Submit(ctx, submitOf("lt", int64(i+1), tc.tool, `{}`)); err != nil {
-			t.Fatal(err)
-		}
-		for parked := false; !parked; {
-			m, err := w.Next(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			parked = m.Awaiting != nil && m.Awaiting.BatchID == batch
-		}
-		ahead.Add(int64(2 * time.Hour)) // every sweep from now on finds the ticket overdue
-		res, err := c.WaitResults(ctx, "lt", batch)
+	for {
+		m, err := w.Next(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := fmt.Sprint(resultTexts(res)); got != tc.want {
-			t.Fatalf("%s: results %s, want %s", batch, got, tc.want)
+		if m.Awaiting != nil {
+			return m.Awaiting
 		}
-	}
-	if got := overdueCounts(t, reg); got != "expire=1 perform=1" {
-		t.Fatalf("toolbatch_timers_overdue_total: %s, want expire=1 perform=1", got)
 	}
 }
 

@@ -2,65 +2,18 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // What the engine shows outside (package metrics): the gauges read when
 // scraped, and its readiness.
-
-// ticketCounts mirrors the tickets bucket as counts by wait reason, for
-// toolbatch_tickets_open: every engine reports the whole deployment's.
-type ticketCounts struct {
-	mu      sync.Mutex
-	reasons map[string]string // run key -> reason
-	watch   jetstream.KeyWatcher
-}
-
-func (t *ticketCounts) start(ctx context.Context, kv jetstream.KeyValue) error {
-	t.reasons = map[string]string{}
-	var err error
-	t.watch, err = mirror(ctx, kv, protocol.TicketKeyPrefix+">", t.apply)
-	return err
-}
-
-func (t *ticketCounts) apply(up jetstream.KeyValueEntry) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if up.Operation() != jetstream.KeyValuePut {
-		delete(t.reasons, up.Key())
-		return
-	}
-	var a protocol.AwaitingOut
-	if json.Unmarshal(up.Value(), &a) == nil {
-		t.reasons[up.Key()] = string(a.Reason)
-	}
-}
-
-func (t *ticketCounts) stop() {
-	if t != nil && t.watch != nil {
-		_ = t.watch.Stop()
-	}
-}
-
-func (t *ticketCounts) counts() map[string]int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := map[string]int{}
-	for _, r := range t.reasons {
-		out[r]++
-	}
-	return out
-}
 
 // inboxPending is the inbox messages the engines have not taken or not
 // acknowledged (the intake consumer's pending and unacknowledged).

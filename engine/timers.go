@@ -3,7 +3,9 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,11 +30,12 @@ import (
 //
 // A stored schedule can still be lost: a cluster's timers stream losing
 // its leader as the schedule is written has been seen to leave a ticket
-// that never fires. So every engine also sweeps the tickets bucket every
-// SweepEvery (sweepOverdue) and fires itself each timer more than
-// overdueAfter past its time. The fire is the one the server would have
-// published, under a message id, and the aggregate decides it as it does
-// any fire: one that comes twice is refused (not_awaiting) and dropped.
+// that never fires. So every engine keeps the tickets bucket in memory
+// (openTickets) and, every SweepEvery, schedules again each open ticket's
+// timer more than OverdueAfter past its time, for that time
+// (sweepOverdue): the server's clock still decides when it fires, and the
+// aggregate decides the fire as any other (one that comes twice is
+// refused, not_awaiting, and dropped).
 //
 // The projector runner also publishes, with no schedule, one fire per
 // delegated child a commit stopped (aggregate.ChildrenToCancel): the
@@ -72,8 +75,10 @@ func (e *Engine) publishCancels(ctx context.Context, runID string, children []ag
 		if err != nil {
 			return err
 		}
+		msg := nats.NewMsg(e.names.TimerFire(runID))
+		msg.Data = body
 		id := fmt.Sprintf("cancel/%s/%d", c.OperationID, c.Attempt)
-		if _, err := e.fire(ctx, runID, body, id); err != nil {
+		if _, err := e.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id)); err != nil {
 			return fmt.Errorf("cancel of child %s: %w", id, err)
 		}
 	}
@@ -83,6 +88,16 @@ func (e *Engine) publishCancels(ctx context.Context, runID string, children []ag
 // schedule publishes one schedule. Schedules have a one-second resolution:
 // the time is rounded up, so a timer never fires before its time.
 func (e *Engine) schedule(ctx context.Context, runID string, f protocol.TimerFire, at time.Time) error {
+	if now := e.cfg.Now(); !at.After(now) {
+		at = now.Truncate(time.Second).Add(time.Second)
+	}
+	return e.scheduleAt(ctx, runID, f, at)
+}
+
+// scheduleAt publishes a schedule for at (rounded up to the second), even
+// a time already past: the server then fires it at once. Options are the
+// publish's (a message id).
+func (e *Engine) scheduleAt(ctx context.Context, runID string, f protocol.TimerFire, at time.Time, opts ...jetstream.PublishOpt) error {
 	body, err := events.Marshal(f)
 	if err != nil {
 		return err
@@ -90,92 +105,159 @@ func (e *Engine) schedule(ctx context.Context, runID string, f protocol.TimerFir
 	if at.Truncate(time.Second) != at {
 		at = at.Truncate(time.Second).Add(time.Second)
 	}
-	if now := e.cfg.Now(); !at.After(now) {
-		at = now.Truncate(time.Second).Add(time.Second)
-	}
 	msg := nats.NewMsg(e.names.TimerAt(runID, f.Action, f.CorrelationID))
 	msg.Data = body
-	_, err = e.js.PublishMsg(ctx, msg, jetstream.WithScheduleAt(at), jetstream.WithScheduleTarget(e.names.TimerFire(runID)))
-	if err != nil {
+	opts = append(opts, jetstream.WithScheduleAt(at), jetstream.WithScheduleTarget(e.names.TimerFire(runID)))
+	if _, err := e.js.PublishMsg(ctx, msg, opts...); err != nil {
 		return fmt.Errorf("schedule %s of %s at %s: %w", f.Action, f.CorrelationID, at.Format(time.RFC3339), err)
 	}
 	return nil
 }
 
-// fire publishes a fire of the run now, under a message id: a repeat
-// within the timers stream's duplicate window is dropped (dup).
-func (e *Engine) fire(ctx context.Context, runID string, body []byte, id string) (dup bool, err error) {
-	msg := nats.NewMsg(e.names.TimerFire(runID))
-	msg.Data = body
-	ack, err := e.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id))
-	if err != nil {
-		return false, err
-	}
-	return ack.Duplicate, nil
+// openTickets mirrors the tickets bucket (every run's open ticket, the
+// projection's): what the sweep looks at, and toolbatch_tickets_open.
+// Every engine keeps it, from one watch of the bucket; a ticket's key
+// changes only when a run parks or its ticket is resolved.
+type openTickets struct {
+	mu    sync.Mutex
+	byKey map[string]ticketTimes
+	watch jetstream.KeyWatcher
+	// again is when this engine last scheduled each overdue timer again
+	// (by timerKey); an entry goes with its ticket.
+	again map[string]time.Time
 }
 
-// overdueAfter is how long past its time a ticket's timer may be before
-// the sweep fires it: a schedule fires within a second of its time (their
-// resolution), and the run's engine resolves the ticket at once, or within
-// a failover when its engine died.
-const overdueAfter = 10 * time.Second
+// ticketTimes is what the sweep and the gauge read of a ticket: the
+// fields of protocol.AwaitingOut they need (its arguments are not read).
+type ticketTimes struct {
+	RunID         string `json:"run_id"`
+	CorrelationID string `json:"correlation_id"`
+	Reason        string `json:"reason"`
+	Deadline      string `json:"deadline"`
+	Due           string `json:"due"`
+}
 
-// sweepOverdue reads every open ticket and fires each timer that should
-// have fired more than overdueAfter ago.
-func (e *Engine) sweepOverdue(ctx context.Context) error {
-	w, err := e.ticketsKV.WatchAll(ctx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return fmt.Errorf("tickets bucket: %w", err)
+// timers returns the ticket's timers: expire at its deadline, perform at
+// its due time, each when set (and readable).
+func (t ticketTimes) timers() []dueTimer {
+	var out []dueTimer
+	for _, tm := range [...]struct{ action, at string }{{protocol.TimerExpire, t.Deadline}, {protocol.TimerPerform, t.Due}} {
+		if at, err := time.Parse(time.RFC3339Nano, tm.at); err == nil {
+			out = append(out, dueTimer{runID: t.RunID, action: tm.action, correlationID: t.CorrelationID, at: at})
+		}
 	}
-	defer func() { _ = w.Stop() }()
-	cutoff := e.cfg.Now().Add(-overdueAfter)
-	for {
-		var entry jetstream.KeyValueEntry
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("tickets bucket: %w", ctx.Err())
-		case entry = <-w.Updates():
+	return out
+}
+
+// dueTimer is one timer of an open ticket.
+type dueTimer struct {
+	runID, action, correlationID string
+	at                           time.Time
+	// first: this engine had not found it overdue before.
+	first bool
+}
+
+func (d dueTimer) key() string { return d.action + "/" + d.correlationID }
+
+func (t *openTickets) start(ctx context.Context, kv jetstream.KeyValue) error {
+	t.byKey, t.again = map[string]ticketTimes{}, map[string]time.Time{}
+	var err error
+	t.watch, err = mirror(ctx, kv, protocol.TicketKeyPrefix+">", t.apply)
+	return err
+}
+
+func (t *openTickets) apply(up jetstream.KeyValueEntry) {
+	var tt ticketTimes
+	put := up.Operation() == jetstream.KeyValuePut && json.Unmarshal(up.Value(), &tt) == nil
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.byKey[up.Key()]; ok && old.CorrelationID != tt.CorrelationID {
+		for _, d := range old.timers() {
+			delete(t.again, d.key())
 		}
-		if entry == nil {
-			return nil // every open ticket read
-		}
-		var t protocol.AwaitingOut
-		if err := json.Unmarshal(entry.Value(), &t); err != nil {
-			e.log.Warn().Str("key", entry.Key()).Err(err).Msg("ticket undecodable in the tickets bucket: not swept")
-			continue
-		}
-		for _, tm := range [...]struct{ action, at string }{{protocol.TimerExpire, t.Deadline}, {protocol.TimerPerform, t.Due}} {
-			if err := e.fireOverdue(ctx, t, tm.action, tm.at, cutoff); err != nil {
-				return err
+	}
+	if !put {
+		delete(t.byKey, up.Key())
+		return
+	}
+	t.byKey[up.Key()] = tt
+}
+
+func (t *openTickets) stop() {
+	if t != nil && t.watch != nil {
+		_ = t.watch.Stop()
+	}
+}
+
+// counts returns the open tickets by wait reason.
+func (t *openTickets) counts() map[string]int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := map[string]int{}
+	for _, tt := range t.byKey {
+		out[tt.Reason]++
+	}
+	return out
+}
+
+// sweepAgain is how long an engine waits before it schedules an overdue
+// timer again, once it has: a fire that waits for the run's engine (one
+// that died, say) is not joined by a new one every sweep.
+const sweepAgain = 5 * time.Minute
+
+// overdue returns the timers due before cutoff that this engine has not
+// scheduled again within sweepAgain of now, and marks them scheduled.
+func (t *openTickets) overdue(cutoff, now time.Time) []dueTimer {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []dueTimer
+	for _, tt := range t.byKey {
+		for _, d := range tt.timers() {
+			if !d.at.Before(cutoff) {
+				continue
 			}
+			last, seen := t.again[d.key()]
+			if seen && now.Sub(last) < sweepAgain {
+				continue
+			}
+			d.first = !seen
+			t.again[d.key()] = now
+			out = append(out, d)
 		}
+	}
+	return out
+}
+
+// unmark says that a timer's schedule did not go out (its publish
+// failed): the next sweep tries again.
+func (t *openTickets) unmark(d dueTimer) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.again[d.key()]; ok {
+		t.again[d.key()] = time.Time{}
 	}
 }
 
-// fireOverdue fires a ticket's timer (its action, due at at) when at is
-// before cutoff.
-func (e *Engine) fireOverdue(ctx context.Context, t protocol.AwaitingOut, action, at string, cutoff time.Time) error {
-	if at == "" {
-		return nil
+// sweepOverdue schedules again every open ticket's timer that should have
+// fired more than OverdueAfter ago, at its own time: the server fires it
+// at once, by its own clock, so an engine whose clock runs ahead makes no
+// timer fire early. The schedule replaces the one on its subject, if the
+// server still holds it; its message id keeps the sweeps of several
+// engines to one within the timers stream's duplicate window.
+func (e *Engine) sweepOverdue(ctx context.Context) error {
+	now := e.cfg.Now()
+	var errs []error
+	for _, d := range e.tickets.overdue(now.Add(-e.cfg.OverdueAfter), now) {
+		if d.first {
+			e.metrics.TimerOverdue(d.action)
+			e.log.Warn().Str(fieldRunID, d.runID).Str("action", d.action).Str("correlation_id", d.correlationID).Time("at", d.at).
+				Msg("a ticket's timer has not fired (its stored schedule lost or late): scheduled again")
+		}
+		f := protocol.TimerFire{Action: d.action, CorrelationID: d.correlationID}
+		if err := e.scheduleAt(ctx, d.runID, f, d.at, jetstream.WithMsgID("overdue/"+d.key())); err != nil {
+			e.tickets.unmark(d)
+			errs = append(errs, err)
+		}
 	}
-	due, err := time.Parse(time.RFC3339Nano, at)
-	if err != nil {
-		e.log.Warn().Str(fieldRunID, t.RunID).Err(err).Msg("ticket with an undecodable time in the tickets bucket: not swept")
-		return nil
-	}
-	if !due.Before(cutoff) {
-		return nil
-	}
-	body, err := events.Marshal(protocol.TimerFire{Action: action, CorrelationID: t.CorrelationID})
-	if err != nil {
-		return err
-	}
-	dup, err := e.fire(ctx, t.RunID, body, "overdue/"+action+"/"+t.CorrelationID)
-	if err != nil || dup {
-		return err // dup: fired by an earlier sweep, here or elsewhere
-	}
-	e.metrics.TimerOverdue(action)
-	e.log.Warn().Str(fieldRunID, t.RunID).Str("action", action).Str("correlation_id", t.CorrelationID).Time("at", due).
-		Msg("a ticket's timer did not fire in time (its stored schedule lost or late): fired by the sweep")
-	return nil
+	return errors.Join(errs...)
 }

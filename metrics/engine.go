@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/protocol"
 )
 
 // Labels' values.
@@ -134,11 +135,14 @@ func NewEngine(reg prometheus.Registerer, g EngineGauges) *Engine {
 		recoveries:     f.counterVec("toolbatch_recoveries_total", "Recovery actions on calls found executing after a crash or takeover.", "action"),
 		resultsRefused: f.counterVec("toolbatch_results_refused_total", "Executor results refused (stale attempt, bad token, ...), by reason.", "reason"),
 		timersOverdue: f.counterVec("toolbatch_timers_overdue_total",
-			"Ticket timers (action expire or perform) that had not fired well after their time, fired by an engine's sweep: their stored schedule was lost or late.", "action"),
+			"Ticket timers (action expire or perform) an engine found unfired well after their time and scheduled again: their stored schedule was lost or late. Each engine counts each such timer once.", "action"),
 		commits:   f.counter("toolbatch_commits_total", "Commits appended to the events stream."),
 		conflicts: f.counter("toolbatch_commit_conflicts_total", "Appends refused because the run was extended elsewhere (reloaded and decided again)."),
 		batches:   map[string]*batchSeen{},
 		series:    map[[2]string]*stages{},
+	}
+	for _, action := range []string{protocol.TimerExpire, protocol.TimerPerform} {
+		m.timersOverdue.WithLabelValues(action) // at 0 from the start, so that the first one is an increase
 	}
 	info := f.gaugeVec("toolbatch_build_info", "The engine's version and Go version (always 1).", "version", "go_version")
 	info.WithLabelValues(version(), goVersion()).Set(1)
