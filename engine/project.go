@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -63,12 +65,15 @@ func (p *projection) pending() bool { return p.unprojected != nil || p.acks != n
 
 // outAcks are a commit's out messages sent without waiting for their
 // acknowledgements: the shard goes on with its other runs while the
-// server stores (and, with --sync-always, syncs) them. A watcher waits for
-// them and tells the shard (acksIn); the run's next commit, its release
-// and a load wait for them first. When one is not acknowledged, the commit
-// is projected again from before it (what did land is skipped).
+// server stores (and, with --sync-always, syncs) them. The shard's
+// watcher (acksWatch) waits for them and hands them back (acksIn); the
+// run's next commit, its release and a load wait for them first. When one
+// is not acknowledged, the commit is projected again from before it (what
+// did land is skipped).
 type outAcks struct {
+	runID     string
 	futures   []jetstream.PubAckFuture
+	deadline  time.Time       // one try (streamTry) from the send
 	before    projector.Model // the projection before the commit
 	beforeSeq uint64
 	commit    commitToProject
@@ -80,16 +85,78 @@ type outAcks struct {
 // within a try).
 type acksIn struct{ acks *outAcks }
 
-// watch waits for the acknowledgements, at most one try (also at
-// shutdown: settleOuts waits for them), and posts acksIn to the run's
-// shard.
-func (a *outAcks) watch(s *shard, runID string) {
+// acksWatch is a shard's out messages in flight, in the order sent. One
+// goroutine waits for them while there are any, rather than one per
+// commit: 10,000 runs parking at once held as many goroutines (90 MiB of
+// stacks) while the busy shards took their acksIn late. It hands each
+// commit back to the shard without ever blocking on it (acked, notify).
+type acksWatch struct {
+	mu      sync.Mutex
+	queue   []*outAcks
+	running bool
+	acked   []*outAcks    // waited for, for the shard to take
+	notify  chan struct{} // 1-buffered: acked has some
+}
+
+// watchAcks queues a commit's out messages for the shard's watcher,
+// starting it when none runs.
+func (s *shard) watchAcks(a *outAcks) {
+	w := &s.acks
+	w.mu.Lock()
+	w.queue = append(w.queue, a)
+	start := !w.running
+	w.running = true
+	w.mu.Unlock()
+	if start {
+		s.e.wg.Add(1)
+		go s.waitQueuedAcks()
+	}
+}
+
+// waitQueuedAcks waits for the queued out messages, each at most until its
+// deadline (also at shutdown: settleOuts waits for them), until none is
+// left.
+func (s *shard) waitQueuedAcks() {
 	defer s.e.wg.Done()
-	ctx, cancel := context.WithTimeout(context.Background(), streamTry)
-	a.err = waitAcks(ctx, a.futures)
-	cancel()
-	close(a.done)
-	s.postCtx(s.runCtx, item{runID: runID, work: &acksIn{a}})
+	w := &s.acks
+	for {
+		w.mu.Lock()
+		if len(w.queue) == 0 {
+			w.running = false
+			w.mu.Unlock()
+			return
+		}
+		a := w.queue[0]
+		w.queue[0] = nil
+		w.queue = w.queue[1:]
+		w.mu.Unlock()
+		ctx, cancel := context.WithDeadline(context.Background(), a.deadline)
+		a.err = waitAcks(ctx, a.futures)
+		cancel()
+		close(a.done)
+		w.mu.Lock()
+		w.acked = append(w.acked, a)
+		w.mu.Unlock()
+		select {
+		case w.notify <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// takeAcked returns the commits whose out messages were waited for since
+// the last call, as work items.
+func (s *shard) takeAcked() []item {
+	w := &s.acks
+	w.mu.Lock()
+	acked := w.acked
+	w.acked = nil
+	w.mu.Unlock()
+	its := make([]item, len(acked))
+	for i, a := range acked {
+		its[i] = item{runID: a.runID, work: &acksIn{a}}
+	}
+	return its
 }
 
 // waitAcks waits for the acknowledgement of each publication.
@@ -239,9 +306,9 @@ func (s *shard) project(ctx context.Context, rs *runState, c commitToProject) er
 		return err
 	}
 	if len(futures) > 0 {
-		p.acks = &outAcks{futures: futures, before: p.model, beforeSeq: p.seq, commit: c, done: make(chan struct{})}
-		s.e.wg.Add(1)
-		go p.acks.watch(s, rs.id)
+		p.acks = &outAcks{runID: rs.id, futures: futures, deadline: time.Now().Add(streamTry), before: p.model, beforeSeq: p.seq, commit: c,
+			done: make(chan struct{})}
+		s.watchAcks(p.acks)
 	}
 	p.model, p.seq = model, seq
 	return nil

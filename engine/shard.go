@@ -164,11 +164,13 @@ type shard struct {
 	in     chan item
 	fence  chan struct{} // this engine was declared dead: let every run go
 	runs   map[string]*runState
-	bound  bound // of runs
+	bound  bound     // of runs
+	acks   acksWatch // its commits' out messages in flight
 }
 
 func newShard(e *Engine, b bound) *shard {
-	return &shard{e: e, in: make(chan item, 256), fence: make(chan struct{}, 1), runs: map[string]*runState{}, bound: b}
+	return &shard{e: e, in: make(chan item, 256), fence: make(chan struct{}, 1), runs: map[string]*runState{}, bound: b,
+		acks: acksWatch{notify: make(chan struct{}, 1)}}
 }
 
 func (s *shard) post(it item) { s.in <- it }
@@ -208,7 +210,13 @@ func (s *shard) loop(ctx context.Context) {
 			s.releaseIdle(true)
 			return
 		case it := <-s.in:
+			// Runs whose out messages are in go first: a run waiting
+			// for its acksIn can be neither released nor evicted, and a
+			// burst of parking runs kept thousands of them in memory.
+			s.handleAcked(ctx)
 			s.handle(ctx, it)
+		case <-s.acks.notify:
+			s.handleAcked(ctx)
 		case <-s.fence:
 			for _, rs := range s.runs {
 				if rs.owned {
@@ -219,6 +227,7 @@ func (s *shard) loop(ctx context.Context) {
 			// What came while the shard was busy (a heartbeat, a result)
 			// is taken before a lease is found out of time.
 			for range len(s.in) {
+				s.handleAcked(ctx)
 				s.handle(ctx, <-s.in)
 			}
 			s.checkLeases()
@@ -257,6 +266,14 @@ func (s *shard) keepAlive(runCtx context.Context) {
 			}
 		}
 		s.noteIdle(ctx, rs)
+	}
+}
+
+// handleAcked handles the runs whose out messages the watcher has waited
+// for (acksIn).
+func (s *shard) handleAcked(ctx context.Context) {
+	for _, it := range s.takeAcked() {
+		s.handle(ctx, it)
 	}
 }
 
