@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/toolbatch/toolbatch/catalog"
 	"github.com/toolbatch/toolbatch/client"
 	"github.com/toolbatch/toolbatch/engine"
 	"github.com/toolbatch/toolbatch/events"
@@ -661,19 +662,26 @@ gate:
 	}
 }
 
-// TestTimersFireAlsoWhileTheEngineIsDown: a confirmation deadline and a
-// scheduled action fire on their own; a deadline that passes while no
-// engine runs fires when one starts again.
-func TestTimersFireAlsoWhileTheEngineIsDown(t *testing.T) {
-	cat := mustCatalog(t, `
+// timersCatalog: send_mail asks for a confirmation with a deadline of
+// wait, report is scheduled wait after its gate.
+func timersCatalog(t *testing.T, wait string) *catalog.Catalog {
+	t.Helper()
+	return mustCatalog(t, fmt.Sprintf(`
 tools:
   - {id: send_mail, builtin: echo}
   - {id: report, builtin: echo, recovery: {mode: replay_safe}}
 gate:
   rules:
-    - {tools: ["send_*"], outcome: require_confirmation, deadline: 1s}
-    - {tools: ["report"], outcome: schedule, after: 1s}
-`)
+    - {tools: ["send_*"], outcome: require_confirmation, deadline: %s}
+    - {tools: ["report"], outcome: schedule, after: %s}
+`, wait, wait))
+}
+
+// TestTimersFireAlsoWhileTheEngineIsDown: a confirmation deadline and a
+// scheduled action fire on their own; a deadline that passes while no
+// engine runs fires when one starts again.
+func TestTimersFireAlsoWhileTheEngineIsDown(t *testing.T) {
+	cat := timersCatalog(t, "1s")
 	url := testnats.Start(t, t.TempDir())
 	re := startEngine(t, url, engine.Config{Catalog: cat})
 	c := newClient(t, url)
@@ -726,15 +734,7 @@ gate:
 // would leave it) is resolved all the same: the sweep finds its timer
 // overdue and schedules it again, and counts it once.
 func TestALostScheduleIsScheduledAgain(t *testing.T) {
-	cat := mustCatalog(t, `
-tools:
-  - {id: send_mail, builtin: echo}
-  - {id: report, builtin: echo, recovery: {mode: replay_safe}}
-gate:
-  rules:
-    - {tools: ["send_*"], outcome: require_confirmation, deadline: 3s}
-    - {tools: ["report"], outcome: schedule, after: 3s}
-`)
+	cat := timersCatalog(t, "3s")
 	reg := prometheus.NewRegistry()
 	url := testnats.Start(t, t.TempDir())
 	startEngine(t, url, engine.Config{Catalog: cat, SweepEvery: 50 * time.Millisecond, OverdueAfter: 2 * time.Second, Metrics: reg})
@@ -756,7 +756,8 @@ gate:
 		}
 	}
 	for run := range runs {
-		awaitTicket(t, ctx, c, run)
+		waitTicket(t, ctx, c, run, run+"/1")
+		scheduled(t, ctx, js, run)
 		// The schedule is due in 3 s: it is purged long before.
 		if err := timers.Purge(ctx, jetstream.WithPurgeSubject("toolbatch.timer.at."+run+".>")); err != nil {
 			t.Fatal(err)
@@ -799,7 +800,8 @@ gate:
 	if err := c.Submit(ctx, submitOf("fc", 1, "report", `{}`)); err != nil {
 		t.Fatal(err)
 	}
-	ticket := awaitTicket(t, ctx, c, "fc")
+	ticket := waitTicket(t, ctx, c, "fc", "fc/1")
+	scheduled(t, ctx, js, "fc")
 	ahead.Store(int64(2 * time.Hour))
 	timers, err := js.Stream(ctx, "TOOLBATCH_TIMERS")
 	if err != nil {
@@ -833,23 +835,14 @@ gate:
 	}
 }
 
-// awaitTicket waits for the run's ticket.
-func awaitTicket(t *testing.T, ctx context.Context, c *client.Client, runID string) *protocol.AwaitingOut {
+// scheduled waits until the run's ticket's schedule is stored: the
+// projection sends the awaiting message before it.
+func scheduled(t *testing.T, ctx context.Context, js jetstream.JetStream, runID string) {
 	t.Helper()
-	w, err := c.Watch(ctx, runID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
-	for {
-		m, err := w.Next(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if m.Awaiting != nil {
-			return m.Awaiting
-		}
-	}
+	filter := "toolbatch.timer.at." + runID + ".>"
+	testwait.Until(t, ctx, "the schedule of "+runID+"'s ticket is stored", func() bool {
+		return len(subjectCounts(t, ctx, js, "TOOLBATCH_TIMERS", filter)) > 0
+	})
 }
 
 // overdueCounts reads toolbatch_timers_overdue_total by action.
