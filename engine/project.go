@@ -86,10 +86,12 @@ type outAcks struct {
 type acksIn struct{ acks *outAcks }
 
 // acksWatch is a shard's out messages in flight, in the order sent. One
-// goroutine waits for them while there are any, rather than one per
-// commit: 10,000 runs parking at once held as many goroutines (90 MiB of
-// stacks) while the busy shards took their acksIn late. It hands each
-// commit back to the shard without ever blocking on it (acked, notify).
+// goroutine waits for them while there are any (not one per commit), and
+// hands each commit back on a list the shard takes before its next item
+// (acked, notify), never blocking on the shard. Posted to the shard's
+// queue, an acksIn waited behind a burst of submissions, and a run
+// waiting for its acksIn can be neither released nor evicted: 10,000 runs
+// parking at once held about 90 MiB more.
 type acksWatch struct {
 	mu      sync.Mutex
 	queue   []*outAcks

@@ -123,7 +123,7 @@ type openTickets struct {
 	byKey map[string]ticketTimes
 	watch jetstream.KeyWatcher
 	// again is when this engine last scheduled each overdue timer again
-	// (by timerKey); an entry goes with its ticket.
+	// (by dueTimer.key); an entry goes with its ticket.
 	again map[string]time.Time
 }
 
