@@ -108,6 +108,11 @@ func (s *shard) load(ctx context.Context, rs *runState) error {
 			return fmt.Errorf("recover run %s: %w", rs.id, err)
 		}
 		if len(evs) > 0 {
+			// What became of calls another engine may be running is
+			// decided only by the run's owner, confirmed.
+			if err := s.confirmKey(ctx, rs); err != nil {
+				return err
+			}
 			s.stage(rs, after, evs)
 			if err := s.flush(ctx, rs); err != nil {
 				return fmt.Errorf("recover run %s: %w", rs.id, err)

@@ -37,6 +37,12 @@ var ErrNotOwner = errors.New("engine: another engine owns the run")
 // still this engine's own release, nobody held the run in between and the
 // check is skipped: the key is taken back in one round trip.
 func (s *shard) acquire(ctx context.Context, rs *runState) error {
+	if rs.owned && rs.keyUnsure {
+		if err := s.confirmKey(ctx, rs); !errors.Is(err, ErrNotOwner) {
+			return err
+		}
+		// Released after all: taken below like any free or held key.
+	}
 	if rs.owned {
 		return nil
 	}
@@ -167,7 +173,7 @@ func (s *shard) forget(rs *runState) {
 	s.e.clients.release(rs.id)
 	s.e.setOwned(rs, false)
 	rs.loaded = false
-	rs.releasedRev, rs.idleSince = 0, time.Time{}
+	rs.releasedRev, rs.idleSince, rs.keyUnsure = 0, time.Time{}, false
 	rs.held, rs.durableHeld, rs.pending = nil, 0, nil
 	// The engine that takes the run projects its last commit again; so
 	// does this one if it takes the run back: what it projected is not
@@ -247,14 +253,40 @@ func (s *shard) release(ctx context.Context, rs *runState) {
 	if err != nil && !isWrongLastSequence(err) {
 		s.e.log.Debug().Str(fieldRunID, rs.id).Err(err).Msg("release failed; trying again after the linger")
 		rs.idleSince = time.Now()
+		rs.keyUnsure = true // it may have landed all the same
 		return
 	}
 	s.e.setOwned(rs, false)
+	rs.keyUnsure = false
 	rs.idleSince = time.Time{}
 	s.e.clients.release(rs.id) // not this engine's work any more
 	if err == nil {
 		rs.releasedRev, rs.releasedAt = ack.Sequence, rs.tip.seq
 	} // else the key moved on: not this engine's to release
+}
+
+// confirmKey makes sure that this engine still holds the run's key, by
+// writing it again on the condition that it is at the revision this
+// engine holds, and returns ErrNotOwner (the run forgotten here) when it
+// is not: released by an answer that was lost, or taken by an engine that
+// found this one dead. An engine that went on as the owner then would
+// decide over another engine's work: enter a call that engine enters too,
+// or find that engine's call executing and make it indeterminate.
+func (s *shard) confirmKey(ctx context.Context, rs *runState) error {
+	if !rs.owned {
+		return ErrNotOwner
+	}
+	rev, err := s.e.ownersKV.Update(ctx, protocol.OwnerKey(rs.id), []byte(s.e.id), rs.ownRev)
+	if isWrongLastSequence(err) {
+		s.e.log.Warn().Str(fieldRunID, rs.id).Msg("the run's key is not this engine's any more: the run is let go")
+		s.forget(rs)
+		return ErrNotOwner
+	}
+	if err != nil {
+		return fmt.Errorf("confirm the key of run %s: %w", rs.id, err)
+	}
+	rs.ownRev, rs.keyUnsure = rev, false
+	return nil
 }
 
 // releasedTTL is how long the delete marker of a released key stays in

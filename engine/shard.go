@@ -135,6 +135,10 @@ type runState struct {
 	durableHeld int
 	owned       bool   // this engine holds the run's owner key
 	ownRev      uint64 // its revision
+	// keyUnsure: a release of the key failed without an answer, and may
+	// have landed (another engine may hold the key since): the key is
+	// confirmed before the run is used again (confirmKey).
+	keyUnsure bool
 	// releasedRev is the revision of this engine's last release of the
 	// key (0: none, or taken since), releasedAt the run's last commit then.
 	releasedRev, releasedAt uint64
