@@ -94,8 +94,9 @@ func (s *shard) acquire(ctx context.Context, rs *runState) error {
 }
 
 // takeKey makes this engine the holder of a key of the owners bucket (a
-// run's, or a leader's): it creates the key when it is free, keeps it when
-// it names this engine already (a previous process of it), and swaps it
+// run's, or a leader's): it creates the key when it is free, writes it
+// again on condition when it names this engine already (a previous
+// process of it; or a replica's stale answer), and swaps it
 // from a dead engine (liveness.go), the first engine to swap it taking it.
 // It returns the key's revision and the engine it was taken from: "" when
 // it was free, this engine's id when it named it already, or the dead
@@ -141,7 +142,18 @@ func (e *Engine) takeKey(ctx context.Context, key string) (rev uint64, from stri
 	}
 	owner := string(last.Data)
 	if owner == e.id {
-		return last.Sequence, e.id, 0, nil
+		// Written again on the condition that it is still so: the read
+		// may come from a replica behind the others (a direct get), one
+		// just back from a pause say, while another engine took the key
+		// since. Taken on that read alone, the run had two engines.
+		rev, err = kv.Update(ctx, key, []byte(e.id), last.Sequence)
+		if isWrongLastSequence(err) {
+			return 0, "", 0, ErrNotOwner
+		}
+		if err != nil {
+			return 0, "", 0, err
+		}
+		return rev, e.id, 0, nil
 	}
 	if e.liveness.alive(ctx, owner) {
 		return 0, "", 0, ownedElsewhere{owner: owner}

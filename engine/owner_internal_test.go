@@ -81,6 +81,23 @@ func TestAnUnsureReleaseIsConfirmed(t *testing.T) {
 	}
 }
 
+// TestAKeyReadAsThisEnginesIsWrittenAgain: a key whose last message names
+// this engine is taken with a write conditional on that message, not on
+// the read alone: the read may come from a replica that is behind (a
+// direct get), while another engine holds the key.
+func TestAKeyReadAsThisEnginesIsWrittenAgain(t *testing.T) {
+	e, _, ctx := projectionShard(t)
+	key := protocol.OwnerKey("mine")
+	rev, err := e.ownersKV.Create(ctx, key, []byte(e.id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, from, _, err := e.takeKey(ctx, key)
+	if err != nil || from != e.id || got <= rev {
+		t.Fatalf("takeKey: revision %d (the read's %d), from %q, %v: want the key written again", got, rev, from, err)
+	}
+}
+
 // appendExecuting appends a run's first commit: a batch of one
 // never_replay brain call, allowed and entered.
 func appendExecuting(t *testing.T, ctx context.Context, js jetstream.JetStream, run string) {
