@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/toolbatch/toolbatch/aggregate"
@@ -115,19 +114,7 @@ func appendExecuting(t *testing.T, ctx context.Context, js jetstream.JetStream, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, types, err := events.EncodeCommit(append(evs, gated...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := nats.NewMsg(protocol.Names{Prefix: protocol.DefaultPrefix}.Events(run))
-	m.Data = body
-	for _, ty := range types {
-		m.Header.Add(protocol.HeaderEvent, ty)
-	}
-	m.Header.Set(protocol.HeaderPrev, "0")
-	if _, err := js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
-		t.Fatal(err)
-	}
+	appendFirst(t, ctx, js, run, append(evs, gated...)...)
 }
 
 // eventCount returns how many commits of a run the events stream holds.

@@ -129,8 +129,15 @@ func refusedSend(t *testing.T, run string) (*Engine, *shard, context.Context, *r
 // message), as an engine would, and projects nothing of it.
 func appendUnprojected(t *testing.T, ctx context.Context, js jetstream.JetStream, run string) {
 	t.Helper()
-	body, types, err := events.EncodeCommit([]events.Event{&events.BatchRejected{RunID: run, BatchID: run + "/1", Step: 1,
-		Code: events.CodeUndecodable, Reason: "left unprojected", At: time.Now().UTC()}})
+	appendFirst(t, ctx, js, run, &events.BatchRejected{RunID: run, BatchID: run + "/1", Step: 1,
+		Code: events.CodeUndecodable, Reason: "left unprojected", At: time.Now().UTC()})
+}
+
+// appendFirst appends a run's first commit, as an engine would, and
+// projects nothing of it.
+func appendFirst(t *testing.T, ctx context.Context, js jetstream.JetStream, run string, evs ...events.Event) {
+	t.Helper()
+	body, types, err := events.EncodeCommit(evs)
 	if err != nil {
 		t.Fatal(err)
 	}
