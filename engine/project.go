@@ -147,18 +147,14 @@ func (s *shard) waitQueuedAcks() {
 }
 
 // takeAcked returns the commits whose out messages were waited for since
-// the last call, as work items.
-func (s *shard) takeAcked() []item {
+// the last call.
+func (s *shard) takeAcked() []*outAcks {
 	w := &s.acks
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	acked := w.acked
 	w.acked = nil
-	w.mu.Unlock()
-	its := make([]item, len(acked))
-	for i, a := range acked {
-		its[i] = item{runID: a.runID, work: &acksIn{a}}
-	}
-	return its
+	return acked
 }
 
 // waitAcks waits for the acknowledgement of each publication.

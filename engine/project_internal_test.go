@@ -59,15 +59,7 @@ func TestAForgottenRunIsProjectedAgain(t *testing.T) {
 	<-a.done
 	refuseOuts(t, ctx, e, false)
 	e.setOwned(rs, true) // taken back: the key names this engine
-	if err := s.load(ctx, rs); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.settleProjection(ctx, rs); err != nil {
-		t.Fatal(err)
-	}
-	if n := outCount(t, ctx, e, "rb"); n != 1 {
-		t.Fatalf("%d out messages of run rb, want 1", n)
-	}
+	loadedOnce(t, ctx, e, s, rs)
 }
 
 // TestAFreeKeyOfACachedRunVouchesForNothing: a run still cached here whose
@@ -83,14 +75,21 @@ func TestAFreeKeyOfACachedRunVouchesForNothing(t *testing.T) {
 	appendUnprojected(t, ctx, e.js, "rc")                        // an append that timed out here, and landed
 	rs.projection.unknown, rs.projection.unprojected = true, nil // as flush leaves it
 	s.abandon(rs)
+	loadedOnce(t, ctx, e, s, rs)
+}
+
+// loadedOnce loads the run and settles its projection, and checks that
+// the out stream holds the run's one out message.
+func loadedOnce(t *testing.T, ctx context.Context, e *Engine, s *shard, rs *runState) {
+	t.Helper()
 	if err := s.load(ctx, rs); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.settleProjection(ctx, rs); err != nil {
 		t.Fatal(err)
 	}
-	if n := outCount(t, ctx, e, "rc"); n != 1 {
-		t.Fatalf("%d out messages of run rc, want 1", n)
+	if n := outCount(t, ctx, e, rs.id); n != 1 {
+		t.Fatalf("%d out messages of run %s, want 1", n, rs.id)
 	}
 }
 

@@ -276,8 +276,8 @@ func (s *shard) keepAlive(runCtx context.Context) {
 // handleAcked handles the runs whose out messages the watcher has waited
 // for (acksIn).
 func (s *shard) handleAcked(ctx context.Context) {
-	for _, it := range s.takeAcked() {
-		s.handle(ctx, it)
+	for _, a := range s.takeAcked() {
+		s.handle(ctx, item{runID: a.runID, work: &acksIn{a}})
 	}
 }
 
