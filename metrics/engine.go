@@ -52,31 +52,49 @@ type Engine struct {
 
 	mu      sync.Mutex
 	batches map[string]*batchSeen // in-flight batches by batch id
-	series  map[[2]string]*stages // each tool's and target's stage histograms
+	series  map[[2]string]*series // each tool's and target's series
 }
 
 // batchSeen is what the durations need of a batch in flight: when it and
 // each call's stages began, as the events say.
 type batchSeen struct {
+	id        string
 	submitted time.Time
-	calls     map[string]*callSeen
+	calls     []callSeen // in the batch's order
+	last      int        // the index of the call last looked up
 }
 
 type callSeen struct {
-	tool, target string
-	stages       *stages
-	history      events.CallHistory
-	executing    time.Time // the latest attempt's
-	claimed      time.Time
+	id        string
+	series    *series
+	history   events.CallHistory
+	executing time.Time // the latest attempt's
+	claimed   time.Time
 }
 
-// stages are one tool's and target's toolbatch_call_duration_seconds
-// series, each looked up once, at its first observation (a series exists
-// only once observed; their labels are bounded by the catalog).
-type stages struct {
-	h            *prometheus.HistogramVec
+// call returns one of the batch's calls (nil: none of that id). A commit's
+// events name the calls mostly in the batch's order, so that the search
+// begins where the last one ended.
+func (b *batchSeen) call(id string) *callSeen {
+	for i := range b.calls {
+		j := (b.last + i) % len(b.calls)
+		if b.calls[j].id == id {
+			b.last = j
+			return &b.calls[j]
+		}
+	}
+	return nil
+}
+
+// series are one tool's and target's series, each looked up in its vector
+// once, at its first observation (a series exists only once observed;
+// their labels are bounded by the catalog).
+type series struct {
+	m            *Engine
 	tool, target string
-	series       [4]prometheus.Observer // by stageNames' index
+	stages       [4]prometheus.Observer // by stageNames' index
+	outcomes     map[events.CallOutcome]prometheus.Counter
+	gates        map[[2]string]prometheus.Counter // by outcome and source
 }
 
 var stageNames = [4]string{StageGate, StageQueue, StageExecution, StageEndToEnd}
@@ -88,18 +106,37 @@ const (
 	endToEnd
 )
 
-func (s *stages) observe(stage int, v float64) {
-	if s.series[stage] == nil {
-		s.series[stage] = s.h.WithLabelValues(s.tool, s.target, stageNames[stage])
+func (s *series) observe(stage int, v float64) {
+	if s.stages[stage] == nil {
+		s.stages[stage] = s.m.callDuration.WithLabelValues(s.tool, s.target, stageNames[stage])
 	}
-	s.series[stage].Observe(v)
+	s.stages[stage].Observe(v)
 }
 
-func (m *Engine) stagesOf(tool, target string) *stages {
+func (s *series) ended(outcome events.CallOutcome) {
+	c := s.outcomes[outcome]
+	if c == nil {
+		c = s.m.calls.WithLabelValues(s.tool, s.target, string(outcome))
+		s.outcomes[outcome] = c
+	}
+	c.Inc()
+}
+
+func (s *series) gated(outcome, source string) {
+	k := [2]string{outcome, source}
+	c := s.gates[k]
+	if c == nil {
+		c = s.m.gateDecisions.WithLabelValues(s.tool, outcome, source)
+		s.gates[k] = c
+	}
+	c.Inc()
+}
+
+func (m *Engine) seriesOf(tool, target string) *series {
 	k := [2]string{tool, target}
 	s := m.series[k]
 	if s == nil {
-		s = &stages{h: m.callDuration, tool: tool, target: target}
+		s = &series{m: m, tool: tool, target: target, outcomes: map[events.CallOutcome]prometheus.Counter{}, gates: map[[2]string]prometheus.Counter{}}
 		m.series[k] = s
 	}
 	return s
@@ -139,7 +176,7 @@ func NewEngine(reg prometheus.Registerer, g EngineGauges) *Engine {
 		commits:   f.counter("toolbatch_commits_total", "Commits appended to the events stream."),
 		conflicts: f.counter("toolbatch_commit_conflicts_total", "Appends refused because the run was extended elsewhere (reloaded and decided again)."),
 		batches:   map[string]*batchSeen{},
-		series:    map[[2]string]*stages{},
+		series:    map[[2]string]*series{},
 	}
 	for _, action := range []string{protocol.TimerExpire, protocol.TimerPerform} {
 		m.timersOverdue.WithLabelValues(action) // at 0 from the start, so that the first one is an increase
@@ -210,91 +247,99 @@ func (m *Engine) Committed(runID string, evs []events.Event) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	var b *batchSeen // the batch of the event before: a commit's events are mostly of one
 	for _, e := range evs {
-		m.observe(runID, e)
+		b = m.observe(b, e)
 	}
 }
 
-func (m *Engine) observe(runID string, e events.Event) {
+// observe counts one event; b is the batch of the event before (nil: none
+// known), and it returns the batch of this one.
+func (m *Engine) observe(b *batchSeen, e events.Event) *batchSeen {
 	switch ev := e.(type) {
 	case *events.BatchSubmitted:
 		m.batchesSubmitted.Inc()
 		if len(m.batches) >= maxBatches {
 			clear(m.batches)
 		}
-		b := &batchSeen{submitted: ev.At, calls: make(map[string]*callSeen, len(ev.Calls))}
-		for _, c := range ev.Calls {
+		b = &batchSeen{id: ev.BatchID, submitted: ev.At, calls: make([]callSeen, len(ev.Calls))}
+		for i, c := range ev.Calls {
 			tool, target := c.ToolID, string(c.Tool.Target)
 			if c.Tool.Kind == events.KindUnknown {
 				tool, target = UnknownTool, events.NoTarget
 			}
-			b.calls[c.CallID] = &callSeen{tool: tool, target: target, stages: m.stagesOf(tool, target)}
+			b.calls[i] = callSeen{id: c.CallID, series: m.seriesOf(tool, target)}
 		}
 		m.batches[ev.BatchID] = b
+		return b
 	case *events.BatchRejected:
 		m.batchesRejected.WithLabelValues(string(ev.Code)).Inc()
 	case *events.CallGated:
-		b, c := m.call(ev.BatchID, ev.CallID)
-		if c == nil {
-			return
+		if b, c := m.call(b, ev.BatchID, ev.CallID); c != nil {
+			c.history.Gate = ev.Outcome
+			c.series.gated(ev.Label, events.GateSource(ev.Stage))
+			c.series.observe(gate, seconds(b.submitted, ev.At))
+			return b
 		}
-		c.history.Gate = ev.Outcome
-		m.gateDecisions.WithLabelValues(c.tool, ev.Label, events.GateSource(ev.Stage)).Inc()
-		c.stages.observe(gate, seconds(b.submitted, ev.At))
 	case *events.CallExecuting:
 		if ev.Cause == events.CauseRecovered {
 			m.recoveries.WithLabelValues(RecoveryReplayed).Inc()
 		}
-		if _, c := m.call(ev.BatchID, ev.CallID); c != nil {
+		if b, c := m.call(b, ev.BatchID, ev.CallID); c != nil {
 			c.executing, c.claimed, c.history.Executed = ev.At, time.Time{}, true
+			return b
 		}
 	case *events.CallClaimed:
-		if _, c := m.call(ev.BatchID, ev.CallID); c != nil {
+		if b, c := m.call(b, ev.BatchID, ev.CallID); c != nil {
 			c.claimed = ev.At
 			if !c.executing.IsZero() {
-				c.stages.observe(queue, seconds(c.executing, ev.At))
+				c.series.observe(queue, seconds(c.executing, ev.At))
 			}
+			return b
 		}
 	case *events.TicketResolved:
-		if _, c := m.call(ev.BatchID, ev.CallID); c != nil {
+		if b, c := m.call(b, ev.BatchID, ev.CallID); c != nil {
 			c.history.Resolution = ev.Resolution
+			return b
 		}
 	case *events.CallCompleted:
-		b, c := m.call(ev.BatchID, ev.CallID)
-		if c == nil {
-			return
+		if b, c := m.call(b, ev.BatchID, ev.CallID); c != nil {
+			c.series.ended(c.history.Completed(ev))
+			m.terminal(b, c, ev.At)
+			return b
 		}
-		m.calls.WithLabelValues(c.tool, c.target, string(c.history.Completed(ev))).Inc()
-		m.terminal(b, c, ev.At)
 	case *events.CallIndeterminate:
 		m.recoveries.WithLabelValues(RecoveryIndeterminate).Inc()
-		b, c := m.call(ev.BatchID, ev.CallID)
-		if c == nil {
-			return
+		if b, c := m.call(b, ev.BatchID, ev.CallID); c != nil {
+			c.series.ended(events.OutcomeIndeterminate)
+			m.terminal(b, c, ev.At)
+			return b
 		}
-		m.calls.WithLabelValues(c.tool, c.target, string(events.OutcomeIndeterminate)).Inc()
-		m.terminal(b, c, ev.At)
 	case *events.BatchFinalized:
 		m.batchesFinalized.Inc()
 		if b := m.batches[ev.BatchID]; b != nil {
 			m.batchDuration.Observe(seconds(b.submitted, ev.At))
 			delete(m.batches, ev.BatchID)
 		}
+		return nil
 	case *events.RunEnded:
 		m.runsEnded.WithLabelValues(string(ev.Cause)).Inc()
 	case *events.ResultRefused:
 		m.resultsRefused.WithLabelValues(refusalReason(ev.Reason)).Inc()
 	}
+	return b
 }
 
 // call returns a batch in flight and one of its calls (nil, nil when the
-// batch was accepted before this engine started or took the run over).
-func (m *Engine) call(batchID, callID string) (*batchSeen, *callSeen) {
-	b := m.batches[batchID]
-	if b == nil {
-		return nil, nil
+// batch was accepted before this engine started or took the run over); b
+// is the batch last seen, looked up again only if it is not batchID.
+func (m *Engine) call(b *batchSeen, batchID, callID string) (*batchSeen, *callSeen) {
+	if b == nil || b.id != batchID {
+		if b = m.batches[batchID]; b == nil {
+			return nil, nil
+		}
 	}
-	return b, b.calls[callID]
+	return b, b.call(callID)
 }
 
 func (m *Engine) terminal(b *batchSeen, c *callSeen, at time.Time) {
@@ -303,9 +348,9 @@ func (m *Engine) terminal(b *batchSeen, c *callSeen, at time.Time) {
 		if !c.claimed.IsZero() {
 			from = c.claimed
 		}
-		c.stages.observe(execution, seconds(from, at))
+		c.series.observe(execution, seconds(from, at))
 	}
-	c.stages.observe(endToEnd, seconds(b.submitted, at))
+	c.series.observe(endToEnd, seconds(b.submitted, at))
 }
 
 // refusalReason bounds a refusal's reason to its first words: the

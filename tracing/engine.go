@@ -86,8 +86,8 @@ type batchTrace struct {
 	parent trace.SpanContext // the submitter's (invalid: the batch is a root)
 	self   trace.SpanContext
 	start  time.Time
-	calls  map[string]*callTrace
-	order  []string
+	calls  []callTrace // in the batch's order
+	last   int         // the index of the call last looked up
 }
 
 type callTrace struct {
@@ -153,7 +153,7 @@ func (e *Engine) Redispatched(runID, callID string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if b := e.runs[runID]; b != nil {
-		if c := b.calls[callID]; c != nil {
+		if c := b.call(b.id, callID); c != nil {
 			c.recovery = RecoveryRedispatched
 		}
 	}
@@ -185,7 +185,7 @@ func (e *Engine) observe(runID, traceparent string, evs []events.Event, emit boo
 
 func newBatch(runID, traceparent string, s *events.BatchSubmitted) *batchTrace {
 	b := &batchTrace{id: s.BatchID, runID: runID, step: s.Step, parent: Parse(traceparent), start: s.At,
-		calls: make(map[string]*callTrace, len(s.Calls)), order: make([]string, 0, len(s.Calls))}
+		calls: make([]callTrace, len(s.Calls))}
 	cfg := trace.SpanContextConfig{TraceFlags: trace.FlagsSampled}
 	if b.parent.IsValid() {
 		cfg.TraceID, cfg.TraceFlags, cfg.TraceState = b.parent.TraceID(), b.parent.TraceFlags(), b.parent.TraceState()
@@ -195,19 +195,18 @@ func newBatch(runID, traceparent string, s *events.BatchSubmitted) *batchTrace {
 		cfg.SpanID = spanID("batch", cfg.TraceID.String(), s.BatchID)
 	}
 	b.self = trace.NewSpanContext(cfg)
-	for _, c := range s.Calls {
+	for i, c := range s.Calls {
 		target := string(c.Tool.Target)
 		if c.Tool.Kind == events.KindUnknown {
 			target = events.NoTarget
 		}
-		ct := &callTrace{id: c.CallID, tool: c.ToolID, target: target}
+		ct := &b.calls[i]
+		ct.id, ct.tool, ct.target = c.CallID, c.ToolID, target
 		if c.Tool.Target == events.TargetSandbox {
 			if ct.pool = c.Tool.Pool; ct.pool == "" {
 				ct.pool = events.DefaultPool
 			}
 		}
-		b.calls[c.CallID] = ct
-		b.order = append(b.order, c.CallID)
 	}
 	return b
 }
@@ -321,8 +320,8 @@ func (b *batchTrace) observe(e *Engine, ev events.Event, emit bool) bool {
 	case *events.RunEnded:
 		if emit {
 			// what was still open ends with the run
-			for _, id := range b.order {
-				c := b.calls[id]
+			for i := range b.calls {
+				c := &b.calls[i]
 				if c.ticket != nil {
 					e.ticket(b, c, ev.At, AttrResolution.String(string(ev.Cause)))
 				}
@@ -337,15 +336,25 @@ func (b *batchTrace) observe(e *Engine, ev events.Event, emit bool) bool {
 	return false
 }
 
+// call returns one of the batch's calls (nil: not one of its). A
+// commit's events name the calls mostly in the batch's order, so that the
+// search begins where the last one ended.
 func (b *batchTrace) call(batchID, callID string) *callTrace {
 	if batchID != b.id {
 		return nil
 	}
-	return b.calls[callID]
+	for i := range b.calls {
+		j := (b.last + i) % len(b.calls)
+		if b.calls[j].id == callID {
+			b.last = j
+			return &b.calls[j]
+		}
+	}
+	return nil
 }
 
 func (e *Engine) batch(b *batchTrace, end time.Time, errType string, extra ...attribute.KeyValue) {
-	e.attrs = append(e.attrs[:0], AttrRunID.String(b.runID), AttrBatchID.String(b.id), AttrStep.Int64(b.step), AttrCalls.Int(len(b.order)))
+	e.attrs = append(e.attrs[:0], AttrRunID.String(b.runID), AttrBatchID.String(b.id), AttrStep.Int64(b.step), AttrCalls.Int(len(b.calls)))
 	e.p.record(&span{parent: b.parent, self: b.self, name: SpanBatch, kind: trace.SpanKindConsumer, start: b.start, end: end, errType: errType,
 		attrs: e.withExtra(extra)})
 }
