@@ -6,5 +6,5 @@
 // engines every fact is counted once, by the engine that committed it, with
 // its durations from the events' own times.
 //
-// Imports: events, protocol, github.com/prometheus/client_golang.
+// Imports: events, internal/inorder, protocol, github.com/prometheus/client_golang.
 package metrics

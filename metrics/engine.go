@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/inorder"
 	"github.com/toolbatch/toolbatch/protocol"
 )
 
@@ -72,18 +73,9 @@ type callSeen struct {
 	claimed   time.Time
 }
 
-// call returns one of the batch's calls (nil: none of that id). A commit's
-// events name the calls mostly in the batch's order, so that the search
-// begins where the last one ended.
+// call returns one of the batch's calls (nil: none of that id).
 func (b *batchSeen) call(id string) *callSeen {
-	for i := range b.calls {
-		j := (b.last + i) % len(b.calls)
-		if b.calls[j].id == id {
-			b.last = j
-			return &b.calls[j]
-		}
-	}
-	return nil
+	return inorder.Find(b.calls, &b.last, id, func(c *callSeen) string { return c.id })
 }
 
 // series are one tool's and target's series, each looked up in its vector

@@ -21,5 +21,5 @@
 // variables: the SDK's exporter turned each span into generated structs
 // and marshalled them, at six times the CPU (BenchmarkEngineBatch).
 //
-// Imports: events, protocol, github.com/cespare/xxhash/v2, go.opentelemetry.io/otel, google.golang.org/protobuf.
+// Imports: events, internal/inorder, protocol, github.com/cespare/xxhash/v2, go.opentelemetry.io/otel, google.golang.org/protobuf.
 package tracing

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/inorder"
 )
 
 // Span names. An attempt's span is named SpanAttempt, a space and the
@@ -336,21 +337,12 @@ func (b *batchTrace) observe(e *Engine, ev events.Event, emit bool) bool {
 	return false
 }
 
-// call returns one of the batch's calls (nil: not one of its). A
-// commit's events name the calls mostly in the batch's order, so that the
-// search begins where the last one ended.
+// call returns one of the batch's calls (nil: not one of its).
 func (b *batchTrace) call(batchID, callID string) *callTrace {
 	if batchID != b.id {
 		return nil
 	}
-	for i := range b.calls {
-		j := (b.last + i) % len(b.calls)
-		if b.calls[j].id == callID {
-			b.last = j
-			return &b.calls[j]
-		}
-	}
-	return nil
+	return inorder.Find(b.calls, &b.last, callID, func(c *callTrace) string { return c.id })
 }
 
 func (e *Engine) batch(b *batchTrace, end time.Time, errType string, extra ...attribute.KeyValue) {
