@@ -288,13 +288,24 @@ func (s *shard) confirmKey(ctx context.Context, rs *runState) error {
 	if !rs.owned {
 		return ErrNotOwner
 	}
-	rev, err := s.e.ownersKV.Update(ctx, protocol.OwnerKey(rs.id), []byte(s.e.id), rs.ownRev)
+	kv, key := s.e.ownersKV, protocol.OwnerKey(rs.id)
+	rev, err := kv.Update(ctx, key, []byte(s.e.id), rs.ownRev)
 	if isWrongLastSequence(err) {
-		s.e.log.Warn().Str(fieldRunID, rs.id).Msg("the run's key is not this engine's any more: the run is let go")
+		// A confirmation of this engine's whose answer was lost may have
+		// landed: the key is still this engine's if it names it, written
+		// again on the condition that it is at the revision read (the read
+		// may come from a replica that is behind).
+		if entry, gerr := kv.Get(ctx, key); gerr == nil && string(entry.Value()) == s.e.id {
+			rev, err = kv.Update(ctx, key, []byte(s.e.id), entry.Revision())
+		}
+	}
+	if isWrongLastSequence(err) {
+		s.e.log.Warn().Str(fieldRunID, rs.id).Msg("lost the run to another engine: its key is not this engine's any more")
 		s.forget(rs)
 		return ErrNotOwner
 	}
 	if err != nil {
+		rs.keyUnsure = true // it may have landed all the same
 		return fmt.Errorf("confirm the key of run %s: %w", rs.id, err)
 	}
 	rs.ownRev, rs.keyUnsure = rev, false
@@ -306,15 +317,16 @@ func (s *shard) confirmKey(ctx context.Context, rs *runState) error {
 // forever would be one message per run ever run.
 const releasedTTL = 10 * time.Minute
 
-// stillOwner reports, after a commit conflict, whether the run's key still
-// names this engine (an unreachable bucket says nothing: yes), and the
-// engine it names otherwise.
-func (s *shard) stillOwner(ctx context.Context, rs *runState) (string, bool) {
-	entry, err := s.e.ownersKV.Get(ctx, protocol.OwnerKey(rs.id))
-	if err != nil {
-		return "", !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted)
+// ownerNow is ErrNotOwner naming the engine the run's key names, as read
+// (ownedElsewhere: an inbox message is forwarded to it), or plain
+// ErrNotOwner when the read names none other. It decides nothing: a run is
+// let go only on a conditional write's answer (confirmKey).
+func (e *Engine) ownerNow(ctx context.Context, runID string) error {
+	entry, err := e.ownersKV.Get(ctx, protocol.OwnerKey(runID))
+	if err != nil || string(entry.Value()) == e.id {
+		return ErrNotOwner
 	}
-	return string(entry.Value()), string(entry.Value()) == s.e.id
+	return ownedElsewhere{owner: string(entry.Value())}
 }
 
 // The key-value protocol's delete marker (JetStream ADR-8).

@@ -50,33 +50,124 @@ func TestALoadRecoversOnlyARunWhoseKeyItHolds(t *testing.T) {
 	}
 }
 
-// TestAnUnsureReleaseIsConfirmed: a release whose answer was lost leaves
-// the run owned here with its key unsure; when the release had landed,
-// the next acquire takes the key anew rather than going on with a
-// revision the key is no longer at.
+// TestAnUnsureReleaseIsConfirmed: a release that gets no answer leaves
+// the run owned here with its key unsure. When the release had landed, the
+// next acquire takes the key anew rather than going on with a revision the
+// key is no longer at; when it had not, the key is confirmed and the run
+// kept as it is.
 func TestAnUnsureReleaseIsConfirmed(t *testing.T) {
+	for _, landed := range []bool{true, false} {
+		e, s, ctx := projectionShard(t)
+		const run = "unsure"
+		key := protocol.OwnerKey(run)
+		rev, err := e.ownersKV.Create(ctx, key, []byte(e.id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := s.state(run)
+		e.setOwned(rs, true)
+		rs.ownRev = rev
+		if landed {
+			if err := e.ownersKV.Delete(ctx, key); err != nil { // the release's marker, landed
+				t.Fatal(err)
+			}
+		}
+		unanswered, cancel := context.WithCancel(ctx)
+		cancel()
+		s.release(unanswered, rs)
+		if !rs.owned || !rs.keyUnsure {
+			t.Fatalf("landed %v: a release without an answer left owned %v, unsure %v (want both)", landed, rs.owned, rs.keyUnsure)
+		}
+		if err := s.acquire(ctx, rs); err != nil {
+			t.Fatal(err)
+		}
+		entry, err := e.ownersKV.Get(ctx, key)
+		if err != nil {
+			t.Fatalf("landed %v: the key is not held: %v", landed, err)
+		}
+		if !rs.owned || rs.keyUnsure || rs.ownRev != entry.Revision() || string(entry.Value()) != e.id {
+			t.Fatalf("landed %v: owned %v, unsure %v, revision %d; the key: %q at %d", landed, rs.owned, rs.keyUnsure, rs.ownRev, entry.Value(), entry.Revision())
+		}
+	}
+}
+
+// TestAConfirmationThatLandedUnansweredKeepsTheRun: the key was written
+// again by this engine (a confirmation whose answer was lost), so that it
+// is not at the revision the engine holds; it still names this engine,
+// and the next confirmation keeps the run rather than letting it go.
+func TestAConfirmationThatLandedUnansweredKeepsTheRun(t *testing.T) {
 	e, s, ctx := projectionShard(t)
-	const run = "unsure"
+	const run = "confirmed-unanswered"
 	key := protocol.OwnerKey(run)
 	rev, err := e.ownersKV.Create(ctx, key, []byte(e.id))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.ownersKV.Delete(ctx, key); err != nil { // the release that landed
+	if _, err := e.ownersKV.Update(ctx, key, []byte(e.id), rev); err != nil { // the confirmation that landed
 		t.Fatal(err)
 	}
 	rs := s.state(run)
 	e.setOwned(rs, true)
-	rs.ownRev, rs.keyUnsure = rev, true
-	if err := s.acquire(ctx, rs); err != nil {
-		t.Fatal(err)
+	rs.ownRev, rs.loaded = rev, true
+	if err := s.confirmKey(ctx, rs); err != nil {
+		t.Fatalf("confirmKey: %v", err)
 	}
 	entry, err := e.ownersKV.Get(ctx, key)
 	if err != nil {
-		t.Fatalf("the key was not taken anew: %v", err)
+		t.Fatal(err)
 	}
-	if !rs.owned || rs.keyUnsure || rs.ownRev != entry.Revision() || string(entry.Value()) != e.id {
-		t.Fatalf("owned %v, unsure %v, revision %d; the key: %q at %d", rs.owned, rs.keyUnsure, rs.ownRev, entry.Value(), entry.Revision())
+	if !rs.owned || !rs.loaded || rs.ownRev != entry.Revision() {
+		t.Fatalf("owned %v, loaded %v, revision %d, the key's %d: want the run kept at the key's revision", rs.owned, rs.loaded, rs.ownRev, entry.Revision())
+	}
+}
+
+// TestAConflictGoesOnOnlyWithTheKeyConfirmed: a run this engine owns is
+// extended by another commit while its never_replay call runs here; the
+// call's outcome then meets a conflict. The engine goes on only once a
+// write conditional on its revision of the key succeeds: when another
+// engine took the key, it lets the run go; when the owners bucket cannot
+// be reached, it commits nothing and keeps the key unsure.
+func TestAConflictGoesOnOnlyWithTheKeyConfirmed(t *testing.T) {
+	for _, taken := range []bool{true, false} {
+		e, s, ctx := projectionShard(t)
+		const run = "conflict"
+		appendExecuting(t, ctx, e.js, run)
+		key := protocol.OwnerKey(run)
+		rev, err := e.ownersKV.Create(ctx, key, []byte(e.id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := s.state(run)
+		e.setOwned(rs, true)
+		rs.ownRev = rev
+		rs.inflight["c1/1"] = true // the call runs here
+		if err := s.load(ctx, rs); err != nil {
+			t.Fatal(err)
+		}
+		if taken {
+			if _, err := e.ownersKV.Update(ctx, key, []byte("another-engine"), rev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b := rs.run.OpenBatch()
+		appendAfter(t, ctx, e.js, run, rs.tip.seq, &events.CallIndeterminate{BatchID: b.ID, CallID: "c1", Attempt: 1,
+			Reason: "recovered by another engine", At: time.Now().UTC()})
+		if !taken {
+			if err := e.js.DeleteKeyValue(ctx, e.names.OwnersBucket()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sent := events.TextOutput("c1", "sent")
+		s.handle(ctx, item{runID: run, work: &outcome{callID: "c1", attempt: 1, output: &sent}})
+		commits := eventCount(t, ctx, e, run)
+		switch {
+		case commits != 2:
+			t.Fatalf("taken %v: %d commits, want 2 (this engine's outcome not committed after the conflict)", taken, commits)
+		case taken && rs.owned:
+			t.Fatal("the key was taken by another engine, and the run is still owned here")
+		case !taken && (!rs.owned || !rs.keyUnsure):
+			t.Fatalf("bucket unreachable: owned %v, unsure %v (want the run kept, its key unsure)", rs.owned, rs.keyUnsure)
+		}
 	}
 }
 

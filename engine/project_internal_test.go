@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -136,6 +137,13 @@ func appendUnprojected(t *testing.T, ctx context.Context, js jetstream.JetStream
 // projects nothing of it.
 func appendFirst(t *testing.T, ctx context.Context, js jetstream.JetStream, run string, evs ...events.Event) {
 	t.Helper()
+	appendAfter(t, ctx, js, run, 0, evs...)
+}
+
+// appendAfter appends a commit of evs to a run whose last commit is at
+// stream sequence prev (0: none), as an engine appends.
+func appendAfter(t *testing.T, ctx context.Context, js jetstream.JetStream, run string, prev uint64, evs ...events.Event) {
+	t.Helper()
 	body, types, err := events.EncodeCommit(evs)
 	if err != nil {
 		t.Fatal(err)
@@ -145,8 +153,8 @@ func appendFirst(t *testing.T, ctx context.Context, js jetstream.JetStream, run 
 	for _, ty := range types {
 		m.Header.Add(protocol.HeaderEvent, ty)
 	}
-	m.Header.Set(protocol.HeaderPrev, "0")
-	if _, err := js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
+	m.Header.Set(protocol.HeaderPrev, strconv.FormatUint(prev, 10))
+	if _, err := js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(prev)); err != nil {
 		t.Fatal(err)
 	}
 }

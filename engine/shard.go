@@ -324,7 +324,14 @@ func (s *shard) handle(runCtx context.Context, it item) {
 	var err error
 	defer func() { rs.offer = nil }()
 	for try := 0; try < 3; try++ {
-		if err = s.load(ctx, rs); err == nil {
+		err = nil
+		if rs.keyUnsure {
+			err = s.confirmKey(ctx, rs)
+		}
+		if err == nil {
+			err = s.load(ctx, rs)
+		}
+		if err == nil {
 			err = s.handleOnce(ctx, runCtx, rs, it)
 			if err == nil {
 				// Whatever the item was, the run goes on from where it is:
@@ -335,16 +342,23 @@ func (s *shard) handle(runCtx context.Context, it item) {
 		if !errors.Is(err, ErrConflict) {
 			break
 		}
+		// Extended elsewhere: by an engine that took the run (this one was
+		// thought dead), or by a commit of this engine's whose answer was
+		// lost. Only a write conditional on the key's revision held tells
+		// which: a read of the key may come from a replica that is behind.
 		s.abandon(rs)
-		if owner, ok := s.stillOwner(ctx, rs); !ok {
-			// Taken over: this engine was thought dead. The new owner
-			// decides now; the item goes to it.
-			s.e.log.Warn().Str(fieldRunID, it.runID).Str("engine", owner).Msg("lost the run to another engine")
+		rs.keyUnsure = true
+		s.e.log.Debug().Str(fieldRunID, it.runID).Err(err).Msg("run extended elsewhere: confirming the key and reloading")
+	}
+	if errors.Is(err, ErrNotOwner) {
+		// Taken over, or released by an answer that was lost: the run's
+		// owner decides now, and the item goes to it (confirmKey said so
+		// in the log).
+		if rs.owned {
 			s.forget(rs)
-			s.busy(it, ownedElsewhere{owner: owner})
-			return
 		}
-		s.e.log.Debug().Str(fieldRunID, it.runID).Err(err).Msg("run extended elsewhere: reloading")
+		s.busy(it, s.e.ownerNow(ctx, rs.id))
+		return
 	}
 	if err != nil {
 		s.e.log.Error().Str(fieldRunID, it.runID).Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Str("kind", it.work.kindName()).Msg("work failed; will retry")
