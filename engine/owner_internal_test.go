@@ -171,6 +171,33 @@ func TestAConflictGoesOnOnlyWithTheKeyConfirmed(t *testing.T) {
 	}
 }
 
+// TestAnOutcomeWaitsForAnUnsureKey: the outcome of a call that ran here
+// reaches a run whose key is unsure (a release without an answer) and
+// which another engine has taken since: nothing is committed, the run is
+// let go, and nothing of it stays in flight here.
+func TestAnOutcomeWaitsForAnUnsureKey(t *testing.T) {
+	e, s, ctx := projectionShard(t)
+	const run = "outcome-unsure"
+	appendExecuting(t, ctx, e.js, run)
+	key := protocol.OwnerKey(run)
+	rev, err := e.ownersKV.Create(ctx, key, []byte(e.id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.ownersKV.Update(ctx, key, []byte("another-engine"), rev); err != nil {
+		t.Fatal(err)
+	}
+	rs := s.state(run)
+	e.setOwned(rs, true)
+	rs.ownRev, rs.keyUnsure = rev, true
+	rs.inflight["c1/1"] = true // the call ran here
+	sent := events.TextOutput("c1", "sent")
+	s.handle(ctx, item{runID: run, work: &outcome{callID: "c1", attempt: 1, output: &sent}})
+	if commits := eventCount(t, ctx, e, run); commits != 1 || rs.owned || len(rs.inflight) != 0 {
+		t.Fatalf("%d commits, owned %v, in flight %v: want the log untouched and the run let go", commits, rs.owned, rs.inflight)
+	}
+}
+
 // TestAKeyReadAsThisEnginesIsWrittenAgain: a key whose last message names
 // this engine is taken with a write conditional on that message, not on
 // the read alone: the read may come from a replica that is behind (a
