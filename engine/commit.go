@@ -82,6 +82,15 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 			// not quiescent until a load says whether its log's last
 			// commit is projected.
 			rs.projection.unknown, rs.projection.unprojected = true, nil
+			if errors.Is(err, ErrConflict) {
+				// Extended elsewhere: by an engine that took the run (this
+				// one thought dead), or by a commit of this engine's whose
+				// answer was lost. Only a write conditional on the key's
+				// revision held tells which, before the run is used again
+				// (confirmKey): a read of the key may come from a replica
+				// that is behind.
+				rs.keyUnsure = true
+			}
 			s.abandon(rs)
 			return err
 		}

@@ -312,6 +312,14 @@ func (s *shard) confirmKey(ctx context.Context, rs *runState) error {
 	return nil
 }
 
+// confirmIfUnsure confirms the run's key when it is unsure (keyUnsure).
+func (s *shard) confirmIfUnsure(ctx context.Context, rs *runState) error {
+	if !rs.keyUnsure {
+		return nil
+	}
+	return s.confirmKey(ctx, rs)
+}
+
 // releasedTTL is how long the delete marker of a released key stays in
 // the owners bucket: the keys have no TTL of their own, and a marker kept
 // forever would be one message per run ever run.

@@ -125,8 +125,9 @@ func TestAConfirmationThatLandedUnansweredKeepsTheRun(t *testing.T) {
 // extended by another commit while its never_replay call runs here; the
 // call's outcome then meets a conflict. The engine goes on only once a
 // write conditional on its revision of the key succeeds: when another
-// engine took the key, it lets the run go; when the owners bucket cannot
-// be reached, it commits nothing and keeps the key unsure.
+// engine took the key, it lets the run go, although its reads of the key
+// (from a replica that is behind) still name this engine; when the owners
+// bucket cannot be reached, it commits nothing and keeps the key unsure.
 func TestAConflictGoesOnOnlyWithTheKeyConfirmed(t *testing.T) {
 	for _, taken := range []bool{true, false} {
 		e, s, ctx := projectionShard(t)
@@ -145,9 +146,14 @@ func TestAConflictGoesOnOnlyWithTheKeyConfirmed(t *testing.T) {
 			t.Fatal(err)
 		}
 		if taken {
+			stale, err := e.ownersKV.Get(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
 			if _, err := e.ownersKV.Update(ctx, key, []byte("another-engine"), rev); err != nil {
 				t.Fatal(err)
 			}
+			e.ownersKV = laggingKV{e.ownersKV, stale} // its reads still name this engine
 		}
 		b := rs.run.OpenBatch()
 		appendAfter(t, ctx, e.js, run, rs.tip.seq, &events.CallIndeterminate{BatchID: b.ID, CallID: "c1", Attempt: 1,
@@ -198,6 +204,32 @@ func TestAnOutcomeWaitsForAnUnsureKey(t *testing.T) {
 	}
 }
 
+// TestKeepAliveConfirmsAnUnsureKey: the shard's tick, which drives again
+// a run whose last attempt failed, confirms an unsure key first: a run
+// another engine has taken since is let go, not gated here.
+func TestKeepAliveConfirmsAnUnsureKey(t *testing.T) {
+	e, s, ctx := projectionShard(t)
+	const run = "keep-alive-unsure"
+	_, evs := submitted(t, run, e.cfg.Catalog.SnapshotID())
+	appendFirst(t, ctx, e.js, run, evs...)
+	key := protocol.OwnerKey(run)
+	rev, err := e.ownersKV.Create(ctx, key, []byte(e.id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.ownersKV.Update(ctx, key, []byte("another-engine"), rev); err != nil {
+		t.Fatal(err)
+	}
+	rs := s.state(run)
+	e.setOwned(rs, true)
+	rs.ownRev, rs.keyUnsure = rev, true
+	rs.projection.unknown = true // the last append's answer was lost: driven again on the tick
+	s.keepAlive(ctx)
+	if commits := eventCount(t, ctx, e, run); commits != 1 || rs.owned {
+		t.Fatalf("%d commits, owned %v: want the log untouched and the run let go", commits, rs.owned)
+	}
+}
+
 // TestAKeyReadAsThisEnginesIsWrittenAgain: a key whose last message names
 // this engine is taken with a write conditional on that message, not on
 // the read alone: the read may come from a replica that is behind (a
@@ -219,20 +251,42 @@ func TestAKeyReadAsThisEnginesIsWrittenAgain(t *testing.T) {
 // never_replay brain call, allowed and entered.
 func appendExecuting(t *testing.T, ctx context.Context, js jetstream.JetStream, run string) {
 	t.Helper()
-	sub := &protocol.Submit{RunID: run, ThreadID: "t", Step: 1, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{
-		{Type: events.BlockToolUse, ID: "c1", Name: "send", Input: events.RawJSON("{}")}}}}
-	nr := events.Descriptor{Target: events.TargetBrain, Kind: events.KindTool, Policy: events.Policy{Mode: events.ModeNeverReplay}}
+	r, evs := submitted(t, run, "")
 	now := time.Now().UTC()
-	r, evs, err := aggregate.Decide(aggregate.New(run), aggregate.Submit{Submission: sub.Submission(), Tools: []events.Descriptor{nr}, At: now})
-	if err != nil {
-		t.Fatal(err)
-	}
 	_, gated, err := aggregate.Decide(r, aggregate.Gate{Decisions: []aggregate.Decision{{CallID: "c1", Outcome: events.GateAllow,
 		Stage: events.StageDefault, Capability: events.CapNonRecoverable}}, At: now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	appendFirst(t, ctx, js, run, append(evs, gated...)...)
+}
+
+// submitted is the decision of a run's first batch under a catalog
+// snapshot: one call of a never_replay brain tool, not yet gated.
+func submitted(t *testing.T, run, snapshot string) (*aggregate.Run, []events.Event) {
+	t.Helper()
+	sub := &protocol.Submit{RunID: run, ThreadID: "t", Step: 1, Assistant: events.Message{ID: "m", Content: []events.ContentBlock{
+		{Type: events.BlockToolUse, ID: "c1", Name: "send", Input: events.RawJSON("{}")}}}}
+	nr := events.Descriptor{Target: events.TargetBrain, Kind: events.KindTool, Policy: events.Policy{Mode: events.ModeNeverReplay}}
+	r, evs, err := aggregate.Decide(aggregate.New(run), aggregate.Submit{Submission: sub.Submission(), Tools: []events.Descriptor{nr}, SnapshotID: snapshot, At: time.Now().UTC()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, evs
+}
+
+// laggingKV answers reads of one key as a replica behind the others may:
+// with an entry read before the key moved on.
+type laggingKV struct {
+	jetstream.KeyValue
+	stale jetstream.KeyValueEntry
+}
+
+func (l laggingKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	if key == l.stale.Key() {
+		return l.stale, nil
+	}
+	return l.KeyValue.Get(ctx, key)
 }
 
 // eventCount returns how many commits of a run the events stream holds.

@@ -135,9 +135,10 @@ type runState struct {
 	durableHeld int
 	owned       bool   // this engine holds the run's owner key
 	ownRev      uint64 // its revision
-	// keyUnsure: a release of the key failed without an answer, and may
-	// have landed (another engine may hold the key since): the key is
-	// confirmed before the run is used again (confirmKey).
+	// keyUnsure: a release or a confirmation of the key got no answer and
+	// may have landed, or a commit met a conflict (another engine may hold
+	// the key since): the key is confirmed before the run is used again
+	// (confirmKey).
 	keyUnsure bool
 	// releasedRev is the revision of this engine's last release of the
 	// key (0: none, or taken since), releasedAt the run's last commit then.
@@ -257,12 +258,18 @@ func (s *shard) keepAlive(runCtx context.Context) {
 			_ = m.InProgress()
 		}
 		if (len(rs.held) > 0 || rs.projection.pending()) && len(rs.inflight) == 0 {
-			err := s.load(ctx, rs)
+			err := s.confirmIfUnsure(ctx, rs)
+			if err == nil {
+				err = s.load(ctx, rs)
+			}
 			if err == nil {
 				err = s.settleProjection(ctx, rs)
 			}
 			if err == nil {
 				err = s.drive(ctx, runCtx, rs)
+			}
+			if errors.Is(err, ErrNotOwner) {
+				continue // let go (confirmKey)
 			}
 			if err != nil {
 				s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Str(protocol.FieldMeaning, protocol.Meaning(err)).Msg("drive failed; will retry")
@@ -324,10 +331,7 @@ func (s *shard) handle(runCtx context.Context, it item) {
 	var err error
 	defer func() { rs.offer = nil }()
 	for try := 0; try < 3; try++ {
-		err = nil
-		if rs.keyUnsure {
-			err = s.confirmKey(ctx, rs)
-		}
+		err = s.confirmIfUnsure(ctx, rs)
 		if err == nil {
 			err = s.load(ctx, rs)
 		}
@@ -342,12 +346,7 @@ func (s *shard) handle(runCtx context.Context, it item) {
 		if !errors.Is(err, ErrConflict) {
 			break
 		}
-		// Extended elsewhere: by an engine that took the run (this one was
-		// thought dead), or by a commit of this engine's whose answer was
-		// lost. Only a write conditional on the key's revision held tells
-		// which: a read of the key may come from a replica that is behind.
-		s.abandon(rs)
-		rs.keyUnsure = true
+		s.abandon(rs) // the key is unsure (flush): confirmed first
 		s.e.log.Debug().Str(fieldRunID, it.runID).Err(err).Msg("run extended elsewhere: confirming the key and reloading")
 	}
 	if errors.Is(err, ErrNotOwner) {
