@@ -77,8 +77,11 @@ tools:
 }
 
 // TestPrestartedReplacementWaitsForTheCall: while another sandbox of the
-// tool is ready, a taken sandbox's replacement starts once the call is
-// done, not while it runs; it does start then.
+// tool is ready, a taken sandbox's replacement does not start when the call
+// takes it, nor while the call runs, nor when it ends; it starts once the
+// runner is quiet. (The quiet's length is held off here: a call longer
+// than it, on a busy machine even this one, lets the pools refill;
+// TestRefillWaitsForQuiet checks the quiet between a batch's calls.)
 func TestPrestartedReplacementWaitsForTheCall(t *testing.T) {
 	t.Parallel()
 	gateDir := worldDir(t, false)
@@ -94,7 +97,7 @@ tools:
   - id: wait
     command: [/bin/sh, -c, 'read x < %s; echo "$x"']
     mounts: [{path: %s}]
-`, gate, gateDir))
+`, gate, gateDir), func(r *Runner) { r.refillAfter = time.Hour })
 	p := r.pools["wait"]
 	state := func() (ready, starting int) {
 		p.mu.Lock()
@@ -125,6 +128,11 @@ tools:
 	if ready != 1 || starting != 0 {
 		t.Fatalf("while the call ran: %d ready, %d starting; want 1 and 0", ready, starting)
 	}
+	if ready, starting := state(); ready != 1 || starting != 0 {
+		t.Fatalf("after the call: %d ready, %d starting; want 1 and 0 until the runner is quiet", ready, starting)
+	}
+	r.refillAfter = time.Millisecond
+	r.callActivity() // quiet from now on
 	eventually(t, 20*time.Second, "the replacement is ready", func() bool { ready, _ := state(); return ready == 2 })
 }
 
