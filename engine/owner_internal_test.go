@@ -59,14 +59,7 @@ func TestAnUnsureReleaseIsConfirmed(t *testing.T) {
 	for _, landed := range []bool{true, false} {
 		e, s, ctx := projectionShard(t)
 		const run = "unsure"
-		key := protocol.OwnerKey(run)
-		rev, err := e.ownersKV.Create(ctx, key, []byte(e.id))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rs := s.state(run)
-		e.setOwned(rs, true)
-		rs.ownRev = rev
+		rs, key := heldHere(t, ctx, e, s, run)
 		if landed {
 			if err := e.ownersKV.Delete(ctx, key); err != nil { // the release's marker, landed
 				t.Fatal(err)
@@ -98,17 +91,11 @@ func TestAnUnsureReleaseIsConfirmed(t *testing.T) {
 func TestAConfirmationThatLandedUnansweredKeepsTheRun(t *testing.T) {
 	e, s, ctx := projectionShard(t)
 	const run = "confirmed-unanswered"
-	key := protocol.OwnerKey(run)
-	rev, err := e.ownersKV.Create(ctx, key, []byte(e.id))
-	if err != nil {
+	rs, key := heldHere(t, ctx, e, s, run)
+	rs.loaded = true
+	if _, err := e.ownersKV.Update(ctx, key, []byte(e.id), rs.ownRev); err != nil { // the confirmation that landed
 		t.Fatal(err)
 	}
-	if _, err := e.ownersKV.Update(ctx, key, []byte(e.id), rev); err != nil { // the confirmation that landed
-		t.Fatal(err)
-	}
-	rs := s.state(run)
-	e.setOwned(rs, true)
-	rs.ownRev, rs.loaded = rev, true
 	if err := s.confirmKey(ctx, rs); err != nil {
 		t.Fatalf("confirmKey: %v", err)
 	}
@@ -133,14 +120,8 @@ func TestAConflictGoesOnOnlyWithTheKeyConfirmed(t *testing.T) {
 		e, s, ctx := projectionShard(t)
 		const run = "conflict"
 		appendExecuting(t, ctx, e.js, run)
-		key := protocol.OwnerKey(run)
-		rev, err := e.ownersKV.Create(ctx, key, []byte(e.id))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rs := s.state(run)
-		e.setOwned(rs, true)
-		rs.ownRev = rev
+		rs, key := heldHere(t, ctx, e, s, run)
+		rev := rs.ownRev
 		rs.inflight["c1/1"] = true // the call runs here
 		if err := s.load(ctx, rs); err != nil {
 			t.Fatal(err)
@@ -185,17 +166,7 @@ func TestAnOutcomeWaitsForAnUnsureKey(t *testing.T) {
 	e, s, ctx := projectionShard(t)
 	const run = "outcome-unsure"
 	appendExecuting(t, ctx, e.js, run)
-	key := protocol.OwnerKey(run)
-	rev, err := e.ownersKV.Create(ctx, key, []byte(e.id))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.ownersKV.Update(ctx, key, []byte("another-engine"), rev); err != nil {
-		t.Fatal(err)
-	}
-	rs := s.state(run)
-	e.setOwned(rs, true)
-	rs.ownRev, rs.keyUnsure = rev, true
+	rs := takenUnsure(t, ctx, e, s, run)
 	rs.inflight["c1/1"] = true // the call ran here
 	sent := events.TextOutput("c1", "sent")
 	s.handle(ctx, item{runID: run, work: &outcome{callID: "c1", attempt: 1, output: &sent}})
@@ -212,22 +183,39 @@ func TestKeepAliveConfirmsAnUnsureKey(t *testing.T) {
 	const run = "keep-alive-unsure"
 	_, evs := submitted(t, run, e.cfg.Catalog.SnapshotID())
 	appendFirst(t, ctx, e.js, run, evs...)
-	key := protocol.OwnerKey(run)
-	rev, err := e.ownersKV.Create(ctx, key, []byte(e.id))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.ownersKV.Update(ctx, key, []byte("another-engine"), rev); err != nil {
-		t.Fatal(err)
-	}
-	rs := s.state(run)
-	e.setOwned(rs, true)
-	rs.ownRev, rs.keyUnsure = rev, true
+	rs := takenUnsure(t, ctx, e, s, run)
 	rs.projection.unknown = true // the last append's answer was lost: driven again on the tick
 	s.keepAlive(ctx)
 	if commits := eventCount(t, ctx, e, run); commits != 1 || rs.owned {
 		t.Fatalf("%d commits, owned %v: want the log untouched and the run let go", commits, rs.owned)
 	}
+}
+
+// takenUnsure returns a run this engine holds with its key unsure, whose
+// key another engine has taken since.
+func takenUnsure(t *testing.T, ctx context.Context, e *Engine, s *shard, run string) *runState {
+	t.Helper()
+	rs, key := heldHere(t, ctx, e, s, run)
+	if _, err := e.ownersKV.Update(ctx, key, []byte("another-engine"), rs.ownRev); err != nil {
+		t.Fatal(err)
+	}
+	rs.keyUnsure = true
+	return rs
+}
+
+// heldHere returns a run whose key this engine creates and holds, and the
+// key.
+func heldHere(t *testing.T, ctx context.Context, e *Engine, s *shard, run string) (*runState, string) {
+	t.Helper()
+	key := protocol.OwnerKey(run)
+	rev, err := e.ownersKV.Create(ctx, key, []byte(e.id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := s.state(run)
+	e.setOwned(rs, true)
+	rs.ownRev = rev
+	return rs, key
 }
 
 // TestAKeyReadAsThisEnginesIsWrittenAgain: a key whose last message names
