@@ -254,13 +254,22 @@ func (s *shard) release(ctx context.Context, rs *runState) {
 	if !rs.owned || !rs.quiescent() {
 		return
 	}
-	m := nats.NewMsg(s.e.names.KVSubject(protocol.BucketOwners, protocol.OwnerKey(rs.id)))
+	key := protocol.OwnerKey(rs.id)
+	m := nats.NewMsg(s.e.names.KVSubject(protocol.BucketOwners, key))
 	m.Header.Set(kvOperation, kvOperationDelete)
 	// Whoever takes the key next projects again a commit after this one: a
 	// commit appended late by an engine this one took the run from.
 	m.Header.Set(protocol.HeaderProjected, strconv.FormatUint(rs.tip.seq, 10))
 	tctx, cancel := context.WithTimeout(ctx, streamTry)
-	ack, err := s.e.js.PublishMsg(tctx, m, jetstream.WithExpectLastSequencePerSubject(rs.ownRev), jetstream.WithMsgTTL(releasedTTL))
+	deleteAt := func(rev uint64) (*jetstream.PubAck, error) {
+		return s.e.js.PublishMsg(tctx, m, jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(releasedTTL))
+	}
+	ack, err := deleteAt(rs.ownRev)
+	if isWrongLastSequence(err) {
+		if rev, ok := s.e.namesThis(tctx, key); ok {
+			ack, err = deleteAt(rev)
+		}
+	}
 	cancel()
 	if err != nil && !isWrongLastSequence(err) {
 		s.e.log.Debug().Str(fieldRunID, rs.id).Err(err).Msg("release failed; trying again after the linger")
@@ -291,12 +300,8 @@ func (s *shard) confirmKey(ctx context.Context, rs *runState) error {
 	kv, key := s.e.ownersKV, protocol.OwnerKey(rs.id)
 	rev, err := kv.Update(ctx, key, []byte(s.e.id), rs.ownRev)
 	if isWrongLastSequence(err) {
-		// A confirmation of this engine's whose answer was lost may have
-		// landed: the key is still this engine's if it names it, written
-		// again on the condition that it is at the revision read (the read
-		// may come from a replica that is behind).
-		if entry, gerr := kv.Get(ctx, key); gerr == nil && string(entry.Value()) == s.e.id {
-			rev, err = kv.Update(ctx, key, []byte(s.e.id), entry.Revision())
+		if read, ok := s.e.namesThis(ctx, key); ok {
+			rev, err = kv.Update(ctx, key, []byte(s.e.id), read)
 		}
 	}
 	if isWrongLastSequence(err) {
@@ -310,6 +315,19 @@ func (s *shard) confirmKey(ctx context.Context, rs *runState) error {
 	}
 	rs.ownRev, rs.keyUnsure = rev, false
 	return nil
+}
+
+// namesThis reads a run's key that was not at the revision this engine
+// holds, and returns the revision read when the key names this engine: a
+// write of its own whose answer was lost (a confirmation) landed, and the
+// key is still this engine's if a write conditional on that revision
+// succeeds (the read may come from a replica that is behind).
+func (e *Engine) namesThis(ctx context.Context, key string) (uint64, bool) {
+	entry, err := e.ownersKV.Get(ctx, key)
+	if err != nil || string(entry.Value()) != e.id {
+		return 0, false
+	}
+	return entry.Revision(), true
 }
 
 // confirmIfUnsure confirms the run's key when it is unsure (keyUnsure).

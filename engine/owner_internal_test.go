@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -105,6 +106,23 @@ func TestAConfirmationThatLandedUnansweredKeepsTheRun(t *testing.T) {
 	}
 	if !rs.owned || !rs.loaded || rs.ownRev != entry.Revision() {
 		t.Fatalf("owned %v, loaded %v, revision %d, the key's %d: want the run kept at the key's revision", rs.owned, rs.loaded, rs.ownRev, entry.Revision())
+	}
+}
+
+// TestAReleaseAfterAConfirmationThatLandedUnanswered: the key was written
+// again by this engine (a confirmation whose answer was lost), so that it
+// is not at the revision the engine holds; a release deletes it all the
+// same, rather than leaving it naming this engine.
+func TestAReleaseAfterAConfirmationThatLandedUnanswered(t *testing.T) {
+	e, s, ctx := projectionShard(t)
+	rs, key := heldHere(t, ctx, e, s, "released-after-confirmation")
+	if _, err := e.ownersKV.Update(ctx, key, []byte(e.id), rs.ownRev); err != nil { // the confirmation that landed
+		t.Fatal(err)
+	}
+	s.release(ctx, rs)
+	_, err := e.ownersKV.Get(ctx, key)
+	if rs.owned || rs.releasedRev == 0 || !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("owned %v, released at %d, the key: %v; want the key deleted by the release", rs.owned, rs.releasedRev, err)
 	}
 }
 
