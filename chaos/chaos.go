@@ -270,14 +270,17 @@ func execute(ctx context.Context, c *cluster, d drive, res *Result, started time
 	}
 	submitted := submittedBatches(runners)
 
-	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if err := c.waitAllReady(rctx); err != nil {
 		res.Failures = append(res.Failures, "after the workload: "+err.Error())
 	}
 	res.Surprises = c.surprises()
 	res.Duration = time.Since(started)
-	rec, vs, err := settle(rctx, c.url, 20*time.Second)
+	// The reads are tried again until they go through: on a loaded
+	// machine (make test) a stream's leader just back from a pause of
+	// seconds took more than 20 s to answer a consumer's creation.
+	rec, vs, err := settle(rctx, c.url, time.Minute)
 	if err != nil {
 		res.Failures = append(res.Failures, "after the workload: "+err.Error())
 		return nil, nil
