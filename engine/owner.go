@@ -123,14 +123,12 @@ func (e *Engine) takeKey(ctx context.Context, key string) (rev uint64, from stri
 	case err != nil:
 		return 0, "", 0, err
 	}
-	if kvRemoved(last.Header) {
-		rev, err = kv.Update(ctx, key, []byte(e.id), last.Sequence)
-		if isWrongLastSequence(err) {
-			return 0, "", 0, ErrNotOwner
-		}
-		if err != nil {
-			return 0, "", 0, err
-		}
+	// Every way of taking it is a write conditional on the message read:
+	// the read may come from a replica behind the others (a direct get),
+	// one just back from a pause say, while another engine took the key
+	// since. Taken on that read alone, the run had two engines.
+	switch owner := string(last.Data); {
+	case kvRemoved(last.Header):
 		projected = anyProjected
 		if h := last.Header.Get(protocol.HeaderProjected); h != "" {
 			var perr error
@@ -138,25 +136,12 @@ func (e *Engine) takeKey(ctx context.Context, key string) (rev uint64, from stri
 				projected = 0 // not known: projected again
 			}
 		}
-		return rev, "", projected, nil
-	}
-	owner := string(last.Data)
-	if owner == e.id {
-		// Written again on the condition that it is still so: the read
-		// may come from a replica behind the others (a direct get), one
-		// just back from a pause say, while another engine took the key
-		// since. Taken on that read alone, the run had two engines.
-		rev, err = kv.Update(ctx, key, []byte(e.id), last.Sequence)
-		if isWrongLastSequence(err) {
-			return 0, "", 0, ErrNotOwner
-		}
-		if err != nil {
-			return 0, "", 0, err
-		}
-		return rev, e.id, 0, nil
-	}
-	if e.liveness.alive(ctx, owner) {
+	case owner == e.id:
+		from = e.id
+	case e.liveness.alive(ctx, owner):
 		return 0, "", 0, ownedElsewhere{owner: owner}
+	default:
+		from = owner
 	}
 	rev, err = kv.Update(ctx, key, []byte(e.id), last.Sequence)
 	if isWrongLastSequence(err) {
@@ -165,7 +150,7 @@ func (e *Engine) takeKey(ctx context.Context, key string) (rev uint64, from stri
 	if err != nil {
 		return 0, "", 0, err
 	}
-	return rev, owner, 0, nil
+	return rev, from, projected, nil
 }
 
 // anyProjected says that every commit of a run is projected, whatever its
@@ -321,13 +306,23 @@ func (s *shard) confirmKey(ctx context.Context, rs *runState) error {
 // holds, and returns the revision read when the key names this engine: a
 // write of its own whose answer was lost (a confirmation) landed, and the
 // key is still this engine's if a write conditional on that revision
-// succeeds (the read may come from a replica that is behind).
+// succeeds.
 func (e *Engine) namesThis(ctx context.Context, key string) (uint64, bool) {
+	owner, rev := e.readOwner(ctx, key)
+	return rev, owner == e.id
+}
+
+// readOwner reads a key of the owners bucket: the engine it names and its
+// revision ("" when it names none, or the read failed). The read is a
+// direct get, which a replica behind the others may answer: it decides
+// nothing alone, only what a write conditional on its revision then
+// confirms, or where an inbox message is forwarded.
+func (e *Engine) readOwner(ctx context.Context, key string) (string, uint64) {
 	entry, err := e.ownersKV.Get(ctx, key)
-	if err != nil || string(entry.Value()) != e.id {
-		return 0, false
+	if err != nil {
+		return "", 0
 	}
-	return entry.Revision(), true
+	return string(entry.Value()), entry.Revision()
 }
 
 // confirmIfUnsure confirms the run's key when it is unsure (keyUnsure).
@@ -348,11 +343,10 @@ const releasedTTL = 10 * time.Minute
 // ErrNotOwner when the read names none other. It decides nothing: a run is
 // let go only on a conditional write's answer (confirmKey).
 func (e *Engine) ownerNow(ctx context.Context, runID string) error {
-	entry, err := e.ownersKV.Get(ctx, protocol.OwnerKey(runID))
-	if err != nil || string(entry.Value()) == e.id {
-		return ErrNotOwner
+	if owner, _ := e.readOwner(ctx, protocol.OwnerKey(runID)); owner != "" && owner != e.id {
+		return ownedElsewhere{owner: owner}
 	}
-	return ownedElsewhere{owner: string(entry.Value())}
+	return ErrNotOwner
 }
 
 // The key-value protocol's delete marker (JetStream ADR-8).

@@ -193,8 +193,8 @@ func (e *Engine) serveWorkers() ([]*nats.Subscription, error) {
 func (e *Engine) ownsRun(runID string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
 	defer cancel()
-	entry, err := e.ownersKV.Get(ctx, protocol.OwnerKey(runID))
-	return err == nil && string(entry.Value()) == e.id
+	owner, _ := e.readOwner(ctx, protocol.OwnerKey(runID))
+	return owner == e.id
 }
 
 // decodeClaim and decodeHeartbeat decode a worker's request into its work
