@@ -166,7 +166,7 @@ func NewEngine(reg prometheus.Registerer, g EngineGauges) *Engine {
 		timersOverdue: f.counterVec("toolbatch_timers_overdue_total",
 			"Ticket timers (action expire or perform) an engine found unfired well after their time and scheduled again: their stored schedule was lost or late. Each engine counts each such timer once.", "action"),
 		commits:   f.counter("toolbatch_commits_total", "Commits appended to the events stream."),
-		conflicts: f.counter("toolbatch_commit_conflicts_total", "Appends refused because the run was extended elsewhere (reloaded and decided again)."),
+		conflicts: f.counter("toolbatch_commit_conflicts_total", "Appends refused because the run was extended elsewhere (the key confirmed, then reloaded and decided again, or the run let go)."),
 		batches:   map[string]*batchSeen{},
 		series:    map[[2]string]*series{},
 	}
