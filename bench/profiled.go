@@ -116,7 +116,7 @@ func profiledEngine(args []string) error {
 		return err
 	}
 	if reg != nil {
-		ms, err := metrics.Listen(*metricsListen, reg, eng.Readiness)
+		ms, err := metrics.Listen(*metricsListen, reg, eng.Readiness, eng.Settle)
 		if err != nil {
 			return err
 		}

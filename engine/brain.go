@@ -21,6 +21,7 @@ type invocation struct {
 	arguments                      events.RawJSON
 	attempt                        int
 	operationID                    string
+	batchParent                    string // the run's batchParent
 	tool                           events.Descriptor
 	input                          string // delegation: resume the child with it
 	hasInput                       bool

@@ -75,7 +75,7 @@ func (s *shard) load(ctx context.Context, rs *runState) error {
 		return err
 	}
 	run := l.run
-	rs.run, rs.tip, rs.bytes = run, l.at, l.size
+	rs.run, rs.tip, rs.bytes, rs.batchParent = run, l.at, l.size, l.batchParent
 	if err := s.projectLoaded(ctx, rs, l); err != nil {
 		return err
 	}
@@ -100,7 +100,7 @@ func (s *shard) load(ctx context.Context, rs *runState) error {
 				rs.inflight[key] = true
 			case !c.Crossed:
 				s.e.metrics.Redispatched() // its job is published again by drive
-				s.e.events.tracer.Redispatched(rs.id, c.CallID)
+				s.e.events.observer.redispatched(rs.id, c.CallID)
 			}
 		}
 		after, evs, err := aggregate.Decide(run, aggregate.Recover{Capabilities: caps, Exclude: exclude, At: s.e.cfg.Now()})

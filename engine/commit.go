@@ -68,10 +68,15 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 		var at tip
 		var size int
 		var evs []events.Event
+		var submits bool
 		var err error
 		for {
 			evs = slices.Concat(rs.pending[:n]...)
-			at, size, err = s.e.events.append(ctx, rs.id, rs.tip, evs, submitTrace(rs, evs))
+			tp := ""
+			if submits = submitsBatch(evs); submits {
+				tp = rs.traceparent
+			}
+			at, size, err = s.e.events.append(ctx, rs.id, rs.tip, evs, tp)
 			if n == 1 || !errors.Is(err, nats.ErrMaxPayload) {
 				break
 			}
@@ -104,6 +109,9 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 			}
 		}
 		rs.tip, rs.bytes = at, rs.bytes+int64(size)
+		if submits {
+			rs.batchParent = rs.traceparent // what the commit carried
+		}
 		s.e.clients.committed(rs.id, rs.client, evs)
 		var after *aggregate.Run // the run after this commit, when it is all that was staged
 		if n == len(rs.pending) {
@@ -120,15 +128,15 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 	return nil
 }
 
-// submitTrace is the traceparent a commit carries: the submitter's, when
-// it submits a batch.
-func submitTrace(rs *runState, evs []events.Event) string {
+// submitsBatch says whether a commit's events submit a batch: such a
+// commit carries the submitter's traceparent.
+func submitsBatch(evs []events.Event) bool {
 	for _, e := range evs {
 		if _, ok := e.(*events.BatchSubmitted); ok {
-			return rs.traceparent
+			return true
 		}
 	}
-	return ""
+	return false
 }
 
 // abandon forgets what is staged: the cached run is folded again from the

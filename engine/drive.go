@@ -94,7 +94,7 @@ func (s *shard) startExecutors(runCtx context.Context, rs *runState, callIDs []s
 			rs.unclaimed[id] = lease{attempt: c.Attempt, deadline: time.Now().Add(s.e.dispatchDeadline(c.ToolID))}
 		}
 		inv := invocation{runID: rs.id, batchID: b.ID, callID: id, toolID: c.ToolID, arguments: c.Arguments,
-			attempt: c.Attempt, operationID: b.OperationID(id), tool: c.Tool, input: c.Input, hasInput: c.HasInput}
+			attempt: c.Attempt, operationID: b.OperationID(id), batchParent: rs.batchParent, tool: c.Tool, input: c.Input, hasInput: c.HasInput}
 		s.e.wg.Add(1)
 		go func() {
 			defer s.e.wg.Done()

@@ -129,7 +129,9 @@ type Config struct {
 	// timer may be unfired before that (default 10s).
 	SweepEvery, OverdueAfter time.Duration
 	// Metrics, when set, is where the engine registers its metrics
-	// (package metrics; nil: none).
+	// (package metrics; nil: none). The events of a commit are counted
+	// within a few milliseconds of it; a scrape that calls Settle first
+	// sees every commit made before it.
 	Metrics prometheus.Registerer
 	// Tracing, when set, is where the engine exports the spans of its
 	// batches and calls (package tracing; nil: none).
@@ -316,6 +318,7 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 		})
 		e.events.metrics = e.metrics
 	}
+	e.events.observer = newObserver(e.metrics, e.events.tracer)
 	e.liveness = newLiveness(e)
 	e.brain = &brainExecutor{nc: nc, js: js, names: n}
 	e.gate = &gateChain{nc: nc, names: n}
@@ -444,6 +447,11 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	runCtx, stop := context.WithCancel(context.Background())
 	defer stop()
+	// The observer outlives the shards: their last commits are folded.
+	obsCtx, stopObserver := context.WithCancel(context.Background())
+	defer stopObserver()
+	obsDone := make(chan struct{})
+	go func() { defer close(obsDone); e.events.observer.run(obsCtx) }()
 	for _, s := range e.shards {
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); s.loop(runCtx) }()
@@ -514,6 +522,9 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	stop()
 	e.wg.Wait()
+	stopObserver()
+	<-obsDone
+	e.events.observer.settle() // what the last commits end, before the spans' exporter stops
 	<-cpDone
 	<-trimDone
 	<-sweepDone

@@ -118,6 +118,10 @@ type runState struct {
 	// traceparent is the trace context of the last submission taken (its
 	// header; "" for none), what its BatchSubmitted commit carries.
 	traceparent string
+	// batchParent is the trace context the run's last batch was submitted
+	// with, as its commit carries it ("" for none): its attempts' trace
+	// contexts are derived from it (tracing.Engine.Attempt).
+	batchParent string
 	loaded      bool
 	// held are inbox messages acknowledged once the run is quiescent, so
 	// that a crash before then redelivers them and the run is recovered.

@@ -182,9 +182,12 @@ type eventLog struct {
 	trust  *trust           // verifies what load folds (nil: nothing)
 	// metrics counts what is appended (nil: nothing).
 	metrics *metrics.Engine
-	// tracer makes spans of what is appended and learns what is loaded
-	// (nil: nothing).
+	// tracer makes the spans (nil: none): the attempts' trace contexts
+	// here, the spans from what observer hands it.
 	tracer *tracing.Engine
+	// observer folds what is appended and loaded into the metrics and
+	// the spans, off the commit's path (nil: neither is on).
+	observer *observer
 }
 
 // tip is where a run's log ends: its last commit's stream sequence (0 for
@@ -204,6 +207,9 @@ type loaded struct {
 	size     int64
 	last     []events.Event
 	beforeIt *aggregate.Run
+	// batchParent is the traceparent header of the commit that submitted
+	// the run's last batch ("": none).
+	batchParent string
 }
 
 // load folds a run from its subject.
@@ -233,7 +239,11 @@ func (l *eventLog) load(ctx context.Context, runID string) (loaded, error) {
 		if err := out.run.ApplyAll(evs); err != nil {
 			return fmt.Errorf("commit at %d: %w", s, err)
 		}
-		l.tracer.Loaded(runID, m.Headers().Get(protocol.HeaderTraceParent), evs)
+		tp := m.Headers().Get(protocol.HeaderTraceParent)
+		if submitsBatch(evs) {
+			out.batchParent = tp
+		}
+		l.observer.loaded(runID, tp, evs)
 		out.at, out.size = tip{seq: s, hash: hash}, out.size+int64(len(m.Data()))
 		return nil
 	})
@@ -303,8 +313,7 @@ func (l *eventLog) append(ctx context.Context, runID string, after tip, evs []ev
 		return tip{}, 0, fmt.Errorf("append to run %s: %w", runID, err)
 	}
 	l.metrics.Commit()
-	l.metrics.Committed(runID, evs)
-	l.tracer.Committed(runID, traceparent, evs)
+	l.observer.committed(runID, traceparent, evs)
 	return tip{seq: ack.Sequence, hash: c.Hash()}, len(body), nil
 }
 

@@ -38,14 +38,24 @@ type Server struct {
 // readyTimeout bounds one readiness check.
 const readyTimeout = 3 * time.Second
 
-// Listen opens addr and serves in the background until Close.
-func Listen(addr string, reg *prometheus.Registry, ready func(context.Context) error) (*Server, error) {
+// Listen opens addr and serves in the background until Close. settle,
+// when set, runs before each scrape: it brings the counters up to what
+// the program has done (the engine folds its last commits).
+func Listen(addr string, reg *prometheus.Registry, ready func(context.Context) error, settle func()) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-listen %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(PathMetrics, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	scrape := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
+	if settle != nil {
+		gather := scrape
+		scrape = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			settle()
+			gather.ServeHTTP(w, r)
+		})
+	}
+	mux.Handle(PathMetrics, scrape)
 	mux.HandleFunc(PathHealthz, func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc(PathReadyz, func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)

@@ -130,19 +130,17 @@ func (e *Engine) Loaded(runID, traceparent string, evs []events.Event) {
 	e.observe(runID, traceparent, evs, false)
 }
 
-// Attempt returns the traceparent of a call's attempt span ("" when the
-// batch is unknown): what a sandbox dispatch carries to the worker.
-func (e *Engine) Attempt(runID, callID string, attempt int) string {
+// Attempt returns the traceparent of a call's attempt span, what a
+// sandbox dispatch and its claim's grant carry to the worker and the
+// tool ("" when e is nil). It is derived, as the span's own context is,
+// from the run, the batch, the traceparent the batch was submitted with
+// (its commit's header) and the attempt: it is known before the span
+// exists, without the batch's state, whichever engine makes the span.
+func (e *Engine) Attempt(runID, batchID, submitted, callID string, attempt int) string {
 	if e == nil {
 		return ""
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	b := e.runs[runID]
-	if b == nil {
-		return ""
-	}
-	return Format(b.child(childAttempt, callID, attempt))
+	return Format(childOf(batchContext(runID, batchID, Parse(submitted)), childAttempt, callID, attempt))
 }
 
 // Redispatched marks a call's open attempt as dispatched again by a
@@ -187,15 +185,7 @@ func (e *Engine) observe(runID, traceparent string, evs []events.Event, emit boo
 func newBatch(runID, traceparent string, s *events.BatchSubmitted) *batchTrace {
 	b := &batchTrace{id: s.BatchID, runID: runID, step: s.Step, parent: Parse(traceparent), start: s.At,
 		calls: make([]callTrace, len(s.Calls))}
-	cfg := trace.SpanContextConfig{TraceFlags: trace.FlagsSampled}
-	if b.parent.IsValid() {
-		cfg.TraceID, cfg.TraceFlags, cfg.TraceState = b.parent.TraceID(), b.parent.TraceFlags(), b.parent.TraceState()
-		cfg.SpanID = spanID("batch", b.parent.TraceID().String(), b.parent.SpanID().String(), s.BatchID)
-	} else {
-		cfg.TraceID = traceID("toolbatch", runID, s.BatchID)
-		cfg.SpanID = spanID("batch", cfg.TraceID.String(), s.BatchID)
-	}
-	b.self = trace.NewSpanContext(cfg)
+	b.self = batchContext(runID, s.BatchID, b.parent)
 	for i, c := range s.Calls {
 		target := string(c.Tool.Target)
 		if c.Tool.Kind == events.KindUnknown {
@@ -218,10 +208,25 @@ const (
 	childTicket  = 't'
 )
 
-// child is the context of one of the batch's child spans: an attempt's
+// batchContext is the context of a batch's span: a child of the
+// submitter's span when the submission carried one, else the root of a
+// trace of its own, derived from the run and the batch.
+func batchContext(runID, batchID string, parent trace.SpanContext) trace.SpanContext {
+	cfg := trace.SpanContextConfig{TraceFlags: trace.FlagsSampled}
+	if parent.IsValid() {
+		cfg.TraceID, cfg.TraceFlags, cfg.TraceState = parent.TraceID(), parent.TraceFlags(), parent.TraceState()
+		cfg.SpanID = spanID("batch", parent.TraceID().String(), parent.SpanID().String(), batchID)
+	} else {
+		cfg.TraceID = traceID("toolbatch", runID, batchID)
+		cfg.SpanID = spanID("batch", cfg.TraceID.String(), batchID)
+	}
+	return trace.NewSpanContext(cfg)
+}
+
+// childOf is the context of one of a batch's child spans: an attempt's
 // (its call id and number) or a ticket's (its correlation id, n 0).
-func (b *batchTrace) child(kind byte, id string, n int) trace.SpanContext {
-	parent := b.self.SpanID()
+func childOf(batch trace.SpanContext, kind byte, id string, n int) trace.SpanContext {
+	parent := batch.SpanID()
 	d := xxhash.New()
 	var head [9]byte
 	copy(head[:8], parent[:])
@@ -236,8 +241,8 @@ func (b *batchTrace) child(kind byte, id string, n int) trace.SpanContext {
 	if !s.IsValid() {
 		s[7] = 1
 	}
-	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: b.self.TraceID(), TraceFlags: b.self.TraceFlags(),
-		TraceState: b.self.TraceState(), SpanID: s})
+	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: batch.TraceID(), TraceFlags: batch.TraceFlags(),
+		TraceState: batch.TraceState(), SpanID: s})
 }
 
 // observe folds one event of the batch's run; it reports whether the
@@ -404,7 +409,7 @@ func (e *Engine) attempt(b *batchTrace, c *callTrace, end time.Time, outcome eve
 		evs = append(evs, spanEvent{name: EventClaim, at: cl.At, attrs: e.claimAttrs})
 	}
 	e.events = evs
-	e.p.record(&span{parent: b.self, self: b.child(childAttempt, c.id, c.attempt), name: SpanAttempt, detail: c.tool, kind: trace.SpanKindInternal,
+	e.p.record(&span{parent: b.self, self: childOf(b.self, childAttempt, c.id, c.attempt), name: SpanAttempt, detail: c.tool, kind: trace.SpanKindInternal,
 		start: start, end: end, errType: errType, attrs: e.withExtra(extra), events: evs})
 }
 
@@ -413,6 +418,6 @@ func (e *Engine) ticket(b *batchTrace, c *callTrace, end time.Time, extra ...att
 	t := c.ticket
 	e.attrs = append(e.attrs[:0], AttrRunID.String(b.runID), AttrBatchID.String(b.id), AttrToolName.String(c.tool), AttrToolCallID.String(c.id),
 		AttrCorrelationID.String(t.Ticket.CorrelationID))
-	e.p.record(&span{parent: b.self, self: b.child(childTicket, t.Ticket.CorrelationID, 0), name: SpanTicket, detail: string(t.Ticket.Reason),
+	e.p.record(&span{parent: b.self, self: childOf(b.self, childTicket, t.Ticket.CorrelationID, 0), name: SpanTicket, detail: string(t.Ticket.Reason),
 		kind: trace.SpanKindInternal, start: t.At, end: end, attrs: e.withExtra(extra)})
 }

@@ -103,7 +103,10 @@ func TestTakeoverKeepsTheSpans(t *testing.T) {
 	if n := len(rec1()); n != 0 {
 		t.Fatalf("%d spans before anything ended", n)
 	}
-	dispatched := e1.Attempt("r", "b", 2)
+	dispatched := e1.Attempt("r", "r/1", parent, "b", 2)
+	if _, fresh := recorder(t); fresh.Attempt("r", "r/1", parent, "b", 2) != dispatched {
+		t.Fatalf("an engine that never saw the batch derives another attempt context than %s", dispatched)
+	}
 
 	rec2, e2 := recorder(t)
 	e2.Loaded("r", parent, first)

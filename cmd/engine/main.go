@@ -207,7 +207,7 @@ func run(args []string, stderr io.Writer) error {
 		return err
 	}
 	if reg != nil {
-		ms, err := metrics.Listen(o.metricsListen, reg, eng.Readiness)
+		ms, err := metrics.Listen(o.metricsListen, reg, eng.Readiness, eng.Settle)
 		if err != nil {
 			return err
 		}

@@ -160,7 +160,7 @@ func run(args []string, stderr io.Writer) error {
 		return err
 	}
 	if reg != nil {
-		ms, err := metrics.Listen(metricsListen, reg, w.Readiness)
+		ms, err := metrics.Listen(metricsListen, reg, w.Readiness, nil)
 		if err != nil {
 			return err
 		}
