@@ -10,10 +10,13 @@
 // Their span ids are derived from the trace, the batch and the call, not
 // drawn at random, so that whichever engine ends a span, a recovered or
 // taken-over run's spans still hang from the same batch span, and the
-// traceparent of an attempt's dispatch is known before its span exists.
-// The traceparent a client sent with its submission is carried in the
-// BatchSubmitted commit's headers (outside what the commit hash covers) and
-// read again when a run is loaded (Engine.Loaded).
+// traceparent of an attempt's dispatch is known before its span exists,
+// from the run, the batch and the submitter's traceparent alone
+// (Engine.Attempt): the engine hands its commits to Committed off the
+// commit's path, a few milliseconds later. The traceparent a client sent
+// with its submission is carried in the BatchSubmitted commit's headers
+// (outside what the commit hash covers) and read again when a run is
+// loaded (Engine.Loaded).
 //
 // A span is encoded as OTLP protobuf when it is recorded, field by field
 // into the export queue's buffer (otlp.go), and exported over OTLP/HTTP by
