@@ -108,12 +108,17 @@ func (o *observer) committed(runID, traceparent string, evs []events.Event) {
 	o.add(observation{runID: runID, traceparent: traceparent, evs: evs})
 }
 
+// loaded and redispatched feed the spans alone.
 func (o *observer) loaded(runID, traceparent string, evs []events.Event) {
-	o.add(observation{runID: runID, traceparent: traceparent, evs: evs, loaded: true})
+	if o != nil && o.tracer != nil {
+		o.add(observation{runID: runID, traceparent: traceparent, evs: evs, loaded: true})
+	}
 }
 
 func (o *observer) redispatched(runID, callID string) {
-	o.add(observation{runID: runID, redispatch: callID})
+	if o != nil && o.tracer != nil {
+		o.add(observation{runID: runID, redispatch: callID})
+	}
 }
 
 func (o *observer) add(ob observation) {

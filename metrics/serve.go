@@ -40,7 +40,8 @@ const readyTimeout = 3 * time.Second
 
 // Listen opens addr and serves in the background until Close. settle,
 // when set, runs before each scrape: it brings the counters up to what
-// the program has done (the engine folds its last commits).
+// the program has done (the engine folds its last commits into its
+// metrics, and its spans).
 func Listen(addr string, reg *prometheus.Registry, ready func(context.Context) error, settle func()) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
