@@ -107,6 +107,7 @@ tools:
   - {id: dangerous, builtin: echo}
   - {id: send, builtin: echo}
   - {id: sb_env, target: sandbox, dispatch_deadline: 20s}
+  - {id: sb_after, target: sandbox, dispatch_deadline: 20s}
 gate:
   rules:
     - {tools: [dangerous], outcome: block, reason: not here}
@@ -118,6 +119,7 @@ pools: [default]
 isolation: none
 tools:
   - {id: sb_env, command: ["/bin/sh", "-c", "printf '%s' \"$TRACEPARENT\""]}
+  - {id: sb_after, command: ["/bin/sh", "-c", "printf '%s' \"$TRACEPARENT\""]}
 `
 
 // TestTraceThroughEngineWorkerAndTool: a submission with a traceparent
@@ -128,7 +130,8 @@ tools:
 // tool finds that attempt's span in TRACEPARENT. The engine
 // is killed while the batch waits on its ticket: the engine that takes the
 // run back ends the batch under the same parent (the traceparent kept in
-// the commit's headers).
+// the commit's headers), and the sandbox call it dispatches after the
+// ticket (sb_after) gives its tool the context of its attempt's span.
 func TestTraceThroughEngineWorkerAndTool(t *testing.T) {
 	recv := &receiver{}
 	otlp := httptest.NewServer(recv)
@@ -161,7 +164,7 @@ func TestTraceThroughEngineWorkerAndTool(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer watch.Stop()
-	if err := cl.Submit(client.WithTraceParent(ctx, "00-"+traceID+"-"+parentID+"-01"), batch("tr", 1, "echo", "fail", "dangerous", "sb_env", "send")); err != nil {
+	if err := cl.Submit(client.WithTraceParent(ctx, "00-"+traceID+"-"+parentID+"-01"), batch("tr", 1, "echo", "fail", "dangerous", "sb_env", "send", "sb_after")); err != nil {
 		t.Fatal(err)
 	}
 	ticket := nextTicket(t, ctx, watch, "")
@@ -184,7 +187,8 @@ func TestTraceThroughEngineWorkerAndTool(t *testing.T) {
 		t.Fatal(err)
 	}
 	testwait.Until(t, ctx, "the batch's span", func() bool {
-		return len(recv.named("toolbatch.batch")) == 1 && len(recv.named("execute_tool send")) == 1 && len(recv.named("toolbatch.ticket permission")) == 1
+		return len(recv.named("toolbatch.batch")) == 1 && len(recv.named("execute_tool send")) == 1 && len(recv.named("toolbatch.ticket permission")) == 1 &&
+			len(recv.named("execute_tool sb_after")) == 1
 	})
 
 	id := func(b []byte) string { return hex.EncodeToString(b) }
@@ -204,6 +208,7 @@ func TestTraceThroughEngineWorkerAndTool(t *testing.T) {
 		"dangerous": {"0", "blocked", "block", false},
 		"sb_env":    {"1", "ok", "allow", false},
 		"send":      {"1", "ok", "require_confirmation", false},
+		"sb_after":  {"1", "ok", "allow", false},
 	}
 	attempts := map[string]gotSpan{}
 	for tool, w := range want {
@@ -227,7 +232,7 @@ func TestTraceThroughEngineWorkerAndTool(t *testing.T) {
 		if len(s.Events) == 0 || s.Events[0].Name != "toolbatch.gate" || attr(s.Events[0].Attributes, "toolbatch.gate.outcome") != w.gate {
 			t.Errorf("%s: events %v, want toolbatch.gate first", tool, s.Events)
 		}
-		sandboxed := tool == "sb_env"
+		sandboxed := tool == "sb_env" || tool == "sb_after"
 		if got := attr(s.Attributes, "toolbatch.tool.target"); got != map[bool]string{true: "sandbox", false: "brain"}[sandboxed] {
 			t.Errorf("%s: target %q", tool, got)
 		}
@@ -243,16 +248,19 @@ func TestTraceThroughEngineWorkerAndTool(t *testing.T) {
 	if !(ticketSpan.StartTimeUnixNano < ticketSpan.EndTimeUnixNano && ticketSpan.EndTimeUnixNano <= attempts["send"].StartTimeUnixNano) {
 		t.Errorf("the ticket's wait [%d, %d] does not precede the send attempt at %d", ticketSpan.StartTimeUnixNano, ticketSpan.EndTimeUnixNano, attempts["send"].StartTimeUnixNano)
 	}
-	sb := attempts["sb_env"]
-	if attr(sb.Attributes, "toolbatch.worker_id") != "tw" || attr(sb.Attributes, "toolbatch.pool") != "default" {
-		t.Errorf("sb_env: attributes %v, want the worker tw of the pool default", sb.Attributes)
-	}
-	if len(sb.Events) != 2 || sb.Events[1].Name != "toolbatch.claim" || attr(sb.Events[1].Attributes, "toolbatch.worker_id") != "tw" ||
-		!(sb.StartTimeUnixNano <= sb.Events[1].TimeUnixNano && sb.Events[1].TimeUnixNano <= sb.EndTimeUnixNano) {
-		t.Errorf("sb_env: events %v, want the gate's, then tw's claim within the attempt [%d, %d]", sb.Events, sb.StartTimeUnixNano, sb.EndTimeUnixNano)
-	}
-	if got, want := res.Results[3].Content[0].Text, "00-"+traceID+"-"+id(sb.SpanId)+"-01"; got != want {
-		t.Errorf("the tool's TRACEPARENT = %q, want %q (the attempt's span)", got, want)
+	// sb_env ran on the first engine, sb_after on the one that took the run
+	for i, tool := range map[int]string{3: "sb_env", 5: "sb_after"} {
+		sb := attempts[tool]
+		if attr(sb.Attributes, "toolbatch.worker_id") != "tw" || attr(sb.Attributes, "toolbatch.pool") != "default" {
+			t.Errorf("%s: attributes %v, want the worker tw of the pool default", tool, sb.Attributes)
+		}
+		if len(sb.Events) != 2 || sb.Events[1].Name != "toolbatch.claim" || attr(sb.Events[1].Attributes, "toolbatch.worker_id") != "tw" ||
+			!(sb.StartTimeUnixNano <= sb.Events[1].TimeUnixNano && sb.Events[1].TimeUnixNano <= sb.EndTimeUnixNano) {
+			t.Errorf("%s: events %v, want the gate's, then tw's claim within the attempt [%d, %d]", tool, sb.Events, sb.StartTimeUnixNano, sb.EndTimeUnixNano)
+		}
+		if got, want := res.Results[i].Content[0].Text, "00-"+traceID+"-"+id(sb.SpanId)+"-01"; got != want {
+			t.Errorf("%s: the tool's TRACEPARENT = %q, want %q (the attempt's span)", tool, got, want)
+		}
 	}
 	for _, s := range recv.all() {
 		if s.service != "toolbatch-engine" {
