@@ -21,7 +21,7 @@ type invocation struct {
 	arguments                      events.RawJSON
 	attempt                        int
 	operationID                    string
-	batchParent                    string // the run's batchParent
+	traceparent                    string // the attempt's trace context (sandbox calls; "": traces off)
 	tool                           events.Descriptor
 	input                          string // delegation: resume the child with it
 	hasInput                       bool

@@ -75,7 +75,7 @@ func (s *shard) load(ctx context.Context, rs *runState) error {
 		return err
 	}
 	run := l.run
-	rs.run, rs.tip, rs.bytes, rs.batchParent = run, l.at, l.size, l.batchParent
+	rs.run, rs.tip, rs.bytes, rs.batchSpan = run, l.at, l.size, l.batchSpan
 	if err := s.projectLoaded(ctx, rs, l); err != nil {
 		return err
 	}

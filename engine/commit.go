@@ -68,12 +68,12 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 		var at tip
 		var size int
 		var evs []events.Event
-		var submits bool
+		var submitted *events.BatchSubmitted
 		var err error
 		for {
 			evs = slices.Concat(rs.pending[:n]...)
 			tp := ""
-			if submits = submitsBatch(evs); submits {
+			if submitted = submittedBatch(evs); submitted != nil {
 				tp = rs.traceparent
 			}
 			at, size, err = s.e.events.append(ctx, rs.id, rs.tip, evs, tp)
@@ -109,8 +109,8 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 			}
 		}
 		rs.tip, rs.bytes = at, rs.bytes+int64(size)
-		if submits {
-			rs.batchParent = rs.traceparent // what the commit carried
+		if submitted != nil { // with the traceparent the commit carried
+			rs.batchSpan = s.e.events.tracer.Batch(rs.id, submitted.BatchID, rs.traceparent)
 		}
 		s.e.clients.committed(rs.id, rs.client, evs)
 		var after *aggregate.Run // the run after this commit, when it is all that was staged
@@ -128,15 +128,15 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 	return nil
 }
 
-// submitsBatch says whether a commit's events submit a batch: such a
-// commit carries the submitter's traceparent.
-func submitsBatch(evs []events.Event) bool {
+// submittedBatch is the batch a commit's events submit (nil: none): such
+// a commit carries the submitter's traceparent.
+func submittedBatch(evs []events.Event) *events.BatchSubmitted {
 	for _, e := range evs {
-		if _, ok := e.(*events.BatchSubmitted); ok {
-			return true
+		if s, ok := e.(*events.BatchSubmitted); ok {
+			return s
 		}
 	}
-	return false
+	return nil
 }
 
 // abandon forgets what is staged: the cached run is folded again from the

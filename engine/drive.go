@@ -90,11 +90,13 @@ func (s *shard) startExecutors(runCtx context.Context, rs *runState, callIDs []s
 			continue
 		}
 		rs.inflight[key] = true
+		var tp string
 		if c.Tool.Target == events.TargetSandbox {
 			rs.unclaimed[id] = lease{attempt: c.Attempt, deadline: time.Now().Add(s.e.dispatchDeadline(c.ToolID))}
+			tp = rs.batchSpan.Attempt(id, c.Attempt)
 		}
 		inv := invocation{runID: rs.id, batchID: b.ID, callID: id, toolID: c.ToolID, arguments: c.Arguments,
-			attempt: c.Attempt, operationID: b.OperationID(id), batchParent: rs.batchParent, tool: c.Tool, input: c.Input, hasInput: c.HasInput}
+			attempt: c.Attempt, operationID: b.OperationID(id), tool: c.Tool, input: c.Input, hasInput: c.HasInput, traceparent: tp}
 		s.e.wg.Add(1)
 		go func() {
 			defer s.e.wg.Done()

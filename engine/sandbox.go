@@ -82,8 +82,8 @@ func (e *Engine) dispatch(ctx context.Context, inv invocation) error {
 	}
 	msg := nats.NewMsg(e.names.Dispatch(poolOf(inv.tool), inv.toolID))
 	msg.Data = body
-	if tp := e.events.tracer.Attempt(inv.runID, inv.batchID, inv.batchParent, inv.callID, inv.attempt); tp != "" {
-		msg.Header.Set(protocol.HeaderTraceParent, tp)
+	if inv.traceparent != "" {
+		msg.Header.Set(protocol.HeaderTraceParent, inv.traceparent)
 	}
 	if _, err := e.js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("%s/%d", inv.operationID, inv.attempt))); err != nil {
 		return fmt.Errorf("dispatch %s attempt %d: %w", inv.operationID, inv.attempt, err)
@@ -290,7 +290,7 @@ func (s *shard) grant(rs *runState, callID string) protocol.ClaimReply {
 	rs.leases[callID] = lease{attempt: c.Claim.Attempt, token: c.Claim.Token, deadline: time.Now().Add(s.e.cfg.Lease)}
 	delete(rs.unclaimed, callID)
 	return protocol.ClaimReply{Granted: true, ClaimToken: c.Claim.Token, LeaseMS: s.e.cfg.Lease.Milliseconds(),
-		TraceParent: s.e.events.tracer.Attempt(rs.id, b.ID, rs.batchParent, callID, c.Claim.Attempt),
+		TraceParent: rs.batchSpan.Attempt(callID, c.Claim.Attempt),
 		Job: &protocol.Dispatch{BatchID: b.ID, RunID: rs.id, CallID: callID, ToolID: c.ToolID, Arguments: c.Arguments,
 			Attempt: c.Claim.Attempt, OperationID: b.OperationID(callID)}}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/protocol"
+	"github.com/toolbatch/toolbatch/tracing"
 )
 
 // item is one piece of work for a run.
@@ -118,11 +119,11 @@ type runState struct {
 	// traceparent is the trace context of the last submission taken (its
 	// header; "" for none), what its BatchSubmitted commit carries.
 	traceparent string
-	// batchParent is the trace context the run's last batch was submitted
-	// with, as its commit carries it ("" for none): its attempts' trace
-	// contexts are derived from it (tracing.Engine.Attempt).
-	batchParent string
-	loaded      bool
+	// batchSpan is the span context of the run's last batch (zero: traces
+	// off), derived once from the trace context its commit carries: its
+	// attempts' trace contexts are derived from it.
+	batchSpan tracing.BatchSpan
+	loaded    bool
 	// held are inbox messages acknowledged once the run is quiescent, so
 	// that a crash before then redelivers them and the run is recovered.
 	held     []jetstream.Msg

@@ -207,9 +207,9 @@ type loaded struct {
 	size     int64
 	last     []events.Event
 	beforeIt *aggregate.Run
-	// batchParent is the traceparent header of the commit that submitted
-	// the run's last batch ("": none).
-	batchParent string
+	// batchSpan is the span context of the run's last batch, derived from
+	// the traceparent header of the commit that submitted it.
+	batchSpan tracing.BatchSpan
 }
 
 // load folds a run from its subject.
@@ -240,8 +240,8 @@ func (l *eventLog) load(ctx context.Context, runID string) (loaded, error) {
 			return fmt.Errorf("commit at %d: %w", s, err)
 		}
 		tp := m.Headers().Get(protocol.HeaderTraceParent)
-		if submitsBatch(evs) {
-			out.batchParent = tp
+		if sub := submittedBatch(evs); sub != nil {
+			out.batchSpan = l.tracer.Batch(runID, sub.BatchID, tp)
 		}
 		l.observer.loaded(runID, tp, evs)
 		out.at, out.size = tip{seq: s, hash: hash}, out.size+int64(len(m.Data()))

@@ -72,8 +72,9 @@ func BenchmarkEngineBatch(b *testing.B) {
 		}
 		first = append(first, &events.CallExecuting{BatchID: batch, CallID: "c0", Attempt: 1, Cause: events.CauseAllowed, At: at(1)})
 		e.Committed(run, "", first)
+		span := e.Batch(run, batch, "") // the engine derives it once per batch
 		e.Committed(run, "", []events.Event{&events.CallClaimed{BatchID: batch, CallID: "c0", Attempt: 1, WorkerID: "w1", At: at(1)}})
-		_ = e.Attempt(run, batch, "", "c0", 1)
+		_ = span.Attempt("c0", 1)
 		for c := range calls {
 			evs := []events.Event{&events.CallCompleted{BatchID: batch, CallID: calls[c].CallID, At: at(2 + c)}}
 			if c+1 < len(calls) {
@@ -84,7 +85,7 @@ func BenchmarkEngineBatch(b *testing.B) {
 			}
 			e.Committed(run, "", evs)
 			if c+1 < len(calls) {
-				_ = e.Attempt(run, batch, "", calls[c+1].CallID, 1)
+				_ = span.Attempt(calls[c+1].CallID, 1)
 			}
 		}
 	})

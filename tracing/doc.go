@@ -12,8 +12,9 @@
 // taken-over run's spans still hang from the same batch span, and the
 // traceparent of an attempt's dispatch is known before its span exists,
 // from the run, the batch and the submitter's traceparent alone
-// (Engine.Attempt): the engine hands its commits to Committed off the
-// commit's path, a few milliseconds later. The traceparent a client sent
+// (Engine.Batch, once per batch, then BatchSpan.Attempt): the engine
+// hands its commits to Committed off the commit's path, a few
+// milliseconds later. The traceparent a client sent
 // with its submission is carried in the BatchSubmitted commit's headers
 // (outside what the commit hash covers) and read again when a run is
 // loaded (Engine.Loaded).

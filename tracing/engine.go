@@ -130,17 +130,29 @@ func (e *Engine) Loaded(runID, traceparent string, evs []events.Event) {
 	e.observe(runID, traceparent, evs, false)
 }
 
-// Attempt returns the traceparent of a call's attempt span, what a
-// sandbox dispatch and its claim's grant carry to the worker and the
-// tool ("" when e is nil). It is derived, as the span's own context is,
-// from the run, the batch, the traceparent the batch was submitted with
-// (its commit's header) and the attempt: it is known before the span
-// exists, without the batch's state, whichever engine makes the span.
-func (e *Engine) Attempt(runID, batchID, submitted, callID string, attempt int) string {
+// BatchSpan is the context of a batch's span, derived once per batch, as
+// every engine derives it, from the run, the batch and the traceparent the
+// batch was submitted with (its commit's header): what its attempts'
+// contexts are derived from, before their spans exist and whichever
+// engine makes them. The zero BatchSpan (traces off) derives nothing.
+type BatchSpan struct{ sc trace.SpanContext }
+
+// Batch returns a batch's span context (the zero BatchSpan when e is nil).
+func (e *Engine) Batch(runID, batchID, submitted string) BatchSpan {
 	if e == nil {
+		return BatchSpan{}
+	}
+	return BatchSpan{batchContext(runID, batchID, Parse(submitted))}
+}
+
+// Attempt returns the traceparent of a call's attempt span, what a sandbox
+// dispatch and its claim's grant carry to the worker and the tool ("" for
+// the zero BatchSpan).
+func (b BatchSpan) Attempt(callID string, attempt int) string {
+	if !b.sc.IsValid() {
 		return ""
 	}
-	return Format(childOf(batchContext(runID, batchID, Parse(submitted)), childAttempt, callID, attempt))
+	return Format(childOf(b.sc, childAttempt, callID, attempt))
 }
 
 // Redispatched marks a call's open attempt as dispatched again by a
@@ -164,20 +176,19 @@ func (e *Engine) observe(runID, traceparent string, evs []events.Event, emit boo
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	b := e.runs[runID]
 	for _, ev := range evs {
 		if s, ok := ev.(*events.BatchSubmitted); ok {
 			if len(e.runs) >= maxRuns {
 				clear(e.runs)
 			}
-			e.runs[runID] = newBatch(runID, traceparent, s)
+			b = newBatch(runID, traceparent, s)
+			e.runs[runID] = b
 			continue
 		}
-		b := e.runs[runID]
-		if b == nil {
-			continue
-		}
-		if done := b.observe(e, ev, emit); done {
+		if b != nil && b.observe(e, ev, emit) { // done with
 			delete(e.runs, runID)
+			b = nil
 		}
 	}
 }

@@ -103,8 +103,8 @@ func TestTakeoverKeepsTheSpans(t *testing.T) {
 	if n := len(rec1()); n != 0 {
 		t.Fatalf("%d spans before anything ended", n)
 	}
-	dispatched := e1.Attempt("r", "r/1", parent, "b", 2)
-	if _, fresh := recorder(t); fresh.Attempt("r", "r/1", parent, "b", 2) != dispatched {
+	dispatched := e1.Batch("r", "r/1", parent).Attempt("b", 2)
+	if _, fresh := recorder(t); fresh.Batch("r", "r/1", parent).Attempt("b", 2) != dispatched {
 		t.Fatalf("an engine that never saw the batch derives another attempt context than %s", dispatched)
 	}
 
