@@ -70,7 +70,7 @@ func (s *shard) load(ctx context.Context, rs *runState) error {
 	if rs.loaded {
 		return nil
 	}
-	l, err := s.e.events.load(ctx, rs.id, s.observer)
+	l, err := s.e.events.load(ctx, rs.id)
 	if err != nil {
 		return err
 	}
@@ -100,7 +100,7 @@ func (s *shard) load(ctx context.Context, rs *runState) error {
 				rs.inflight[key] = true
 			case !c.Crossed:
 				s.e.metrics.Redispatched() // its job is published again by drive
-				s.observer.redispatched(rs.id, c.CallID)
+				s.e.events.observer.redispatched(rs.id, c.CallID)
 			}
 		}
 		after, evs, err := aggregate.Decide(run, aggregate.Recover{Capabilities: caps, Exclude: exclude, At: s.e.cfg.Now()})

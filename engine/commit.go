@@ -69,11 +69,10 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 		var size int
 		var evs []events.Event
 		var submitted *events.BatchSubmitted
-		var tp string // the commit's traceparent header
 		var err error
 		for {
 			evs = slices.Concat(rs.pending[:n]...)
-			tp = ""
+			tp := ""
 			if submitted = submittedBatch(evs); submitted != nil {
 				tp = rs.traceparent
 			}
@@ -110,7 +109,6 @@ func (s *shard) flush(ctx context.Context, rs *runState) error {
 			}
 		}
 		rs.tip, rs.bytes = at, rs.bytes+int64(size)
-		s.observer.committed(rs.id, tp, evs)
 		if submitted != nil { // with the traceparent the commit carried
 			rs.batchSpan = s.e.events.tracer.Batch(rs.id, submitted.BatchID, rs.traceparent)
 		}

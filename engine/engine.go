@@ -318,6 +318,7 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 		})
 		e.events.metrics = e.metrics
 	}
+	e.events.observer = newObserver(e.metrics, e.events.tracer)
 	e.liveness = newLiveness(e)
 	e.brain = &brainExecutor{nc: nc, js: js, names: n}
 	e.gate = &gateChain{nc: nc, names: n}
@@ -446,6 +447,11 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	runCtx, stop := context.WithCancel(context.Background())
 	defer stop()
+	// The observer outlives the shards: their last commits are folded.
+	obsCtx, stopObserver := context.WithCancel(context.Background())
+	defer stopObserver()
+	obsDone := make(chan struct{})
+	go func() { defer close(obsDone); e.events.observer.run(obsCtx) }()
 	for _, s := range e.shards {
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); s.loop(runCtx) }()
@@ -516,7 +522,9 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	stop()
 	e.wg.Wait()
-	e.Settle() // what the last commits end, before the spans' exporter stops
+	stopObserver()
+	<-obsDone
+	e.events.observer.settle() // what the last commits end, before the spans' exporter stops
 	<-cpDone
 	<-trimDone
 	<-sweepDone

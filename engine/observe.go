@@ -62,25 +62,30 @@ func (e *Engine) Readiness(ctx context.Context) error {
 	return nil
 }
 
-// observer hands what a shard commits, and what its loads read back, to
+// observer hands what the engine commits, and what a load reads back, to
 // the metrics and the spans (packages metrics and tracing) off the
-// commit's path: a commit queues its events, and the shard folds its queue
-// when it has handled the message that made them (its replies sent, its
-// out messages published), while they are still in its core's cache. A
-// scrape and the engine's stop fold what is queued first (Engine.Settle),
-// so that what they show is up to the last commit. Each shard has its own
-// (a run's commits so queue in their order); a nil *observer (neither
-// metrics nor traces) queues nothing.
+// commit's path: a commit queues its events, and a goroutine of the
+// observer's own folds what is queued observeDelay after the first of
+// it, all at once. A scrape and the engine's stop fold what is queued
+// first (settle), so that what they show is up to the last commit. A nil
+// *observer (neither metrics nor traces) queues nothing.
 type observer struct {
 	metrics *metrics.Engine
 	tracer  *tracing.Engine
 
 	mu    sync.Mutex
 	queue []observation
+	kick  chan struct{}
 
 	fold  sync.Mutex    // one fold at a time, in the queue's order
 	spare []observation // the fold's, under fold
 }
+
+// observeDelay is how long a commit's events may wait to be folded into
+// the metrics and spans (a scrape does not wait for it): the commits of
+// that time are folded together, and the engine's goroutine is woken
+// once for them, not once per commit.
+const observeDelay = 10 * time.Millisecond
 
 // observation is a commit's events, appended (loaded false) or read back
 // by a load, or a call of a recovered run dispatched again (evs nil).
@@ -96,7 +101,7 @@ func newObserver(m *metrics.Engine, t *tracing.Engine) *observer {
 	if m == nil && t == nil {
 		return nil
 	}
-	return &observer{metrics: m, tracer: t}
+	return &observer{metrics: m, tracer: t, kick: make(chan struct{}, 1)}
 }
 
 func (o *observer) committed(runID, traceparent string, evs []events.Event) {
@@ -121,8 +126,39 @@ func (o *observer) add(ob observation) {
 		return
 	}
 	o.mu.Lock()
+	first := len(o.queue) == 0
 	o.queue = append(o.queue, ob)
 	o.mu.Unlock()
+	if first {
+		select {
+		case o.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// run folds what is queued observeDelay after it is kicked, until ctx
+// ends.
+func (o *observer) run(ctx context.Context) {
+	if o == nil {
+		return
+	}
+	wait := time.NewTimer(observeDelay)
+	defer wait.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-o.kick:
+		}
+		wait.Reset(observeDelay)
+		select {
+		case <-ctx.Done():
+			return
+		case <-wait.C:
+		}
+		o.settle()
+	}
 }
 
 // settle folds what is queued now.
@@ -154,8 +190,4 @@ func (o *observer) settle() {
 // Settle folds the commits not yet folded into the metrics and spans:
 // what a scrape of the engine's metrics calls first, so that it shows
 // everything committed before it.
-func (e *Engine) Settle() {
-	for _, s := range e.shards {
-		s.observer.settle()
-	}
-}
+func (e *Engine) Settle() { e.events.observer.settle() }

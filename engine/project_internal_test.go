@@ -110,7 +110,7 @@ func refusedSend(t *testing.T, run string) (*Engine, *shard, context.Context, *r
 	t.Helper()
 	e, s, ctx := projectionShard(t)
 	appendUnprojected(t, ctx, e.js, run)
-	l, err := e.events.load(ctx, run, nil)
+	l, err := e.events.load(ctx, run)
 	if err != nil {
 		t.Fatal(err)
 	}

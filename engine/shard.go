@@ -176,14 +176,11 @@ type shard struct {
 	runs   map[string]*runState
 	bound  bound     // of runs
 	acks   acksWatch // its commits' out messages in flight
-	// observer folds its commits into the metrics and spans (nil: neither
-	// is on).
-	observer *observer
 }
 
 func newShard(e *Engine, b bound) *shard {
 	return &shard{e: e, in: make(chan item, 256), fence: make(chan struct{}, 1), runs: map[string]*runState{}, bound: b,
-		acks: acksWatch{notify: make(chan struct{}, 1)}, observer: newObserver(e.metrics, e.events.tracer)}
+		acks: acksWatch{notify: make(chan struct{}, 1)}}
 }
 
 func (s *shard) post(it item) { s.in <- it }
@@ -249,9 +246,6 @@ func (s *shard) loop(ctx context.Context) {
 		case <-tick.C:
 			s.keepAlive(ctx)
 		}
-		// What was committed is folded into the metrics and spans now
-		// that its replies and out messages are sent.
-		s.observer.settle()
 	}
 }
 

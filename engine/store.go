@@ -182,9 +182,12 @@ type eventLog struct {
 	trust  *trust           // verifies what load folds (nil: nothing)
 	// metrics counts what is appended (nil: nothing).
 	metrics *metrics.Engine
-	// tracer makes the spans (nil: none): the batches' span contexts
-	// here, the spans from what the shards' observers hand it.
+	// tracer makes the spans (nil: none): the attempts' trace contexts
+	// here, the spans from what observer hands it.
 	tracer *tracing.Engine
+	// observer folds what is appended and loaded into the metrics and
+	// the spans, off the commit's path (nil: neither is on).
+	observer *observer
 }
 
 // tip is where a run's log ends: its last commit's stream sequence (0 for
@@ -209,8 +212,8 @@ type loaded struct {
 	batchSpan tracing.BatchSpan
 }
 
-// load folds a run from its subject, and hands each commit read to o.
-func (l *eventLog) load(ctx context.Context, runID string, o *observer) (loaded, error) {
+// load folds a run from its subject.
+func (l *eventLog) load(ctx context.Context, runID string) (loaded, error) {
 	out := loaded{run: aggregate.New(runID)}
 	last, err := l.lastSeq(ctx, runID)
 	if err != nil {
@@ -240,7 +243,7 @@ func (l *eventLog) load(ctx context.Context, runID string, o *observer) (loaded,
 		if sub := submittedBatch(evs); sub != nil {
 			out.batchSpan = l.tracer.Batch(runID, sub.BatchID, tp)
 		}
-		o.loaded(runID, tp, evs)
+		l.observer.loaded(runID, tp, evs)
 		out.at, out.size = tip{seq: s, hash: hash}, out.size+int64(len(m.Data()))
 		return nil
 	})
@@ -310,6 +313,7 @@ func (l *eventLog) append(ctx context.Context, runID string, after tip, evs []ev
 		return tip{}, 0, fmt.Errorf("append to run %s: %w", runID, err)
 	}
 	l.metrics.Commit()
+	l.observer.committed(runID, traceparent, evs)
 	return tip{seq: ack.Sequence, hash: c.Hash()}, len(body), nil
 }
 
