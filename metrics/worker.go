@@ -91,7 +91,6 @@ func (w *Worker) Busy(delta float64) {
 	}
 }
 
-// Heartbeat counts a heartbeat's result.
 // Slots sets the number of calls the worker runs at once.
 func (w *Worker) Slots(n int) {
 	if w != nil {
@@ -99,6 +98,7 @@ func (w *Worker) Slots(n int) {
 	}
 }
 
+// Heartbeat counts a heartbeat's result.
 func (w *Worker) Heartbeat(result string) {
 	if w != nil {
 		w.heartbeats.WithLabelValues(result).Inc()
