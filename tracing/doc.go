@@ -14,10 +14,10 @@
 // from the run, the batch and the submitter's traceparent alone
 // (Engine.Batch, once per batch, then BatchSpan.Attempt): the engine
 // hands its commits to Committed off the commit's path, a few
-// milliseconds later. The traceparent a client sent
-// with its submission is carried in the BatchSubmitted commit's headers
-// (outside what the commit hash covers) and read again when a run is
-// loaded (Engine.Loaded).
+// milliseconds later. The traceparent a client sent with its submission
+// is carried in the BatchSubmitted commit's headers (outside what the
+// commit hash covers) and read again when a run is loaded
+// (Engine.Loaded).
 //
 // A span is encoded as OTLP protobuf when it is recorded, field by field
 // into the export queue's buffer (otlp.go), and exported over OTLP/HTTP by
