@@ -78,14 +78,51 @@ type Worker struct {
 	jobs map[string]*job
 	// consumers are the dispatch consumers bound (nil until Run binds them).
 	consumers []jetstream.Consumer
-	// ran are the attempts this process ran and reported, by when: one
-	// delivered again later is acknowledged, never run again (the claim it
-	// would be granted again is this process's own).
-	ran map[string]time.Time
+	// ran are the attempts this process ran and reported: one delivered
+	// again later is acknowledged, never run again (the claim it would be
+	// granted again is this process's own).
+	ran recent
 }
 
 // ranMemory is how long a reported attempt is remembered.
 const ranMemory = 10 * time.Minute
+
+// recent is a set of keys, each remembered for ranMemory after it was
+// added. The keys are also kept in the order they were added, so that
+// forgetting the old ones costs each addition only the keys it forgets
+// (a worker adds one per call, and remembers ten minutes of them).
+type recent struct {
+	set   map[string]struct{}
+	order []remembered // oldest first
+}
+
+type remembered struct {
+	key string
+	at  time.Time
+}
+
+func (r *recent) has(key string) bool {
+	_, ok := r.set[key]
+	return ok
+}
+
+// add remembers key from now on, and forgets the keys added more than
+// ranMemory before now.
+func (r *recent) add(key string, now time.Time) {
+	for len(r.order) > 0 && now.Sub(r.order[0].at) > ranMemory {
+		delete(r.set, r.order[0].key)
+		r.order[0] = remembered{}
+		r.order = r.order[1:]
+	}
+	if r.has(key) {
+		return
+	}
+	if r.set == nil {
+		r.set = map[string]struct{}{}
+	}
+	r.set[key] = struct{}{}
+	r.order = append(r.order, remembered{key, now})
+}
 
 // job is an attempt in hand, with its deliveries.
 type job struct {
@@ -107,7 +144,7 @@ func (j *job) each(f func(jetstream.Msg) error) {
 func (w *Worker) take(key string, m jetstream.Msg) *job {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, ok := w.ran[key]; ok {
+	if w.ran.has(key) {
 		_ = m.Ack()
 		return nil
 	}
@@ -131,13 +168,7 @@ func (w *Worker) done(key string, ran bool) {
 	if !ran {
 		return
 	}
-	now := time.Now()
-	for k, at := range w.ran {
-		if now.Sub(at) > ranMemory {
-			delete(w.ran, k)
-		}
-	}
-	w.ran[key] = now
+	w.ran.add(key, time.Now())
 }
 
 // New returns a worker for the tools of a sandbox config.
@@ -173,7 +204,7 @@ func New(nc *nats.Conn, sc sandbox.Config, runner Runner, cfg Config) (*Worker, 
 		ids[i] = t.ID
 	}
 	return &Worker{cfg: cfg, tools: sc.Tools, toolIDs: ids, runner: runner, nc: nc, js: js, log: cfg.Logger,
-		incarnation: nuid.Next(), jobs: map[string]*job{}, ran: map[string]time.Time{}}, nil
+		incarnation: nuid.Next(), jobs: map[string]*job{}}, nil
 }
 
 func (w *Worker) names() protocol.Names { return protocol.Names{Prefix: w.cfg.Prefix} }
@@ -417,7 +448,7 @@ func (w *Worker) adopt(pool string, g protocol.ClaimReply) (string, *job) {
 	key := fmt.Sprintf("%s/%d", g.Job.OperationID, g.Job.Attempt)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, ok := w.ran[key]; ok {
+	if w.ran.has(key) {
 		return "", nil
 	}
 	if _, ok := w.jobs[key]; ok {
