@@ -13,8 +13,10 @@ import (
 
 // W5Result is a sandboxed batch: W1's shape with 4 calls of /bin/true in
 // bubblewrap on a sandbox worker, each batch after an idle pause (a
-// model's turn), against the same calls with isolation none and a bare
-// fork+exec of the same binary, measured in the same run.
+// model's turn), against the same calls with isolation none, the same
+// batches of the worker's builtin noop (no subprocess: what the pause
+// and the hops cost without any exec) and a bare fork+exec of the same
+// binary, measured in the same run.
 type W5Result struct {
 	Calls      int    `json:"calls_per_batch"`
 	Pause      string `json:"pause_between_batches"`
@@ -23,8 +25,11 @@ type W5Result struct {
 	BwrapP50ms Num    `json:"bubblewrap_p50_ms"`
 	BwrapP99ms Num    `json:"bubblewrap_p99_ms"`
 	NoneP50ms  Num    `json:"isolation_none_p50_ms"`
-	BareP50ms  Num    `json:"bare_exec_p50_ms"`
-	Skipped    string `json:"skipped,omitempty"`
+	// BuiltinP50ms is W1 noop's batch after W5's pause, on the worker
+	// with isolation none.
+	BuiltinP50ms Num    `json:"builtin_after_pause_p50_ms"`
+	BareP50ms    Num    `json:"bare_exec_p50_ms"`
+	Skipped      string `json:"skipped,omitempty"`
 }
 
 const w5Catalog = `# toolbatch benchmark W5 catalog (bench/w5.go)
@@ -32,7 +37,18 @@ tools:
   - id: "true"
     target: sandbox
     recovery: {mode: replay_safe, max_attempts: 3}
+  - id: noop
+    target: sandbox
+    recovery: {mode: replay_safe, max_attempts: 3}
 `
+
+// w5Worker is W4's worker config with the builtin noop beside /bin/true.
+func w5Worker(isolation string, prestart int) string {
+	return w4Config(isolation, prestart) + `  - id: noop
+    builtin: noop
+    capability: replay_safe
+`
+}
 
 // w5Prestart is the worker's pre-started sandboxes: one per call of a
 // batch.
@@ -61,21 +77,21 @@ func runW5(ctx context.Context, bins binaries, reps int, dur, pause time.Duratio
 		prestart int
 	}{{"bubblewrap", w5Prestart}, {"none", 0}} {
 		c, err := startCluster(filepath.Join(dir, v.name), clusterOptions{engineBin: bins.engine, workerBin: bins.worker,
-			workers: 1, concurrency: 4, clientConns: 1, catalog: w5Catalog, worker: w4Config(v.name, v.prestart)})
+			workers: 1, concurrency: 4, clientConns: 1, catalog: w5Catalog, worker: w5Worker(v.name, v.prestart)})
 		if err != nil {
 			return res, fmt.Errorf("%s: %w", v.name, err)
 		}
 		clusters[v.name] = c
 	}
 	loops := 0
-	loop := func(name string, d time.Duration, to *[]time.Duration) error {
+	loop := func(name, tool string, d time.Duration, to *[]time.Duration) error {
 		c := clusters[name]
 		loops++ // each loop its own runs: a run's batch submitted again is answered from the log
 		stop := make(chan struct{})
 		timer := time.AfterFunc(d, func() { close(stop) })
 		defer timer.Stop()
 		return clientLoop(ctx, loopConfig{client: c.clients[0], js: c.jss[0], prefix: protocol.DefaultPrefix, runPrefix: fmt.Sprintf("w5-%s-%d", name, loops),
-			tool: "true", calls: res.Calls, stepsPerRun: 10, pause: pause}, stop, func(s sample) {
+			tool: tool, calls: res.Calls, stepsPerRun: 10, pause: pause}, stop, func(s sample) {
 			if to != nil {
 				*to = append(*to, s.lat)
 			}
@@ -92,19 +108,22 @@ func runW5(ctx context.Context, bins binaries, reps int, dur, pause time.Duratio
 		return nil
 	}
 	for _, name := range []string{"bubblewrap", "none"} { // warm-up
-		if err := loop(name, time.Second, nil); err != nil {
+		if err := loop(name, "true", time.Second, nil); err != nil {
 			return res, fmt.Errorf("W5 %s: %w", name, err)
 		}
 	}
 	// The variants alternate, so that each sees the machine the others do.
-	var bw, bw99, none, bareP []float64
+	var bw, bw99, none, builtin, bareP []float64
 	for range reps {
-		var b, n, e []time.Duration
-		if err := loop("bubblewrap", dur, &b); err != nil {
+		var b, n, nb, e []time.Duration
+		if err := loop("bubblewrap", "true", dur, &b); err != nil {
 			return res, fmt.Errorf("W5 bubblewrap: %w", err)
 		}
-		if err := loop("none", dur, &n); err != nil {
+		if err := loop("none", "true", dur, &n); err != nil {
 			return res, fmt.Errorf("W5 none: %w", err)
+		}
+		if err := loop("none", "noop", dur, &nb); err != nil {
+			return res, fmt.Errorf("W5 builtin noop: %w", err)
 		}
 		if err := bare(200, &e); err != nil {
 			return res, fmt.Errorf("W5 bare exec: %w", err)
@@ -112,9 +131,11 @@ func runW5(ctx context.Context, bins binaries, reps int, dur, pause time.Duratio
 		res.Batches += len(b)
 		bw, bw99 = append(bw, percentile(b, 50)), append(bw99, percentile(b, 99))
 		none, bareP = append(none, percentile(n, 50)), append(bareP, percentile(e, 50))
+		builtin = append(builtin, percentile(nb, 50))
 	}
 	res.BwrapP50ms, res.BwrapP99ms = Num(median(bw)), Num(median(bw99))
 	res.NoneP50ms, res.BareP50ms = Num(median(none)), Num(median(bareP))
+	res.BuiltinP50ms = Num(median(builtin))
 	for _, c := range clusters {
 		if err := c.checkAlive(); err != nil {
 			return res, err
