@@ -155,7 +155,7 @@ func (r *Run) apply(e events.Event) error {
 			c.undoEntry()
 		}
 		c.Phase = events.PhaseCompleted
-		c.Output = &out
+		c.Output, c.OutputBytes = &out, events.OutputSize(out)
 		c.ErrorKind = ev.ErrorKind
 		return nil
 	case *events.CallIndeterminate:

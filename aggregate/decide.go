@@ -504,7 +504,7 @@ func (b *Batch) outputBytes() int {
 	n := 0
 	for _, c := range b.Calls {
 		if c.Output != nil {
-			n += events.OutputSize(*c.Output)
+			n += c.OutputBytes
 		}
 	}
 	return n

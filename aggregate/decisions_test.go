@@ -121,13 +121,21 @@ func TestOutputLimitsAreFacts(t *testing.T) {
 	if c.ErrorKind != events.ErrorExecution || c.Output.Text() != "output exceeds 100 bytes" {
 		t.Fatalf("over the output limit: %s", events.Describe(c))
 	}
-	// The batch's budget counts the outputs it holds already.
-	d.do(aggregate.Gate{Decisions: []aggregate.Decision{{CallID: "c2", Outcome: events.GateAllow, Stage: events.StageDefault}}, At: decT0})
-	held := events.OutputSize(c.Output)
-	evs = d.do(aggregate.Complete{CallID: "c2", Attempt: 1, Output: &big, Limits: aggregate.OutputLimits{MaxBatchOutputBytes: held + 200}, At: decT0})
-	c = evs[0].(*events.CallCompleted)
-	if c.ErrorKind != events.ErrorExecution || !strings.HasPrefix(c.Output.Text(), "output too large") {
-		t.Fatalf("over the batch budget: %s", events.Describe(c))
+	// The batch's budget counts the outputs it holds already, to the byte:
+	// the held output and the new one fit a budget of their sizes, and
+	// not one byte less.
+	held, size := events.OutputSize(c.Output), events.OutputSize(big)
+	for _, budget := range []int{held + size, held + size - 1} {
+		d := executing(t, brainNR, brainNR)
+		d.do(aggregate.Complete{CallID: "c1", Attempt: 1, Output: &big, Limits: aggregate.OutputLimits{MaxOutputBytes: 100}, At: decT0})
+		d.do(aggregate.Gate{Decisions: []aggregate.Decision{{CallID: "c2", Outcome: events.GateAllow, Stage: events.StageDefault}}, At: decT0})
+		c := d.do(aggregate.Complete{CallID: "c2", Attempt: 1, Output: &big, Limits: aggregate.OutputLimits{MaxBatchOutputBytes: budget}, At: decT0})[0].(*events.CallCompleted)
+		switch fits := budget == held+size; {
+		case fits && c.ErrorKind != "":
+			t.Fatalf("a budget of %d for outputs of %d and %d bytes: %s", budget, held, size, events.Describe(c))
+		case !fits && (c.ErrorKind != events.ErrorExecution || !strings.HasPrefix(c.Output.Text(), "output too large")):
+			t.Fatalf("over the batch budget (%d for outputs of %d and %d bytes): %s", budget, held, size, events.Describe(c))
+		}
 	}
 	// No limits: the output is kept.
 	d = executing(t, brainNR)

@@ -146,6 +146,11 @@ type Call struct {
 	// Output is set when completed; ErrorKind classifies an error output.
 	Output    *events.Output   `msgpack:"output"`
 	ErrorKind events.ErrorKind `msgpack:"error_kind"`
+	// OutputBytes is the size of Output as canonical JSON
+	// (events.OutputSize), measured once when it is set: what counts
+	// against the batch's output limit, which would otherwise measure
+	// every output of the batch again at each result.
+	OutputBytes int `msgpack:"output_bytes"`
 	// Reason is set when indeterminate.
 	Reason string `msgpack:"reason"`
 	// Input is the input a delegated child was resumed with, when HasInput:

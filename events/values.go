@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -257,6 +258,14 @@ func (c Command) Validate() error {
 // OutputSize returns the size of an output as canonical JSON, the measure
 // of the output limit.
 func OutputSize(o Output) int {
+	if n, ok := textOutputSize(o); ok {
+		return n
+	}
+	return encodedOutputSize(o)
+}
+
+// encodedOutputSize is OutputSize measured by encoding the output.
+func encodedOutputSize(o Output) int {
 	var n byteCount
 	enc := json.NewEncoder(&n)
 	enc.SetEscapeHTML(false)
@@ -264,6 +273,81 @@ func OutputSize(o Output) int {
 		return math.MaxInt // what cannot be measured does not fit
 	}
 	return int(n) - 1 // the encoder's newline
+}
+
+// textOutputSize is OutputSize counted without encoding, for the common
+// output of text blocks only (no staged commands, no keys beside a
+// block's type and text) whose strings are valid UTF-8 without a
+// backspace or form feed (whose escapes have changed between Go
+// releases); ok is false for any other output. An output is measured each
+// time a result of its batch is decided (the batch's outputs together are
+// bounded too), so this is on the engine's path.
+func textOutputSize(o Output) (n int, ok bool) {
+	if len(o.State) > 0 {
+		return 0, false
+	}
+	const (
+		head     = len(`{"call_id":,"content":,"is_error":}`)
+		block    = len(`{"type":"text","text":}`)
+		noBlocks = len(`null`)
+	)
+	n = head
+	if n, ok = addJSONString(n, o.CallID); !ok {
+		return 0, false
+	}
+	if o.IsError {
+		n += len("true")
+	} else {
+		n += len("false")
+	}
+	if o.Content == nil {
+		return n + noBlocks, true
+	}
+	n += len("[]") + max(len(o.Content)-1, 0) // brackets and commas
+	for _, b := range o.Content {
+		if b.Type != BlockText || len(b.Extra) > 0 {
+			return 0, false
+		}
+		if n, ok = addJSONString(n+block, b.Text); !ok {
+			return 0, false
+		}
+	}
+	return n, true
+}
+
+// addJSONString adds to n the length of s as a JSON string written by
+// encoding/json without HTML escaping; ok is false when s holds invalid
+// UTF-8, a backspace or a form feed.
+func addJSONString(n int, s string) (int, bool) {
+	n += 2 // the quotes
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\' || c == '\n' || c == '\r' || c == '\t':
+				n += 2
+			case c == '\b' || c == '\f':
+				return 0, false
+			case c < 0x20:
+				n += len(`\u0000`)
+			default:
+				n++
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			return 0, false
+		case r == '\u2028' || r == '\u2029':
+			n += len(`\u2028`)
+		default:
+			n += size
+		}
+		i += size
+	}
+	return n, true
 }
 
 // byteCount is a writer that counts what it is given.
