@@ -279,19 +279,15 @@ func encodedOutputSize(o Output) int {
 // output of text blocks only (no staged commands, no keys beside a
 // block's type and text) whose strings are valid UTF-8 without a
 // backspace or form feed (whose escapes have changed between Go
-// releases); ok is false for any other output. An output is measured each
-// time a result of its batch is decided (the batch's outputs together are
-// bounded too), so this is on the engine's path.
+// releases); ok is false for any other output. Every output is measured
+// when a run's state takes it (aggregate.Call.OutputBytes), and the
+// replay audit folds every output of the log, so this is on the engine's
+// and the audit's paths.
 func textOutputSize(o Output) (n int, ok bool) {
 	if len(o.State) > 0 {
 		return 0, false
 	}
-	const (
-		head     = len(`{"call_id":,"content":,"is_error":}`)
-		block    = len(`{"type":"text","text":}`)
-		noBlocks = len(`null`)
-	)
-	n = head
+	n = textLayout.head
 	if n, ok = addJSONString(n, o.CallID); !ok {
 		return 0, false
 	}
@@ -301,19 +297,31 @@ func textOutputSize(o Output) (n int, ok bool) {
 		n += len("false")
 	}
 	if o.Content == nil {
-		return n + noBlocks, true
+		return n + textLayout.noContent, true
 	}
 	n += len("[]") + max(len(o.Content)-1, 0) // brackets and commas
 	for _, b := range o.Content {
 		if b.Type != BlockText || len(b.Extra) > 0 {
 			return 0, false
 		}
-		if n, ok = addJSONString(n+block, b.Text); !ok {
+		if n, ok = addJSONString(n+textLayout.block, b.Text); !ok {
 			return 0, false
 		}
 	}
 	return n, true
 }
+
+// textLayout is the fixed part of a text output's JSON, measured once by
+// encoding, so that textOutputSize follows how Output and a text block
+// encode: the output's keys and punctuation (head), a text block's keys
+// and punctuation (block), and an absent content (noContent).
+var textLayout = func() (l struct{ head, block, noContent int }) {
+	empty := encodedOutputSize(Output{Content: []ContentBlock{}}) // {"call_id":"","content":[],"is_error":false}
+	l.head = empty - len(`""[]false`)
+	l.block = encodedOutputSize(Output{Content: []ContentBlock{{Type: BlockText}}}) - empty - len(`""`)
+	l.noContent = encodedOutputSize(Output{}) - l.head - len(`""false`)
+	return l
+}()
 
 // addJSONString adds to n the length of s as a JSON string written by
 // encoding/json without HTML escaping; ok is false when s holds invalid
