@@ -503,9 +503,7 @@ func withinLimits(b *Batch, o events.Output, lim OutputLimits) (*events.Output, 
 func (b *Batch) outputBytes() int {
 	n := 0
 	for _, c := range b.Calls {
-		if c.Output != nil {
-			n += c.OutputBytes
-		}
+		n += c.OutputBytes // 0 without an output
 	}
 	return n
 }
