@@ -101,7 +101,15 @@ func (r RawJSON) EncodeMsgpack(enc *msgpack.Encoder) error {
 
 // DecodeMsgpack implements msgpack.CustomDecoder.
 func (r *RawJSON) DecodeMsgpack(dec *msgpack.Decoder) error {
-	v, err := decodeValue(dec, 0)
+	raw, err := dec.DecodeRaw()
+	if err != nil {
+		return err
+	}
+	if out, ok := plainMsgpackJSON(raw); ok {
+		*r = out
+		return nil
+	}
+	v, err := decodeValue(msgpack.NewDecoder(bytes.NewReader(raw)), 0)
 	if err != nil {
 		return err
 	}
