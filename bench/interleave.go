@@ -65,7 +65,7 @@ func runInterleaved(ctx context.Context, o options, skip map[string]bool, bins b
 // traced says whether the variant's programs exported a trace.
 func interleavedRound(ctx context.Context, o options, skip map[string]bool, bins binaries, dir string, modes []string, r int) (PairResult, bool, error) {
 	p := PairResult{Variant: modes[1], VariantFirst: (r/2)%2 == 1, W1NoopP50: Num(nan()), W1EchoP50: Num(nan()), W2BatchesPerS: Num(nan()),
-		W2EngineCPU: Num(nan()), W2AllCPU: Num(nan())}
+		W2EngineCPU: Num(nan()), W2AllCPU: Num(nan()), W2WorkersCPU: Num(nan())}
 	starts, order := [2]int{0, 1}, [2]int{0, 1}
 	if r%2 == 1 {
 		starts = [2]int{1, 0}
@@ -140,6 +140,7 @@ func interleavedRound(ctx context.Context, o options, skip map[string]bool, bins
 		}
 		p.W2BatchesPerS = Num(ratio(float64(w2[1].BatchesPerSec), float64(w2[0].BatchesPerSec)))
 		p.W2EngineCPU = Num(ratio(float64(w2[1].CPUPerCallUs), float64(w2[0].CPUPerCallUs)))
+		p.W2WorkersCPU = Num(ratio(workersCPUPerCall(&w2[1]), workersCPUPerCall(&w2[0])))
 		if !o.w2together { // together, the load generator's CPU is both modes' at once: no figure
 			p.W2AllCPU = Num(ratio(allCPUPerCall(&w2[1]), allCPUPerCall(&w2[0])))
 		}

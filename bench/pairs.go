@@ -27,6 +27,9 @@ type PairResult struct {
 	// W2AllCPU is the CPU of the engine, the workers and the load
 	// generator (which holds the OTLP receiver and the scraper) per call.
 	W2AllCPU Num `json:"w2_all_cpu_per_call"`
+	// W2WorkersCPU is the CPU of the sandbox workers per call (the
+	// workers' metrics and spans).
+	W2WorkersCPU Num `json:"w2_workers_cpu_per_call"`
 }
 
 // PairSummary is the median of a variant's pairs and, when its pairs were
@@ -79,7 +82,7 @@ func pairs(runs []ModeResult) []PairResult {
 			continue
 		}
 		p := PairResult{Variant: b.Mode, VariantFirst: variantFirst, W1NoopP50: Num(nan()), W1EchoP50: Num(nan()), W2BatchesPerS: Num(nan()),
-			W2EngineCPU: Num(nan()), W2AllCPU: Num(nan())}
+			W2EngineCPU: Num(nan()), W2AllCPU: Num(nan()), W2WorkersCPU: Num(nan())}
 		if a.W1Noop != nil && b.W1Noop != nil {
 			p.W1NoopP50 = Num(ratio(float64(b.W1Noop.P50ms), float64(a.W1Noop.P50ms)))
 		}
@@ -90,6 +93,7 @@ func pairs(runs []ModeResult) []PairResult {
 			p.W2BatchesPerS = Num(ratio(float64(b.W2.BatchesPerSec), float64(a.W2.BatchesPerSec)))
 			p.W2EngineCPU = Num(ratio(float64(b.W2.CPUPerCallUs), float64(a.W2.CPUPerCallUs)))
 			p.W2AllCPU = Num(ratio(allCPUPerCall(b.W2), allCPUPerCall(a.W2)))
+			p.W2WorkersCPU = Num(ratio(workersCPUPerCall(b.W2), workersCPUPerCall(a.W2)))
 		}
 		out = append(out, p)
 	}
@@ -100,6 +104,12 @@ func pairs(runs []ModeResult) []PairResult {
 // generator over the calls per second.
 func allCPUPerCall(w *W2Result) float64 {
 	return ratio(float64(w.EngineCPUCores+w.WorkersCPU+w.BenchCPU), float64(w.CallsPerSec))
+}
+
+// workersCPUPerCall is the sandbox workers' cores over the calls per
+// second.
+func workersCPUPerCall(w *W2Result) float64 {
+	return ratio(float64(w.WorkersCPU), float64(w.CallsPerSec))
 }
 
 // summarize gives each variant's medians and, when its pairs were taken
@@ -138,6 +148,7 @@ var pairFields = []func(*PairResult) *Num{
 	func(p *PairResult) *Num { return &p.W2BatchesPerS },
 	func(p *PairResult) *Num { return &p.W2EngineCPU },
 	func(p *PairResult) *Num { return &p.W2AllCPU },
+	func(p *PairResult) *Num { return &p.W2WorkersCPU },
 }
 
 // combine reduces each ratio of the pairs keep takes with by, and says
@@ -178,10 +189,10 @@ func printPairs(w io.Writer, ps []PairResult, sums []PairSummary) {
 		return
 	}
 	fmt.Fprintf(w, "\n== pairs: each mode's figure over the default mode's measured beside it\n")
-	fmt.Fprintf(w, "%-12s %-14s %12s %12s %14s %14s %14s\n", "variant", "order", "W1 noop p50", "W1 echo p50", "W2 batches/s", "W2 engine CPU", "W2 all CPU")
+	fmt.Fprintf(w, "%-12s %-14s %12s %12s %14s %14s %14s %14s\n", "variant", "order", "W1 noop p50", "W1 echo p50", "W2 batches/s", "W2 engine CPU", "W2 workers CPU", "W2 all CPU")
 	row := func(name, order string, p PairResult) {
-		fmt.Fprintf(w, "%-12s %-14s %12s %12s %14s %14s %14s\n", name, order, fmtNum(p.W1NoopP50, ""), fmtNum(p.W1EchoP50, ""),
-			fmtNum(p.W2BatchesPerS, ""), fmtNum(p.W2EngineCPU, ""), fmtNum(p.W2AllCPU, ""))
+		fmt.Fprintf(w, "%-12s %-14s %12s %12s %14s %14s %14s %14s\n", name, order, fmtNum(p.W1NoopP50, ""), fmtNum(p.W1EchoP50, ""),
+			fmtNum(p.W2BatchesPerS, ""), fmtNum(p.W2EngineCPU, ""), fmtNum(p.W2WorkersCPU, ""), fmtNum(p.W2AllCPU, ""))
 	}
 	for _, p := range ps {
 		order := "default first"
