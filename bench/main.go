@@ -94,6 +94,10 @@ type Settings struct {
 	// W1Slices is the number of windows in which --interleave's rounds
 	// measured each mode's W1, in turns (--w1-slices).
 	W1Slices int `json:"w1_slices,omitempty"`
+	// Baseline is the checkout the baseline mode's engine and worker were
+	// built from (--baseline), and its commit.
+	Baseline       string `json:"baseline,omitempty"`
+	BaselineCommit string `json:"baseline_commit,omitempty"`
 }
 
 // ModeResult is W1, W2 and the ceiling in one durability mode.
@@ -157,6 +161,7 @@ type options struct {
 	interleave    int
 	w1slices      int
 	w2together    bool
+	baseline      string
 }
 
 func main() {
@@ -203,7 +208,7 @@ func run(args []string) error {
 	fs.IntVar(&o.w4calls, "w4-calls", 40, "W4: calls per repetition")
 	fs.DurationVar(&o.w5pause, "w5-pause", 250*time.Millisecond, "W5: idle pause after each batch (the model's turn)")
 	fs.IntVar(&o.mcpCalls, "mcp-calls", 10, "MCP: calls per repetition")
-	fs.StringVar(&o.modes, "modes", "default,sync_always", "modes: default, sync_always, unsigned (the default mode with the engine's --unsigned: what signing costs), metrics (the default mode with --metrics-listen, scraped every second: what metrics cost), observed (metrics as in the metrics mode and OpenTelemetry traces exported to an OTLP receiver in the bench: what observability costs); a mode may be given more than once")
+	fs.StringVar(&o.modes, "modes", "default,sync_always", "modes: default, sync_always, unsigned (the default mode with the engine's --unsigned: what signing costs), metrics (the default mode with --metrics-listen, scraped every second: what metrics cost), observed (metrics as in the metrics mode and OpenTelemetry traces exported to an OTLP receiver in the bench: what observability costs), baseline (the default mode with the engine and worker built from --baseline: what a change of the code does); a mode may be given more than once")
 	fs.StringVar(&o.skip, "skip", "", "comma-separated parts to skip: w1, w2, census, ceiling, parked, w3, w4, w5, mcp, failover")
 	fs.IntVar(&o.foReps, "failover-reps", 5, "failover: repetitions of restart, takeover and projection after a kill")
 	fs.IntVar(&o.foClusterReps, "failover-cluster-reps", 3, "failover: repetitions of each fault of the 3-node cluster (0: skip the cluster)")
@@ -214,6 +219,7 @@ func run(args []string) error {
 	fs.IntVar(&o.abba, "abba", 0, "run the two --modes (the default mode and a variant) in this many pairs, ordered default-variant, variant-default, ..., and print the variant's ratios over the default's, pair by pair and their medians")
 	fs.IntVar(&o.interleave, "interleave", 0, "run the two --modes (default,VARIANT) side by side and measure them in this many rounds of W1 and W2, one mode then the other (the order alternating), and print the variant's ratios over the default's, round by round, their medians and their balanced geometric means")
 	fs.IntVar(&o.w1slices, "w1-slices", 8, "with --interleave: measure each round's W1 as this many windows of --w1/N on each mode, in turns (A B B A ...), and compare the p50s of all their batches")
+	fs.StringVar(&o.baseline, "baseline", "", "a checkout of toolbatch (say a git worktree of an earlier commit) whose engine and worker the baseline mode runs: --interleave N --modes default,baseline compares this checkout with it")
 	fs.BoolVar(&o.w2together, "w2-together", false, "with --interleave: run the two modes' W2 at once, sharing the machine, rather than one after the other; their ratio is then free of the machine's drift and of the order of measurement")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -270,6 +276,21 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	if strings.Contains(o.modes, "baseline") != (o.baseline != "") {
+		return errors.New("--baseline DIR and the baseline mode go together")
+	}
+	if o.baseline != "" {
+		progress("building the baseline's engine and sandbox worker in " + o.baseline)
+		base, err := build(o.goBin, o.baseline, filepath.Join(tmp, "bin-baseline"))
+		if err != nil {
+			return fmt.Errorf("--baseline: %w", err)
+		}
+		bins.baseline = &base
+		res.Settings.Baseline = o.baseline
+		if out, err := exec.Command("git", "-C", o.baseline, "rev-parse", "HEAD").Output(); err == nil {
+			res.Settings.BaselineCommit = strings.TrimSpace(string(out))
+		}
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -293,7 +314,7 @@ func run(args []string) error {
 			break
 		}
 		mode = strings.TrimSpace(mode)
-		if mode != "default" && mode != "sync_always" && mode != "unsigned" && mode != "metrics" && mode != "observed" {
+		if mode != "default" && mode != "sync_always" && mode != "unsigned" && mode != "metrics" && mode != "observed" && mode != "baseline" {
 			return fmt.Errorf("--modes: unknown mode %q", mode)
 		}
 		if skip["w1"] && skip["w2"] && skip["ceiling"] {
@@ -392,6 +413,8 @@ func runMode(ctx context.Context, o options, skip map[string]bool, mode string, 
 		mr.EngineFlag = "--metrics-listen (engine and workers), scraped every second"
 	case "observed":
 		mr.EngineFlag = "--metrics-listen (engine and workers), scraped every second, and OTLP traces (" + tracing.EnvEndpoint + ") to a receiver in the bench"
+	case "baseline":
+		mr.EngineFlag = "(none; the engine and worker built from " + o.baseline + ")"
 	}
 	copts := modeOptions(o, mode, bins)
 	if o.extraEng > 0 {
@@ -494,6 +517,9 @@ func runMode(ctx context.Context, o options, skip map[string]bool, mode string, 
 // modeOptions are the cluster options of a mode: one sandbox worker (W2
 // adds the others).
 func modeOptions(o options, mode string, bins binaries) clusterOptions {
+	if mode == "baseline" {
+		bins = *bins.baseline
+	}
 	return clusterOptions{engineBin: bins.engine, workerBin: bins.worker, syncAlways: mode == "sync_always", unsigned: mode == "unsigned",
 		metrics: mode == "metrics" || mode == "observed", tracing: mode == "observed",
 		workers: 1, concurrency: o.concurrency, clientConns: o.clientConns, extraEngine: o.extraEng}

@@ -18,6 +18,8 @@ import (
 // binaries are this module's programs, built once per benchmark.
 type binaries struct {
 	engine, worker, replay string
+	// baseline is the programs built from --baseline (nil: none).
+	baseline *binaries
 }
 
 // moduleRoot is the directory of go.mod, so that the programs build from
