@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -99,13 +100,24 @@ func (r RawJSON) EncodeMsgpack(enc *msgpack.Encoder) error {
 	return encodeValue(enc, v)
 }
 
-// DecodeMsgpack implements msgpack.CustomDecoder.
+// DecodeMsgpack implements msgpack.CustomDecoder. It reads the value's
+// encoding whole (readRaw, as deep as maxDepth) and writes the JSON
+// straight from it when the fast commit decoder's JSON path can
+// (mp.appendJSON: integers, strings with nothing to escape, objects with
+// their keys in order, ...); anything else is decoded into generic values
+// and written by valueToJSON, the reference both agree with
+// (TestRawJSONDecoderMatchesGeneric, FuzzRawJSONDecoder).
 func (r *RawJSON) DecodeMsgpack(dec *msgpack.Decoder) error {
-	raw, err := dec.DecodeRaw()
+	raw, err := readRaw(dec, nil, 0)
 	if err != nil {
 		return err
 	}
-	if out, ok := plainMsgpackJSON(raw); ok {
+	if len(raw) == 1 && raw[0] == 0xc0 {
+		*r = nil // null and absent are one value (valueToJSON)
+		return nil
+	}
+	fast := mp{b: raw}
+	if out, ok := fast.appendJSON(make([]byte, 0, len(raw)+len(raw)/2+2), 0); ok && !fast.bad && fast.i == len(raw) {
 		*r = out
 		return nil
 	}
@@ -119,6 +131,101 @@ func (r *RawJSON) DecodeMsgpack(dec *msgpack.Decoder) error {
 	}
 	*r = c
 	return nil
+}
+
+// readRaw appends the encoding of dec's next value to b. Unlike the
+// library's DecodeRaw, which follows nesting as deep as the input goes, it
+// refuses a value nested deeper than maxDepth before reading its inside,
+// as decodeValue does; and it reads long strings in chunks, so that a
+// length the input does not back allocates nothing.
+func readRaw(dec *msgpack.Decoder, b []byte, depth int) ([]byte, error) {
+	if depth > maxDepth {
+		return nil, fmt.Errorf("value nested deeper than %d levels", maxDepth)
+	}
+	at := len(b)
+	b, err := readBytes(dec, b, 1)
+	if err != nil {
+		return nil, err
+	}
+	c := b[at]
+	switch {
+	case c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3: // fixint, nil, bool
+		return b, nil
+	case c&0xf0 == 0x80: // fixmap
+		return readElems(dec, b, 2*uint64(c&0x0f), depth)
+	case c&0xf0 == 0x90: // fixarray
+		return readElems(dec, b, uint64(c&0x0f), depth)
+	case c&0xe0 == 0xa0: // fixstr
+		return readBytes(dec, b, uint64(c&0x1f))
+	}
+	// the others: a length of size bytes, then bytes (times per, plus
+	// extra) or elements (per per entry)
+	var size, extra int
+	per, elems := uint64(1), false
+	switch c {
+	case 0xcc, 0xd0:
+		extra = 1
+	case 0xcd, 0xd1:
+		extra = 2
+	case 0xca, 0xce, 0xd2:
+		extra = 4
+	case 0xcb, 0xcf, 0xd3:
+		extra = 8
+	case 0xd4, 0xd5, 0xd6, 0xd7, 0xd8: // fixext: the type byte and 1 to 16 bytes
+		extra = 1 + 1<<(c-0xd4)
+	case 0xc4, 0xd9: // bin 8, str 8
+		size = 1
+	case 0xc5, 0xda:
+		size = 2
+	case 0xc6, 0xdb:
+		size = 4
+	case 0xc7, 0xc8, 0xc9: // ext 8, 16, 32: the type byte after the length
+		size, extra = 1<<(c-0xc7), 1
+	case 0xdc, 0xdd: // array 16, 32
+		size, elems = 2<<(c-0xdc), true
+	case 0xde, 0xdf: // map 16, 32
+		size, elems, per = 2<<(c-0xde), true, 2
+	default: // 0xc1 is never used
+		return nil, fmt.Errorf("%w: msgpack code 0x%x", errNotJSON, c)
+	}
+	var n uint64
+	if size > 0 {
+		at := len(b)
+		if b, err = readBytes(dec, b, uint64(size)); err != nil {
+			return nil, err
+		}
+		for _, x := range b[at:] {
+			n = n<<8 | uint64(x)
+		}
+	}
+	if elems {
+		return readElems(dec, b, per*n, depth)
+	}
+	return readBytes(dec, b, n+uint64(extra))
+}
+
+func readElems(dec *msgpack.Decoder, b []byte, n uint64, depth int) ([]byte, error) {
+	var err error
+	for ; n > 0; n-- {
+		if b, err = readRaw(dec, b, depth+1); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// readBytes appends the next n bytes of dec to b, 64 KiB at a time.
+func readBytes(dec *msgpack.Decoder, b []byte, n uint64) ([]byte, error) {
+	for n > 0 {
+		k := int(min(n, 64<<10))
+		at := len(b)
+		b = slices.Grow(b, k)[:at+k]
+		if err := dec.ReadFull(b[at:]); err != nil {
+			return nil, err
+		}
+		n -= uint64(k)
+	}
+	return b, nil
 }
 
 // errNotJSON is returned for msgpack values that have no JSON equivalent.
