@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -95,7 +96,8 @@ type Settings struct {
 	// measured each mode's W1, in turns (--w1-slices).
 	W1Slices int `json:"w1_slices,omitempty"`
 	// Baseline is the checkout the baseline mode's engine and worker were
-	// built from (--baseline), and its commit.
+	// built from (--baseline), and its commit (git describe --always
+	// --dirty: "-dirty" when it had uncommitted changes).
 	Baseline       string `json:"baseline,omitempty"`
 	BaselineCommit string `json:"baseline_commit,omitempty"`
 }
@@ -271,15 +273,28 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	modes := strings.Split(o.modes, ",")
+	for i, mode := range modes {
+		modes[i] = strings.TrimSpace(mode)
+		if !knownModes[modes[i]] {
+			return fmt.Errorf("--modes: unknown mode %q", modes[i])
+		}
+	}
+	if slices.Contains(modes, "baseline") != (o.baseline != "") {
+		return errors.New("--baseline DIR and the baseline mode go together")
+	}
+	if o.pprofDir != "" && modes[0] == "baseline" {
+		return errors.New("--pprof-dir profiles the engine built from this checkout: the baseline mode cannot come first")
+	}
 	progress("building the engine, the sandbox worker and replay")
 	bins, err := build(o.goBin, root, filepath.Join(tmp, "bin"))
 	if err != nil {
 		return err
 	}
-	if strings.Contains(o.modes, "baseline") != (o.baseline != "") {
-		return errors.New("--baseline DIR and the baseline mode go together")
-	}
 	if o.baseline != "" {
+		if o.baseline, err = filepath.Abs(o.baseline); err != nil {
+			return err
+		}
 		progress("building the baseline's engine and sandbox worker in " + o.baseline)
 		base, err := build(o.goBin, o.baseline, filepath.Join(tmp, "bin-baseline"))
 		if err != nil {
@@ -287,7 +302,7 @@ func run(args []string) error {
 		}
 		bins.baseline = &base
 		res.Settings.Baseline = o.baseline
-		if out, err := exec.Command("git", "-C", o.baseline, "rev-parse", "HEAD").Output(); err == nil {
+		if out, err := exec.Command("git", "-C", o.baseline, "describe", "--always", "--dirty").Output(); err == nil {
 			res.Settings.BaselineCommit = strings.TrimSpace(string(out))
 		}
 	}
@@ -309,13 +324,9 @@ func run(args []string) error {
 			return fmt.Errorf("interleaved: %w", err)
 		}
 	}
-	for i, mode := range strings.Split(o.modes, ",") {
+	for i, mode := range modes {
 		if o.interleave > 0 {
 			break
-		}
-		mode = strings.TrimSpace(mode)
-		if mode != "default" && mode != "sync_always" && mode != "unsigned" && mode != "metrics" && mode != "observed" && mode != "baseline" {
-			return fmt.Errorf("--modes: unknown mode %q", mode)
 		}
 		if skip["w1"] && skip["w2"] && skip["ceiling"] {
 			break
@@ -398,6 +409,9 @@ func run(args []string) error {
 func progress(msg string) {
 	fmt.Fprintf(os.Stderr, "bench %s: %s\n", time.Now().Format("15:04:05"), msg)
 }
+
+// knownModes are the modes --modes takes.
+var knownModes = map[string]bool{"default": true, "sync_always": true, "unsigned": true, "metrics": true, "observed": true, "baseline": true}
 
 // runMode runs W1, W2, the ceiling and (default mode) the parked runs
 // against one engine.
