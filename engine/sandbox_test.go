@@ -31,7 +31,10 @@ tools:
   - {id: build, target: sandbox, recovery: {mode: replay_safe, max_attempts: 3}, dispatch_deadline: 20s}
 `)
 	url := testnats.Start(t, t.TempDir())
-	startEngine(t, url, engine.Config{Catalog: cat, Lease: 300 * time.Millisecond})
+	// Attempt 1's lease must run out (no heartbeat), and attempt 2's must
+	// outlast the three results published after its grant, under the race
+	// detector on a busy machine (300 ms did not, once).
+	startEngine(t, url, engine.Config{Catalog: cat, Lease: 2 * time.Second})
 	nc := testnats.Connect(t, url)
 	js := testnats.JetStream(t, nc)
 	c := newClient(t, url)
