@@ -27,8 +27,8 @@ type PairResult struct {
 	// W2AllCPU is the CPU of the engine, the workers and the load
 	// generator (which holds the OTLP receiver and the scraper) per call.
 	W2AllCPU Num `json:"w2_all_cpu_per_call"`
-	// W2WorkersCPU is the CPU of the sandbox workers per call (the
-	// workers' metrics and spans).
+	// W2WorkersCPU is the CPU of the sandbox workers per call: what a mode
+	// or a change costs on the workers' side.
 	W2WorkersCPU Num `json:"w2_workers_cpu_per_call"`
 }
 

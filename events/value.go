@@ -137,7 +137,7 @@ func (r *RawJSON) DecodeMsgpack(dec *msgpack.Decoder) error {
 // library's DecodeRaw, which follows nesting as deep as the input goes, it
 // refuses a value nested deeper than maxDepth before reading its inside,
 // as decodeValue does; and it reads long strings in chunks, so that a
-// length the input does not back allocates nothing.
+// length the input does not back costs one 64 KiB chunk at most.
 func readRaw(dec *msgpack.Decoder, b []byte, depth int) ([]byte, error) {
 	if depth > maxDepth {
 		return nil, fmt.Errorf("value nested deeper than %d levels", maxDepth)
