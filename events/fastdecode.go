@@ -432,13 +432,7 @@ func (d *mp) rawJSON() RawJSON {
 	if d.bad {
 		return nil
 	}
-	r, err := exactly(func(dec *msgpack.Decoder) (RawJSON, error) {
-		v, err := decodeValue(dec, 0)
-		if err != nil {
-			return nil, err
-		}
-		return valueToJSON(v)
-	}, sub)
+	r, err := exactly(genericJSON, sub)
 	if err != nil {
 		d.bad = true
 	}

@@ -101,36 +101,36 @@ func (r RawJSON) EncodeMsgpack(enc *msgpack.Encoder) error {
 }
 
 // DecodeMsgpack implements msgpack.CustomDecoder. It reads the value's
-// encoding whole (readRaw, as deep as maxDepth) and writes the JSON
-// straight from it when the fast commit decoder's JSON path can
-// (mp.appendJSON: integers, strings with nothing to escape, objects with
-// their keys in order, ...); anything else is decoded into generic values
-// and written by valueToJSON, the reference both agree with
+// encoding whole (readRaw, as deep as maxDepth) and has the fast commit
+// decoder's rawJSON write it: straight from the bytes when it can
+// (integers, strings with nothing to escape, objects with their keys in
+// order, ...), the generic way (genericJSON) otherwise; the two agree
 // (TestRawJSONDecoderMatchesGeneric, FuzzRawJSONDecoder).
 func (r *RawJSON) DecodeMsgpack(dec *msgpack.Decoder) error {
 	raw, err := readRaw(dec, nil, 0)
 	if err != nil {
 		return err
 	}
-	if len(raw) == 1 && raw[0] == 0xc0 {
-		*r = nil // null and absent are one value (valueToJSON)
-		return nil
-	}
-	fast := mp{b: raw}
-	if out, ok := fast.appendJSON(make([]byte, 0, len(raw)+len(raw)/2+2), 0); ok && !fast.bad && fast.i == len(raw) {
+	d := mp{b: raw, scratch: make([]byte, 0, len(raw)+len(raw)/2+2)}
+	if out := d.rawJSON(); !d.bad {
 		*r = out
 		return nil
 	}
-	v, err := decodeValue(msgpack.NewDecoder(bytes.NewReader(raw)), 0)
-	if err != nil {
-		return err
+	out, err := genericJSON(msgpack.NewDecoder(bytes.NewReader(raw))) // refused: why
+	if err == nil {
+		*r = out
 	}
-	c, err := valueToJSON(v)
+	return err
+}
+
+// genericJSON reads a value into generic values (decodeValue) and writes
+// them as canonical JSON (valueToJSON): the reference of every faster way.
+func genericJSON(dec *msgpack.Decoder) (RawJSON, error) {
+	v, err := decodeValue(dec, 0)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	*r = c
-	return nil
+	return valueToJSON(v)
 }
 
 // readRaw appends the encoding of dec's next value to b. Unlike the
