@@ -85,7 +85,8 @@ func (e *Engine) dispatch(ctx context.Context, inv invocation) error {
 	if inv.traceparent != "" {
 		msg.Header.Set(protocol.HeaderTraceParent, inv.traceparent)
 	}
-	if _, err := e.js.PublishMsg(ctx, msg, jetstream.WithMsgID(fmt.Sprintf("%s/%d", inv.operationID, inv.attempt))); err != nil {
+	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s/%d", inv.operationID, inv.attempt))
+	if _, err := publishAcked(ctx, e.nc, msg); err != nil {
 		return fmt.Errorf("dispatch %s attempt %d: %w", inv.operationID, inv.attempt, err)
 	}
 	return nil

@@ -290,7 +290,10 @@ func (l *eventLog) append(ctx context.Context, runID string, after tip, evs []ev
 	c := proof.Commit{Subject: msg.Subject, Prev: lastSeq, Types: types, Body: body}
 	if l.signer != nil {
 		c.PrevHash, c.Signer = after.hash, l.signer.Key()
-		seal, err := l.signer.Seal(ctx, c.Hash())
+	}
+	hash := c.Hash()
+	if l.signer != nil {
+		seal, err := l.signer.Seal(ctx, hash)
 		if err != nil {
 			return tip{}, 0, fmt.Errorf("append to run %s: %w", runID, err)
 		}
@@ -302,8 +305,10 @@ func (l *eventLog) append(ctx context.Context, runID string, after tip, evs []ev
 	}
 	sum := sha256.Sum256(body)
 	id := fmt.Sprintf("%s/%d/%s", runID, lastSeq, hex.EncodeToString(sum[:8]))
-	ack, err := retrying(ctx, streamTry, func(ctx context.Context) (*jetstream.PubAck, error) {
-		return l.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(lastSeq), jetstream.WithMsgID(id))
+	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(lastSeq, 10))
+	msg.Header.Set(jetstream.MsgIDHeader, id)
+	seq, err := retrying(ctx, streamTry, func(ctx context.Context) (uint64, error) {
+		return publishAcked(ctx, l.js.Conn(), msg)
 	}, nil)
 	if err != nil {
 		if isWrongLastSequence(err) {
@@ -314,7 +319,7 @@ func (l *eventLog) append(ctx context.Context, runID string, after tip, evs []ev
 	}
 	l.metrics.Commit()
 	l.observer.committed(runID, traceparent, evs)
-	return tip{seq: ack.Sequence, hash: c.Hash()}, len(body), nil
+	return tip{seq: seq, hash: hash}, len(body), nil
 }
 
 // streamTry bounds one try of a request to the events stream (retry.go):

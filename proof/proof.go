@@ -82,14 +82,16 @@ func (c Commit) Hash() Hash {
 		h.Write(n[:binary.PutUvarint(n[:], uint64(len(b)))])
 		h.Write(b)
 	}
-	field([]byte(commitTag))
-	field([]byte(c.Subject))
-	field([]byte(strconv.FormatUint(c.Prev, 10)))
+	var scratch [96]byte // the strings' bytes, one buffer for all of them
+	text := func(s string) { field(append(scratch[:0], s...)) }
+	text(commitTag)
+	text(c.Subject)
+	field(strconv.AppendUint(scratch[:0], c.Prev, 10))
 	field(c.PrevHash[:])
-	field([]byte(c.Signer))
-	field([]byte(strconv.Itoa(len(c.Types))))
+	text(c.Signer)
+	field(strconv.AppendInt(scratch[:0], int64(len(c.Types)), 10))
 	for _, t := range c.Types {
-		field([]byte(t))
+		text(t)
 	}
 	field(c.Body)
 	var out Hash
