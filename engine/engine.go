@@ -245,9 +245,11 @@ func validPrefix(p string) bool {
 
 // Engine serves runs. Create it with New and run it with Run.
 type Engine struct {
-	cfg     Config
-	nc      *nats.Conn
-	js      jetstream.JetStream
+	cfg Config
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	// outPub publishes the out messages and takes their acknowledgements.
+	outPub  *outPublisher
 	names   protocol.Names
 	log     zerolog.Logger
 	events  *eventLog
@@ -292,13 +294,13 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 	// An asynchronous publish (an out message) that no answer reaches in
 	// time fails rather than waiting forever among the pending ones; the
 	// projection's watcher gives up on it sooner (streamTry).
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
+	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
 	n := protocol.Names{Prefix: cfg.Prefix}
 	e := &Engine{
-		cfg: cfg, nc: nc, js: js, names: n, log: cfg.Logger,
+		cfg: cfg, nc: nc, js: js, names: n, log: cfg.Logger, outPub: newOutPublisher(nc),
 		events:   &eventLog{js: js, names: n, signer: cfg.Signer, tracer: tracing.NewEngine(cfg.Tracing)},
 		catalogs: map[string]*catalog.Catalog{cfg.Catalog.SnapshotID(): cfg.Catalog},
 		ready:    make(chan struct{}),

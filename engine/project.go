@@ -72,7 +72,7 @@ func (p *projection) pending() bool { return p.unprojected != nil || p.acks != n
 // did land is skipped).
 type outAcks struct {
 	runID     string
-	futures   []jetstream.PubAckFuture
+	futures   []*ackFuture
 	deadline  time.Time       // one try (streamTry) from the send
 	before    projector.Model // the projection before the commit
 	beforeSeq uint64
@@ -133,7 +133,7 @@ func (s *shard) waitQueuedAcks() {
 		w.queue = w.queue[1:]
 		w.mu.Unlock()
 		ctx, cancel := context.WithDeadline(context.Background(), a.deadline)
-		a.err = waitAcks(ctx, a.futures)
+		a.err = s.e.outPub.waitAcks(ctx, a.futures)
 		cancel()
 		close(a.done)
 		w.mu.Lock()
@@ -155,20 +155,6 @@ func (s *shard) takeAcked() []*outAcks {
 	acked := w.acked
 	w.acked = nil
 	return acked
-}
-
-// waitAcks waits for the acknowledgement of each publication.
-func waitAcks(ctx context.Context, futures []jetstream.PubAckFuture) error {
-	for _, f := range futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			return fmt.Errorf("publish %s: %w", f.Msg().Subject, err)
-		case <-ctx.Done():
-			return fmt.Errorf("publish %s: %w", f.Msg().Subject, ctx.Err())
-		}
-	}
-	return nil
 }
 
 // outCursor knows the source of the last message on each out subject of a
@@ -326,7 +312,7 @@ func (r *projectionRefused) Unwrap() error { return r.err }
 // delegated children. It returns the run after the commit and the out
 // messages' acknowledgements, not waited for; events the projection
 // refuses are a *projectionRefused, and nothing is published.
-func (e *Engine) publishCommit(ctx context.Context, runID string, model projector.Model, seq uint64, evs []events.Event, outs *outCursor) (projector.Model, []jetstream.PubAckFuture, error) {
+func (e *Engine) publishCommit(ctx context.Context, runID string, model projector.Model, seq uint64, evs []events.Event, outs *outCursor) (projector.Model, []*ackFuture, error) {
 	after := model
 	var derived []projector.Output
 	for _, ev := range evs {
@@ -378,14 +364,14 @@ func sameTicket(a, b *events.Ticket) bool {
 // already holds, and returns their acknowledgements, not waited for. The
 // cursor counts them as in: a caller that does not get every
 // acknowledgement resets it.
-func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, seq uint64, outs []projector.Output) ([]jetstream.PubAckFuture, error) {
+func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, seq uint64, outs []projector.Output) ([]*ackFuture, error) {
 	if len(outs) == 0 {
 		return nil, nil
 	}
 	if c.last == nil {
 		c.last = map[string]aggregate.Stamp{}
 	}
-	futures := make([]jetstream.PubAckFuture, 0, len(outs))
+	futures := make([]*ackFuture, 0, len(outs))
 	var sent map[string]int // subject -> index in futures, when a commit sends on it again
 	for i, o := range outs {
 		subject := e.names.Out(runID, o.Subject())
@@ -394,7 +380,7 @@ func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, se
 			// first is in: were the first lost and the second stored, the
 			// projection made again would take the first for published
 			// (the skip below compares with the subject's last message).
-			if err := waitAcks(ctx, futures[j:j+1]); err != nil {
+			if err := e.outPub.waitAcks(ctx, futures[j:j+1]); err != nil {
 				return nil, err
 			}
 			futures[j] = nil // its acknowledgement was taken here
@@ -422,7 +408,8 @@ func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, se
 		msg.Data = body
 		id := formatStamp(src)
 		msg.Header.Set(protocol.HeaderSource, id)
-		f, err := e.js.PublishMsgAsync(msg, jetstream.WithMsgID("out/"+id))
+		msg.Header.Set(jetstream.MsgIDHeader, "out/"+id)
+		f, err := e.outPub.publish(msg)
 		if err != nil {
 			return nil, err
 		}
@@ -433,7 +420,7 @@ func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, se
 		futures = append(futures, f)
 		c.last[subject] = src
 	}
-	return slices.DeleteFunc(futures, func(f jetstream.PubAckFuture) bool { return f == nil }), nil
+	return slices.DeleteFunc(futures, func(f *ackFuture) bool { return f == nil }), nil
 }
 
 // lastOn returns the source of the last message on an out subject (zero

@@ -217,7 +217,7 @@ func TestTwoOutMessagesOnOneSubjectGoInTurn(t *testing.T) {
 	var cur outCursor
 	futures, err := e.publishOuts(ctx, &cur, run, 7, outs)
 	if err == nil {
-		err = waitAcks(ctx, futures)
+		err = e.outPub.waitAcks(ctx, futures)
 	}
 	if err == nil {
 		t.Fatal("the first message's refusal was not reported")
@@ -226,7 +226,7 @@ func TestTwoOutMessagesOnOneSubjectGoInTurn(t *testing.T) {
 	cur = outCursor{} // what was sent is not known: read again (as project does)
 	futures, err = e.publishOuts(ctx, &cur, run, 7, outs)
 	if err == nil {
-		err = waitAcks(ctx, futures)
+		err = e.outPub.waitAcks(ctx, futures)
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -231,7 +231,7 @@ func (p *projectorRunner) handle(m jetstream.Msg) error {
 		return poisoned(runID, "%w", err)
 	}
 	if err == nil {
-		err = waitAcks(ctx, futures)
+		err = p.e.outPub.waitAcks(ctx, futures)
 	}
 	if err != nil {
 		pm.outs = outCursor{} // what was sent is not known: read again

@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -87,4 +90,117 @@ func decodeAck(b []byte) (uint64, error) {
 		return 0, jetstream.ErrInvalidJSAck
 	}
 	return ack.Sequence, nil
+}
+
+// asyncAckWait bounds the wait for an acknowledgement whose waiter sets no
+// earlier deadline (jetstream's async publish timed out after as long).
+const asyncAckWait = 10 * time.Second
+
+// outPublisher publishes into streams without waiting, as jetstream's
+// PublishMsgAsync does, and takes the acknowledgements on one
+// subscription of an inbox of its own, each read by readAck.
+type outPublisher struct {
+	nc     *nats.Conn
+	prefix string // <inbox>.
+
+	mu      sync.Mutex
+	sub     *nats.Subscription // made at the first publish
+	next    uint64
+	pending map[string]*ackFuture // by the reply token
+}
+
+// ackFuture is a publication waiting for its acknowledgement: done closes
+// once seq or err is set.
+type ackFuture struct {
+	subject string
+	token   string
+	done    chan struct{}
+	seq     uint64
+	err     error
+}
+
+func newOutPublisher(nc *nats.Conn) *outPublisher {
+	return &outPublisher{nc: nc, prefix: nc.NewInbox() + ".", pending: map[string]*ackFuture{}}
+}
+
+// publish sends msg (its reply subject is the publisher's) and returns its
+// future.
+func (p *outPublisher) publish(msg *nats.Msg) (*ackFuture, error) {
+	p.mu.Lock()
+	if p.sub == nil {
+		sub, err := p.nc.Subscribe(p.prefix+"*", p.acked)
+		if err != nil {
+			p.mu.Unlock()
+			return nil, fmt.Errorf("subscribe to the acknowledgements: %w", err)
+		}
+		p.sub = sub
+	}
+	p.next++
+	f := &ackFuture{subject: msg.Subject, token: strconv.FormatUint(p.next, 36), done: make(chan struct{})}
+	p.pending[f.token] = f
+	p.mu.Unlock()
+	msg.Reply = p.prefix + f.token
+	if err := p.nc.PublishMsg(msg); err != nil {
+		p.forget(f)
+		return nil, err
+	}
+	return f, nil
+}
+
+// acked settles the future an acknowledgement answers (none: it was
+// forgotten).
+func (p *outPublisher) acked(m *nats.Msg) {
+	token := strings.TrimPrefix(m.Subject, p.prefix)
+	p.mu.Lock()
+	f := p.pending[token]
+	delete(p.pending, token)
+	p.mu.Unlock()
+	if f == nil {
+		return
+	}
+	if len(m.Data) == 0 && m.Header.Get("Status") == noRespondersStatus {
+		f.err = jetstream.ErrNoStreamResponse
+	} else {
+		f.seq, f.err = readAck(m.Data)
+	}
+	close(f.done)
+}
+
+// forget drops futures no one waits for any more.
+func (p *outPublisher) forget(fs ...*ackFuture) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, f := range fs {
+		delete(p.pending, f.token)
+	}
+}
+
+// close ends the subscription; futures not acknowledged stay open.
+func (p *outPublisher) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sub != nil {
+		_ = p.sub.Unsubscribe()
+	}
+}
+
+// waitAcks waits for the acknowledgement of each publication, at most
+// until ctx ends or asyncAckWait passes; the futures not settled by then
+// are forgotten.
+func (p *outPublisher) waitAcks(ctx context.Context, futures []*ackFuture) error {
+	ctx, cancel := context.WithTimeout(ctx, asyncAckWait)
+	defer cancel()
+	for i, f := range futures {
+		select {
+		case <-f.done:
+			if f.err != nil {
+				p.forget(futures[i+1:]...)
+				return fmt.Errorf("publish %s: %w", f.subject, f.err)
+			}
+		case <-ctx.Done():
+			p.forget(futures[i:]...)
+			return fmt.Errorf("publish %s: %w", f.subject, ctx.Err())
+		}
+	}
+	return nil
 }

@@ -115,3 +115,60 @@ func TestPlainAck(t *testing.T) {
 		}
 	}
 }
+
+// TestOutPublisher: the out messages' publisher settles each future with
+// the stream's answer (stored, a duplicate, a refusal, no stream), and
+// forgets the futures whose wait ended without one.
+func TestOutPublisher(t *testing.T) {
+	nc := testnats.Connect(t, testnats.Start(t, t.TempDir()))
+	js := testnats.JetStream(t, nc)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OUTS", Subjects: []string{"outs.>"}, MaxMsgSize: 100}); err != nil {
+		t.Fatal(err)
+	}
+	p := newOutPublisher(nc)
+	defer p.close()
+	send := func(subject, id string, size int) *ackFuture {
+		m := nats.NewMsg(subject)
+		m.Data = make([]byte, size)
+		m.Header.Set(jetstream.MsgIDHeader, id)
+		f, err := p.publish(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	stored, again, later := send("outs.a", "o1", 10), send("outs.a", "o1", 10), send("outs.b", "o2", 10)
+	if err := p.waitAcks(ctx, []*ackFuture{stored, again, later}); err != nil {
+		t.Fatal(err)
+	}
+	if stored.seq != 1 || again.seq != 1 || later.seq != 2 {
+		t.Fatalf("sequences %d, %d, %d; want 1, 1 (a duplicate), 2", stored.seq, again.seq, later.seq)
+	}
+	var apiErr *jetstream.APIError
+	if err := p.waitAcks(ctx, []*ackFuture{send("outs.c", "o3", 1000)}); !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamMessageExceedsMaximum {
+		t.Fatalf("a message over the stream's size: %v; want the stream's refusal", err)
+	}
+	if err := p.waitAcks(ctx, []*ackFuture{send("nowhere.a", "n1", 10)}); !errors.Is(err, jetstream.ErrNoStreamResponse) {
+		t.Fatalf("a subject of no stream: %v; want %v", err, jetstream.ErrNoStreamResponse)
+	}
+	// An answer that never comes: a subscriber that takes the message and
+	// says nothing. The wait ends with its context, and the future is
+	// forgotten.
+	silent, err := nc.SubscribeSync("silent.a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Unsubscribe()
+	wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := p.waitAcks(wctx, []*ackFuture{send("silent.a", "s1", 10)}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("no answer: %v; want the deadline", err)
+	}
+	p.mu.Lock()
+	left := len(p.pending)
+	p.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d futures still pending after every wait ended", left)
+	}
+}
