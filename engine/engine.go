@@ -245,11 +245,10 @@ func validPrefix(p string) bool {
 
 // Engine serves runs. Create it with New and run it with Run.
 type Engine struct {
-	cfg Config
-	nc  *nats.Conn
-	js  jetstream.JetStream
-	// outPub publishes the out messages and takes their acknowledgements.
-	outPub  *outPublisher
+	cfg     Config
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	outPub  *outPublisher // the out messages, and their acknowledgements
 	names   protocol.Names
 	log     zerolog.Logger
 	events  *eventLog
@@ -291,9 +290,6 @@ func New(nc *nats.Conn, cfg Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("engine config: %w", err)
 	}
-	// An asynchronous publish (an out message) that no answer reaches in
-	// time fails rather than waiting forever among the pending ones; the
-	// projection's watcher gives up on it sooner (streamTry).
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -389,6 +385,7 @@ func (e *Engine) ensurePoolConsumers(ctx context.Context) error {
 // Run serves until ctx is done, then drains: it stops taking messages,
 // finishes the commit in progress and returns.
 func (e *Engine) Run(ctx context.Context) error {
+	defer e.outPub.close() // last: the shards' out messages are settled first
 	if err := e.untilDone(ctx, "create the streams, buckets and consumers", e.Setup); err != nil {
 		return err
 	}

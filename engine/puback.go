@@ -98,7 +98,10 @@ const asyncAckWait = 10 * time.Second
 
 // outPublisher publishes into streams without waiting, as jetstream's
 // PublishMsgAsync does, and takes the acknowledgements on one
-// subscription of an inbox of its own, each read by readAck.
+// subscription of an inbox of its own, each read by readAck. A wait that
+// ends without an acknowledgement fails (waitAcks: its context, or
+// asyncAckWait at most), rather than waiting forever among the pending
+// ones; the projection's watcher gives up sooner (streamTry).
 type outPublisher struct {
 	nc     *nats.Conn
 	prefix string // <inbox>.
@@ -175,12 +178,14 @@ func (p *outPublisher) forget(fs ...*ackFuture) {
 	}
 }
 
-// close ends the subscription; futures not acknowledged stay open.
+// close ends the subscription (a later publish subscribes again); the
+// futures not acknowledged stay open.
 func (p *outPublisher) close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.sub != nil {
 		_ = p.sub.Unsubscribe()
+		p.sub = nil
 	}
 }
 

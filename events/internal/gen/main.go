@@ -153,7 +153,7 @@ func parse(dir string) (*source, error) {
 			case *ast.GenDecl:
 				src.addDecl(decl)
 			case *ast.FuncDecl:
-				src.addEventType(decl)
+				src.addMethod(decl)
 			}
 		}
 	}
@@ -196,9 +196,9 @@ func (src *source) addDecl(decl *ast.GenDecl) {
 	}
 }
 
-// addEventType records an EventType method: func (*S) EventType() Type {
-// return TypeS }; and the types with an IsZero method.
-func (src *source) addEventType(fn *ast.FuncDecl) {
+// addMethod records an EventType method, func (*S) EventType() Type {
+// return TypeS }, and the types with an IsZero method.
+func (src *source) addMethod(fn *ast.FuncDecl) {
 	if fn.Name.Name == "IsZero" && fn.Recv != nil && len(fn.Recv.List) == 1 {
 		recv := fn.Recv.List[0].Type
 		if star, ok := recv.(*ast.StarExpr); ok {
