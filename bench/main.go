@@ -444,18 +444,23 @@ func runMode(ctx context.Context, o options, skip map[string]bool, mode string, 
 		return mr, err
 	}
 	defer c.stop()
-	profile := func(sig syscall.Signal) {
-		if profiling {
-			_ = c.engine.cmd.Process.Signal(sig)
-			time.Sleep(100 * time.Millisecond)
+	// profile starts (part: its name) or stops (part "") the engine's profile.
+	profile := func(sig syscall.Signal, part string) {
+		if !profiling {
+			return
 		}
+		if part != "" {
+			_ = os.WriteFile(filepath.Join(o.pprofDir, profileNext), []byte(part), 0o644)
+		}
+		_ = c.engine.cmd.Process.Signal(sig)
+		time.Sleep(100 * time.Millisecond)
 	}
 	evFrom, _ := lastSeq(ctx, c.js, "TOOLBATCH_EVENTS")
 	if !skip["w1"] {
 		progress(fmt.Sprintf("%s: W1 noop (%d x %s)", mode, o.reps, o.w1))
-		profile(syscall.SIGUSR1)
+		profile(syscall.SIGUSR1, "w1")
 		r, err := runW1(ctx, c, "noop", o.reps, o.w1, o.steps)
-		profile(syscall.SIGUSR2)
+		profile(syscall.SIGUSR2, "")
 		if err != nil {
 			return mr, fmt.Errorf("W1 noop: %w", err)
 		}
@@ -464,9 +469,9 @@ func runMode(ctx context.Context, o options, skip map[string]bool, mode string, 
 	evTo, _ := lastSeq(ctx, c.js, "TOOLBATCH_EVENTS")
 	if !skip["w1"] {
 		progress(fmt.Sprintf("%s: W1 echo (%d x %s)", mode, o.reps, o.w1))
-		profile(syscall.SIGUSR1)
+		profile(syscall.SIGUSR1, "w1echo")
 		r, err := runW1(ctx, c, "echo", o.reps, o.w1, o.steps)
-		profile(syscall.SIGUSR2)
+		profile(syscall.SIGUSR2, "")
 		if err != nil {
 			return mr, fmt.Errorf("W1 echo: %w", err)
 		}
@@ -479,9 +484,9 @@ func runMode(ctx context.Context, o options, skip map[string]bool, mode string, 
 			}
 		}
 		progress(fmt.Sprintf("%s: W2 %d runs at once, %d workers (%s warm-up, %d x %s)", mode, o.w2runs, len(c.workers), o.w2warm, o.reps, o.w2))
-		profile(syscall.SIGUSR1)
+		profile(syscall.SIGUSR1, "w2")
 		r, err := runW2(ctx, c, o.w2runs, o.reps, o.w2warm, o.w2, o.steps)
-		profile(syscall.SIGUSR2)
+		profile(syscall.SIGUSR2, "")
 		if err != nil {
 			return mr, fmt.Errorf("W2: %w", err)
 		}

@@ -54,10 +54,16 @@ func embeddedServer(store, listen string, syncAlways bool) (*server.Server, erro
 	return srv, nil
 }
 
+// profileNext is the file in the profile directory that names the next
+// profile.
+const profileNext = "next"
+
 // profiledEngine is `bench profiled-engine`: the engine as cmd/engine runs
 // it with its embedded server (the same server options), with a CPU
-// profile: SIGUSR1 starts one (<pprof-dir>/w1.pprof, then w1echo.pprof, w2.pprof, ...),
-// SIGUSR2 stops and writes it. Only `bench --pprof-dir` uses it.
+// profile: SIGUSR1 starts one, named as <pprof-dir>/next says (the bench
+// writes the part's name there first: w1, w1echo, w2), SIGUSR2 stops and
+// writes it, <name>.pprof and the heap as <name>.heap.pprof. Only `bench
+// --pprof-dir` uses it.
 func profiledEngine(args []string) error {
 	fs := flag.NewFlagSet("profiled-engine", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -125,18 +131,17 @@ func profiledEngine(args []string) error {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
 	go func() {
-		names := []string{"w1.pprof", "w1echo.pprof", "w2.pprof"}
 		n := 0
 		var f *os.File
 		for sig := range sigs {
 			switch {
 			case sig == syscall.SIGUSR1 && f == nil:
-				name := fmt.Sprintf("profile%d.pprof", n+1)
-				if n < len(names) {
-					name = names[n]
-				}
 				n++
-				if f, err = os.Create(filepath.Join(*dir, name)); err != nil {
+				name := fmt.Sprintf("profile%d", n)
+				if next, err := os.ReadFile(filepath.Join(*dir, profileNext)); err == nil && len(next) > 0 {
+					name = string(next)
+				}
+				if f, err = os.Create(filepath.Join(*dir, name+".pprof")); err != nil {
 					log.Error().Err(err).Msg("profile")
 					f = nil
 					continue
