@@ -93,7 +93,7 @@ func (rw *runWatch) dispositionsThen(what string, last func(client.Message) bool
 		case last(m):
 			return disp, m
 		default:
-			rw.t.Fatalf("%s: unexpected %s message %+v", what, m.Kind, m)
+			rw.t.Fatalf("%s: unexpected %s message %+v (refused: %+v)", what, m.Kind, m, m.Refused)
 		}
 	}
 }
