@@ -81,14 +81,10 @@ func (w *menc) timePtr(t *time.Time) {
 	w.time(*t)
 }
 
-// custom writes a value with its own encoder, as the library does (a nil
-// one is nil).
+// custom writes a JSON value with its own encoder, as the library does
+// (which writes an empty one, nil or not, as nil).
 func (w *menc) custom(v RawJSON) {
 	if w.err == nil {
-		if v == nil {
-			w.err = w.enc.EncodeNil()
-			return
-		}
 		w.err = v.EncodeMsgpack(w.enc)
 	}
 }
