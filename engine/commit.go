@@ -159,14 +159,25 @@ func (s *shard) abandon(rs *runState) {
 // run over (a recovery at load, say, starts work that a
 // refused message alone would not keep alive).
 func (s *shard) settle(rs *runState, m jetstream.Msg) error {
-	if rs.loaded && len(rs.pending) == 0 && len(rs.inflight) == 0 && len(rs.leases) == 0 && !rs.projection.pending() {
-		switch aggregate.Next(rs.run).Kind {
-		case aggregate.NextNone, aggregate.NextAwaiting:
-			return m.Ack()
-		}
+	if rs.settled() {
+		return m.Ack()
 	}
 	rs.held = append(rs.held, m)
 	return nil
+}
+
+// settled reports whether the run waits for nothing of this engine's:
+// everything decided is committed and projected, and the run is parked,
+// finalized or ended.
+func (rs *runState) settled() bool {
+	if !rs.loaded || len(rs.pending) > 0 || len(rs.inflight) > 0 || len(rs.leases) > 0 || rs.projection.pending() {
+		return false
+	}
+	switch aggregate.Next(rs.run).Kind {
+	case aggregate.NextNone, aggregate.NextAwaiting:
+		return true
+	}
+	return false
 }
 
 // sole returns a decision's event when it is the only one and of type T:

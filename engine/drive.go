@@ -68,12 +68,7 @@ func (s *shard) drive(ctx, runCtx context.Context, rs *runState) error {
 				// so that a crash before then brings an engine back.
 				return nil
 			}
-			for _, m := range rs.held {
-				if err := m.Ack(); err != nil {
-					s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("ack failed; the message will be redelivered and is harmless")
-				}
-			}
-			rs.held, rs.durableHeld = nil, 0
+			s.ackHeld(rs)
 			return nil
 		}
 	}
@@ -112,4 +107,15 @@ func (s *shard) startExecutors(runCtx context.Context, rs *runState, callIDs []s
 			}
 		}()
 	}
+}
+
+// ackHeld acknowledges the run's held messages: what they asked for is in
+// the log, and the run waits for nothing of this engine's.
+func (s *shard) ackHeld(rs *runState) {
+	for _, m := range rs.held {
+		if err := m.Ack(); err != nil {
+			s.e.log.Warn().Str(fieldRunID, rs.id).Err(err).Msg("ack failed; the message will be redelivered and is harmless")
+		}
+	}
+	rs.held, rs.durableHeld = nil, 0
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
+	"github.com/toolbatch/toolbatch/internal/testwait"
 	"github.com/toolbatch/toolbatch/projector"
 	"github.com/toolbatch/toolbatch/protocol"
 )
@@ -249,5 +250,63 @@ func TestTwoOutMessagesOnOneSubjectGoInTurn(t *testing.T) {
 	}
 	if want := []string{run + "/1", run + "/2"}; !slices.Equal(got, want) {
 		t.Fatalf("out messages %v, want %v", got, want)
+	}
+}
+
+// TestShutdownAcknowledgesWhatASettledRunHolds: a run whose last commit's
+// out messages are still in flight when the engine stops holds the inbox
+// message that led to it (an approval, say). The shutdown waits for those
+// out messages and then acknowledges that message, as the run's acksIn
+// would have: left unacknowledged, it would be delivered again to the
+// next engine and refused as already done.
+func TestShutdownAcknowledgesWhatASettledRunHolds(t *testing.T) {
+	e, s, ctx := projectionShard(t)
+	const run = "settled-at-shutdown"
+	appendUnprojected(t, ctx, e.js, run) // a rejection: the run waits for nothing
+	l, err := e.events.load(ctx, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := s.state(run)
+	if err := s.acquire(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	rs.run, rs.tip, rs.loaded = l.run, l.at, true
+	rs.projection = projection{model: projector.Model{Run: l.beforeIt}}
+	if err := s.project(ctx, rs, commitToProject{seq: l.at.seq, evs: l.last, after: l.run}); err != nil {
+		t.Fatal(err)
+	}
+	if rs.projection.acks == nil {
+		t.Fatal("the out message's send is not kept")
+	}
+
+	// The held message: one delivered from a stream of the test's own.
+	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: "HELD", Subjects: []string{"held"}}); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := e.js.CreateConsumer(ctx, "HELD", jetstream.ConsumerConfig{Durable: "held", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.js.Publish(ctx, "held", []byte("approve")); err != nil {
+		t.Fatal(err)
+	}
+	m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs.held = append(rs.held, m)
+
+	s.settleOuts() // what the shard's loop does when the engine stops
+	s.releaseIdle(true)
+	if len(rs.held) != 0 || rs.owned {
+		t.Fatalf("after the shutdown: %d messages held, owned %v", len(rs.held), rs.owned)
+	}
+	testwait.Until(t, ctx, "the held message acknowledged", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 0
+	})
+	if n := outCount(t, ctx, e, run); n != 1 {
+		t.Fatalf("%d out messages of run %s, want 1", n, run)
 	}
 }

@@ -294,12 +294,18 @@ func (s *shard) handleAcked(ctx context.Context) {
 }
 
 // settleOuts waits, at shutdown, for the out messages the runs' last
-// commits sent, so that those runs can be released.
+// commits sent, so that those runs can be released. A run they settle has
+// its held messages acknowledged as its acksIn would have done: left
+// unacknowledged, a command applied here (an approval, say) would be
+// delivered again to the next engine and refused as already done.
 func (s *shard) settleOuts() {
 	ctx, cancel := opCtx()
 	defer cancel()
 	for _, rs := range s.runs {
 		if rs.owned && rs.projection.acks != nil && s.settleProjection(ctx, rs) == nil {
+			if rs.settled() {
+				s.ackHeld(rs)
+			}
 			s.noteIdle(ctx, rs)
 		}
 	}
