@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"sync"
 	"time"
 
@@ -361,9 +360,11 @@ func sameTicket(a, b *events.Ticket) bool {
 }
 
 // publishOuts sends a commit's out messages, skipping those the out stream
-// already holds, and returns their acknowledgements, not waited for. The
-// cursor counts them as in: a caller that does not get every
-// acknowledgement resets it.
+// already holds, and returns their acknowledgements, not waited for: all
+// of them at once, also several on one subject. The cursor counts them as
+// in: a caller that does not get every acknowledgement resets it, and the
+// projection made again reads what the stream holds (onSubject), each
+// message, not only each subject's last.
 func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, seq uint64, outs []projector.Output) ([]*ackFuture, error) {
 	if len(outs) == 0 {
 		return nil, nil
@@ -372,33 +373,39 @@ func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, se
 		c.last = map[string]aggregate.Stamp{}
 	}
 	futures := make([]*ackFuture, 0, len(outs))
-	var sent map[string]int // subject -> index in futures, when a commit sends on it again
+	var read map[string]held // subject -> what the stream holds of this commit on it, read here
 	for i, o := range outs {
 		subject := e.names.Out(runID, o.Subject())
-		if j, again := sent[subject]; again && futures[j] != nil {
-			// A second message of the commit on one subject goes once the
-			// first is in: were the first lost and the second stored, the
-			// projection made again would take the first for published
-			// (the skip below compares with the subject's last message).
-			if err := e.outPub.waitAcks(ctx, futures[j:j+1]); err != nil {
-				return nil, err
+		src := aggregate.Stamp{Seq: seq, Idx: i}
+		if h, ok := read[subject]; ok {
+			if h.has(src) {
+				continue // published before
 			}
-			futures[j] = nil // its acknowledgement was taken here
-		}
-		last, ok := c.last[subject]
-		if !ok {
-			if c.known {
+		} else if last, ok := c.last[subject]; ok || c.known {
+			if !ok {
 				last = aggregate.Stamp{Seq: c.floor, Idx: math.MaxInt}
-			} else {
-				var err error
-				if last, err = e.lastOn(ctx, subject); err != nil {
-					return nil, err
+			}
+			if !src.After(last) {
+				continue // published before
+			}
+		} else {
+			n := 0 // the commit's messages on the subject
+			for _, later := range outs[i:] {
+				if later.Subject() == o.Subject() {
+					n++
 				}
 			}
-		}
-		src := aggregate.Stamp{Seq: seq, Idx: i}
-		if !src.After(last) {
-			continue // published before
+			h, err := e.onSubject(ctx, subject, seq, n)
+			if err != nil {
+				return nil, err
+			}
+			if read == nil {
+				read = map[string]held{}
+			}
+			read[subject], c.last[subject] = h, h.last
+			if h.has(src) {
+				continue // published before
+			}
 		}
 		body, err := o.Encode()
 		if err != nil {
@@ -413,30 +420,113 @@ func (e *Engine) publishOuts(ctx context.Context, c *outCursor, runID string, se
 		if err != nil {
 			return nil, err
 		}
-		if sent == nil {
-			sent = map[string]int{}
-		}
-		sent[subject] = len(futures)
 		futures = append(futures, f)
-		c.last[subject] = src
+		if src.After(c.last[subject]) {
+			c.last[subject] = src
+		}
 	}
-	return slices.DeleteFunc(futures, func(f *ackFuture) bool { return f == nil }), nil
+	return futures, nil
+}
+
+// held is what the out stream holds on one subject, as far as the
+// messages of one commit go: the source of the subject's last message and,
+// when that message is the commit's, which of the commit's messages are
+// there (a commit's messages are sent without waiting for each other, so
+// one may be missing while a later one is stored, and the one sent again
+// comes after it).
+type held struct {
+	last aggregate.Stamp
+	idx  map[int]bool // when last is the commit's: the indices of its messages stored
+}
+
+// has reports whether the stream holds the message src (of the commit
+// the subject was read for).
+func (h held) has(src aggregate.Stamp) bool {
+	switch {
+	case src.Seq < h.last.Seq:
+		// A later commit's message: this commit's were all in before it
+		// was projected (settleProjection).
+		return true
+	case src.Seq > h.last.Seq:
+		return false
+	case h.idx == nil:
+		return !src.After(h.last)
+	default:
+		return h.idx[src.Idx]
+	}
+}
+
+// onSubject reads what the out stream holds of commit seq's messages on
+// subject, n of which the commit has. When the subject's last message is
+// the commit's and the commit has others on it, the messages before it on
+// the subject are read forward from a point before the commit's first
+// (found by widening steps back from the last), through the stream
+// leader: each one is looked for, not inferred.
+func (e *Engine) onSubject(ctx context.Context, subject string, seq uint64, n int) (held, error) {
+	last, at, err := e.lastOn(ctx, subject)
+	if err != nil || last.Seq != seq || n == 1 {
+		return held{last: last}, err
+	}
+	h := held{last: last, idx: map[int]bool{last.Idx: true}}
+	// Find a message on the subject that is older than the commit's (or
+	// the subject's first), stepping back 64 sequences, then 256, ...
+	var from uint64
+	for width := uint64(64); ; width *= 4 {
+		src, s, err := e.nextOn(ctx, subject, at-min(width, at-1))
+		if err != nil {
+			return held{}, err
+		}
+		if src.Seq < seq || width >= at-1 {
+			from = s
+			break
+		}
+	}
+	for {
+		src, s, err := e.nextOn(ctx, subject, from)
+		if err != nil {
+			return held{}, err
+		}
+		if s >= at {
+			return h, nil
+		}
+		if src.Seq == seq {
+			h.idx[src.Idx] = true
+		}
+		from = s + 1
+	}
 }
 
 // lastOn returns the source of the last message on an out subject (zero
-// when there is none).
-func (e *Engine) lastOn(ctx context.Context, subject string) (aggregate.Stamp, error) {
+// when there is none) and its stream sequence.
+func (e *Engine) lastOn(ctx context.Context, subject string) (aggregate.Stamp, uint64, error) {
 	last, err := e.outStream.GetLastMsgForSubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return aggregate.Stamp{}, nil
+		return aggregate.Stamp{}, 0, nil
 	}
 	if err != nil {
-		return aggregate.Stamp{}, err
+		return aggregate.Stamp{}, 0, err
 	}
-	h := last.Header.Get(protocol.HeaderSource)
+	src, err := sourceOf(subject, last)
+	return src, last.Sequence, err
+}
+
+// nextOn returns the source and stream sequence of the first message on
+// an out subject at or after stream sequence from. The caller knows one
+// is there.
+func (e *Engine) nextOn(ctx context.Context, subject string, from uint64) (aggregate.Stamp, uint64, error) {
+	m, err := e.outStream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(subject))
+	if err != nil {
+		return aggregate.Stamp{}, 0, err
+	}
+	src, err := sourceOf(subject, m)
+	return src, m.Sequence, err
+}
+
+func sourceOf(subject string, m *jetstream.RawStreamMsg) (aggregate.Stamp, error) {
+	h := m.Header.Get(protocol.HeaderSource)
 	src, err := parseStamp(h)
 	if err != nil || h == "" {
-		return aggregate.Stamp{}, fmt.Errorf("out subject %s: last message has no valid %s header", subject, protocol.HeaderSource)
+		return aggregate.Stamp{}, fmt.Errorf("out subject %s: message %d has no valid %s header", subject, m.Sequence, protocol.HeaderSource)
 	}
 	return src, nil
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -192,13 +193,13 @@ func refuseOuts(t *testing.T, ctx context.Context, e *Engine, refuse bool) {
 	}
 }
 
-// TestTwoOutMessagesOnOneSubjectGoInTurn: a commit's second message on a
-// subject is sent once the first is in. Here the first is refused (over
-// the stream's maximum size) and the second would be stored: it is not
-// sent, so the projection made again sends both, the first first. (Sent
-// at once, the second was stored, and the projection made again took the
-// first for published: the subject's last message was after it.)
-func TestTwoOutMessagesOnOneSubjectGoInTurn(t *testing.T) {
+// TestTwoOutMessagesOnOneSubjectBothCount: a commit's two messages on a
+// subject are sent at once. Here the first is refused (over the stream's
+// maximum size) and the second is stored: the refusal is reported, and
+// the projection made again sends the first, and not the second again
+// (the subject's last message is the commit's second: the messages
+// before it are each looked for).
+func TestTwoOutMessagesOnOneSubjectBothCount(t *testing.T) {
 	e, _, ctx := projectionShard(t)
 	const run = "two-on-one"
 	reason := func(n int) string { return strings.Repeat("x", n) }
@@ -248,8 +249,87 @@ func TestTwoOutMessagesOnOneSubjectGoInTurn(t *testing.T) {
 		}
 		got = append(got, r.BatchID)
 	}
-	if want := []string{run + "/1", run + "/2"}; !slices.Equal(got, want) {
+	if want := []string{run + "/2", run + "/1"}; !slices.Equal(got, want) {
 		t.Fatalf("out messages %v, want %v", got, want)
+	}
+}
+
+// TestEachOfACommitsMessagesIsLookedFor: projected again with nothing
+// known, a commit whose messages on a subject were sent at once and
+// stored with one missing (the stream holds its first and third, far
+// apart among another run's messages, after an older commit's) sends the
+// missing one only; a subject whose last message is a later commit's, or
+// the commit's first, is read from that message alone.
+func TestEachOfACommitsMessagesIsLookedFor(t *testing.T) {
+	e, _, ctx := projectionShard(t)
+	const run, other = "looked-for", "filler"
+	subject := e.names.Out(run, "rejected")
+	put := func(subject string, src aggregate.Stamp) {
+		t.Helper()
+		m := nats.NewMsg(subject)
+		m.Data = []byte("x")
+		m.Header.Set(protocol.HeaderSource, formatStamp(src))
+		if _, err := e.js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill := func(n int) {
+		for i := range n {
+			put(e.names.Out(other, "rejected"), aggregate.Stamp{Seq: uint64(i + 1)})
+		}
+	}
+	fill(3)
+	put(subject, aggregate.Stamp{Seq: 5, Idx: 0}) // an older commit's
+	fill(150)
+	put(subject, aggregate.Stamp{Seq: 7, Idx: 0})
+	fill(300) // more than the first step back
+	put(subject, aggregate.Stamp{Seq: 7, Idx: 2})
+
+	outs := make([]projector.Output, 3)
+	for i := range outs {
+		outs[i] = projector.Output{Kind: "rejected", Rejected: &protocol.RejectedOut{BatchID: fmt.Sprintf("%s/%d", run, i), Code: events.CodeUndecodable, Reason: "r"}}
+	}
+	sent := func(seq uint64, outs []projector.Output) []string {
+		t.Helper()
+		var cur outCursor // nothing known: read from the stream
+		futures, err := e.publishOuts(ctx, &cur, run, seq, outs)
+		if err == nil {
+			err = e.outPub.waitAcks(ctx, futures)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, f := range futures {
+			got = append(got, f.subject)
+		}
+		return got
+	}
+	before := outCount(t, ctx, e, run)
+	if got := sent(7, outs); len(got) != 1 {
+		t.Fatalf("sent %d messages, want 1 (the missing one)", len(got))
+	}
+	last, err := e.outStream.GetLastMsgForSubject(ctx, subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src := last.Header.Get(protocol.HeaderSource); src != formatStamp(aggregate.Stamp{Seq: 7, Idx: 1}) || outCount(t, ctx, e, run) != before+1 {
+		t.Fatalf("after the projection: last message %s, %d messages (want 7/1, %d)", src, outCount(t, ctx, e, run), before+1)
+	}
+	// Every one of them is there now: a projection made again sends
+	// nothing, read from the subject's last message (now the commit's
+	// second) and the ones before it.
+	if got := sent(7, outs); len(got) != 0 {
+		t.Fatalf("sent %v again", got)
+	}
+	// The older commit's message is followed by later ones: sent before.
+	if got := sent(5, outs[:1]); len(got) != 0 {
+		t.Fatalf("sent %v of an older commit again", got)
+	}
+	// A commit whose first message only is stored sends the rest.
+	put(subject, aggregate.Stamp{Seq: 9, Idx: 0})
+	if got := sent(9, outs); len(got) != 2 {
+		t.Fatalf("sent %d messages of a commit whose first is stored, want 2", len(got))
 	}
 }
 
