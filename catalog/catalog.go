@@ -10,7 +10,6 @@ import (
 	"io"
 	"net/url"
 	"path"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -22,10 +21,6 @@ import (
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/internal/located"
 )
-
-// idPattern is the rule for tool ids (the one model providers use for tool
-// names), builtin names and pool names.
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // Catalog is a parsed, validated catalog: the operator's trusted tool
 // descriptors and gate rules, pinned by its snapshot id. It is immutable and
@@ -407,7 +402,7 @@ func (k *checker) tool(i int, tc ToolConfig) Tool {
 	switch {
 	case tc.ID == "":
 		k.addf(where, at("id"), "id is required")
-	case !idPattern.MatchString(tc.ID):
+	case !events.ValidToolID(tc.ID):
 		k.addf(where, at("id"), "id %q does not match ^[A-Za-z0-9_-]{1,64}$", tc.ID)
 	}
 
@@ -436,7 +431,7 @@ func (k *checker) tool(i int, tc ToolConfig) Tool {
 			k.addf(where, at("builtin"), "builtin is only for target brain (target is %s)", t.Target)
 		case kindOK && t.Kind != events.KindTool:
 			k.addf(where, at("builtin"), "builtin is only for kind tool (kind is %s)", t.Kind)
-		case !idPattern.MatchString(tc.Builtin):
+		case !events.ValidToolID(tc.Builtin):
 			k.addf(where, at("builtin"), "builtin %q does not match ^[A-Za-z0-9_-]{1,64}$", tc.Builtin)
 		}
 	}
@@ -446,7 +441,7 @@ func (k *checker) tool(i int, tc ToolConfig) Tool {
 		if t.Pool == "" {
 			t.Pool = DefaultPool
 		}
-		if !idPattern.MatchString(t.Pool) {
+		if !events.ValidToolID(t.Pool) {
 			k.addf(where, at("pool"), "pool %q does not match ^[A-Za-z0-9_-]{1,64}$", tc.Pool)
 		}
 		t.DispatchDeadline = time.Duration(tc.DispatchDeadline)

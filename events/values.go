@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"regexp"
 	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -18,20 +17,34 @@ func BatchID(runID string, step int64) string { return fmt.Sprintf("%s/%d", runI
 // executor of the call receives, identical on every attempt.
 func OperationID(batchID, callID string) string { return batchID + "/" + callID }
 
-var (
-	idPattern     = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-	callIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
-)
+// ValidRunID reports whether id is a valid run_id (also the rule for
+// tool_id): 1 to 64 of A-Z, a-z, 0-9, _ and -.
+func ValidRunID(id string) bool { return validID(id, 64) }
 
-// ValidRunID reports whether id is a valid run_id (also the rule for tool_id).
-func ValidRunID(id string) bool { return idPattern.MatchString(id) }
-
-// ValidToolID reports whether id is a valid tool_id.
-func ValidToolID(id string) bool { return idPattern.MatchString(id) }
+// ValidToolID reports whether id is a valid tool_id (also the rule for a
+// catalog's builtin and pool names and a sandbox worker's tool, pool and
+// MCP server ids).
+func ValidToolID(id string) bool { return validID(id, 64) }
 
 // ValidCallID reports whether id is a valid call_id (also the rule for
-// thread_id, correlation_id and worker_id).
-func ValidCallID(id string) bool { return callIDPattern.MatchString(id) }
+// thread_id, correlation_id and worker_id): 1 to 128 of the same.
+func ValidCallID(id string) bool { return validID(id, 128) }
+
+// validID reports whether id is 1 to limit characters of A-Z, a-z, 0-9, _
+// and - (checked for every message: a loop, not a regexp).
+func validID(id string, limit int) bool {
+	if len(id) == 0 || len(id) > limit {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		switch c := id[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 // decodeGeneric decodes a body into a generic value.
 func decodeGeneric(body []byte, isJSON bool) (v any, err error) {

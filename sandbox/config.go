@@ -219,10 +219,7 @@ func (e *ConfigError) Error() string { return located.Format(e.Path, e.Line, e.W
 // Unwrap returns ErrInvalidConfig.
 func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
 
-var (
-	idPattern  = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-	envPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-)
+var envPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // reservedEnv are the variables the sandbox sets itself.
 var reservedEnv = []string{"PATH", "HOME", "LANG", EnvTraceParent}
@@ -426,7 +423,7 @@ func (c Config) problems() []*ConfigError {
 	seenPool := map[string]int{}
 	for i, p := range c.Pools {
 		field := fmt.Sprintf("pools[%d]", i)
-		if !idPattern.MatchString(p) {
+		if !events.ValidToolID(p) {
 			add("pools", field, "pool %q does not match ^[A-Za-z0-9_-]{1,64}$", p)
 		} else if j, dup := seenPool[p]; dup {
 			add("pools", field, "pool %q is already listed at pools[%d]", p, j)
@@ -466,7 +463,7 @@ func (c Config) problems() []*ConfigError {
 			addf("id", "id is required (or mcp.server, to derive it as <server>_<tool>)")
 		case t.ID == "":
 			addf("id", "id is required")
-		case !idPattern.MatchString(t.ID):
+		case !events.ValidToolID(t.ID):
 			addf("id", "id %q does not match ^[A-Za-z0-9_-]{1,64}$", t.ID)
 		default:
 			if j, dup := seenTool[t.ID]; dup {
@@ -517,7 +514,7 @@ func (c Config) problems() []*ConfigError {
 			if m.Tool == "" {
 				addf("mcp.tool", "mcp.tool, the name of the server's tool, is required")
 			}
-			if m.Server != "" && !idPattern.MatchString(m.Server) {
+			if m.Server != "" && !events.ValidToolID(m.Server) {
 				addf("mcp.server", "mcp.server %q does not match ^[A-Za-z0-9_-]{1,64}$", m.Server)
 			}
 			switch {
