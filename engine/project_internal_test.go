@@ -258,8 +258,9 @@ func TestTwoOutMessagesOnOneSubjectBothCount(t *testing.T) {
 // known, a commit whose messages on a subject were sent at once and
 // stored with one missing (the stream holds its first and third, far
 // apart among another run's messages, after an older commit's) sends the
-// missing one only; a subject whose last message is a later commit's, or
-// the commit's first, is read from that message alone.
+// missing one only, and nothing once all are there; an older commit sends
+// nothing (a later commit's message is there); a commit whose first
+// message only is stored sends the other two.
 func TestEachOfACommitsMessagesIsLookedFor(t *testing.T) {
 	e, _, ctx := projectionShard(t)
 	const run, other = "looked-for", "filler"
