@@ -458,42 +458,64 @@ func (h held) has(src aggregate.Stamp) bool {
 
 // onSubject reads what the out stream holds of commit seq's messages on
 // subject, n of which the commit has. When the subject's last message is
-// the commit's and the commit has others on it, the messages before it on
-// the subject are read forward from a point before the commit's first
-// (found by widening steps back from the last), through the stream
-// leader: each one is looked for, not inferred.
+// the commit's and the commit has others on it, each of them is looked
+// for, through the stream leader, not inferred: the reads start after the
+// run's last older message on the subject, found by probes (the first
+// message on the subject at or after a sequence), stepping back from the
+// last message by 64 sequences, then 256, ..., until a probe finds an
+// older message, and then halving the interval between that probe and
+// the one before it. A probe finds the commit's message exactly when it
+// starts after that older message, so the reads are a few dozen at most
+// however much the run published before, and the commit's own messages.
 func (e *Engine) onSubject(ctx context.Context, subject string, seq uint64, n int) (held, error) {
 	last, at, err := e.lastOn(ctx, subject)
 	if err != nil || last.Seq != seq || n == 1 {
 		return held{last: last}, err
 	}
 	h := held{last: last, idx: map[int]bool{last.Idx: true}}
-	// Find a message on the subject that is older than the commit's (or
-	// the subject's first), stepping back 64 sequences, then 256, ...
-	var from uint64
-	for width := uint64(64); ; width *= 4 {
-		src, s, err := e.nextOn(ctx, subject, at-min(width, at-1))
+	older := func(from uint64) (bool, error) {
+		src, _, err := e.nextOn(ctx, subject, from)
+		return src.Seq < seq, err
+	}
+	hi, lo := at, uint64(0) // a probe at hi finds the commit's message, at lo (when not 0) an older one
+	for width := uint64(64); lo == 0 && hi > 1; width = min(width*4, at) {
+		x := at - min(width, at-1)
+		o, err := older(x)
 		if err != nil {
 			return held{}, err
 		}
-		if src.Seq < seq || width >= at-1 {
-			from = s
-			break
+		if o {
+			lo = x
+		} else {
+			hi = x
 		}
 	}
-	for {
+	for lo != 0 && hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		o, err := older(mid)
+		if err != nil {
+			return held{}, err
+		}
+		if o {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	for from := hi; len(h.idx) < n; {
 		src, s, err := e.nextOn(ctx, subject, from)
 		if err != nil {
 			return held{}, err
 		}
 		if s >= at {
-			return h, nil
+			break
 		}
 		if src.Seq == seq {
 			h.idx[src.Idx] = true
 		}
 		from = s + 1
 	}
+	return h, nil
 }
 
 // lastOn returns the source of the last message on an out subject (zero

@@ -334,6 +334,81 @@ func TestEachOfACommitsMessagesIsLookedFor(t *testing.T) {
 	}
 }
 
+// TestLookingForACommitsMessagesReadsLittle: a run that published a
+// thousand messages on a subject long before the commit projected again
+// costs a few dozen reads, not one per message: the reads start after
+// its last older message, found by probing.
+func TestLookingForACommitsMessagesReadsLittle(t *testing.T) {
+	e, _, ctx := projectionShard(t)
+	const run = "busy-then-quiet"
+	subject := e.names.Out(run, "rejected")
+	var pubs []jetstream.PubAckFuture
+	put := func(subject string, src aggregate.Stamp) {
+		m := nats.NewMsg(subject)
+		m.Data = []byte("x")
+		m.Header.Set(protocol.HeaderSource, formatStamp(src))
+		f, err := e.js.PublishMsgAsync(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pubs = append(pubs, f)
+	}
+	for i := range 1000 { // the run's busy past
+		put(subject, aggregate.Stamp{Seq: uint64(i + 1)})
+	}
+	for i := range 1500 { // other runs, while this one waited
+		put(e.names.Out("other", "rejected"), aggregate.Stamp{Seq: uint64(i + 1)})
+	}
+	put(subject, aggregate.Stamp{Seq: 5000, Idx: 0})
+	put(subject, aggregate.Stamp{Seq: 5000, Idx: 2}) // its second lost
+	for _, f := range pubs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatal(err)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		}
+	}
+	counted := &countingStream{Stream: e.outStream}
+	e.outStream = counted
+	outs := make([]projector.Output, 3)
+	for i := range outs {
+		outs[i] = projector.Output{Kind: "rejected", Rejected: &protocol.RejectedOut{BatchID: fmt.Sprintf("%s/%d", run, i), Code: events.CodeUndecodable, Reason: "r"}}
+	}
+	var cur outCursor
+	futures, err := e.publishOuts(ctx, &cur, run, 5000, outs)
+	if err == nil {
+		err = e.outPub.waitAcks(ctx, futures)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(futures) != 1 {
+		t.Fatalf("sent %d messages, want 1 (the lost one)", len(futures))
+	}
+	if counted.gets > 40 {
+		t.Fatalf("%d reads of the out stream to find a commit's 2 messages", counted.gets)
+	}
+	t.Logf("%d reads", counted.gets)
+}
+
+// countingStream counts the messages read from a stream one by one.
+type countingStream struct {
+	jetstream.Stream
+	gets int
+}
+
+func (c *countingStream) GetMsg(ctx context.Context, seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error) {
+	c.gets++
+	return c.Stream.GetMsg(ctx, seq, opts...)
+}
+
+func (c *countingStream) GetLastMsgForSubject(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
+	c.gets++
+	return c.Stream.GetLastMsgForSubject(ctx, subject)
+}
+
 // TestShutdownAcknowledgesWhatASettledRunHolds: a run whose last commit's
 // out messages are still in flight when the engine stops holds the inbox
 // message that led to it (an approval, say). The shutdown waits for those
