@@ -473,34 +473,26 @@ func (e *Engine) onSubject(ctx context.Context, subject string, seq uint64, n in
 		return held{last: last}, err
 	}
 	h := held{last: last, idx: map[int]bool{last.Idx: true}}
-	older := func(from uint64) (bool, error) {
-		src, _, err := e.nextOn(ctx, subject, from)
-		return src.Seq < seq, err
-	}
 	hi, lo := at, uint64(0) // a probe at hi finds the commit's message, at lo (when not 0) an older one
-	for width := uint64(64); lo == 0 && hi > 1; width = min(width*4, at) {
-		x := at - min(width, at-1)
-		o, err := older(x)
-		if err != nil {
-			return held{}, err
-		}
-		if o {
+	probe := func(x uint64) error {
+		src, _, err := e.nextOn(ctx, subject, x)
+		switch {
+		case err != nil:
+		case src.Seq < seq:
 			lo = x
-		} else {
+		default:
 			hi = x
 		}
+		return err
 	}
-	for lo != 0 && hi-lo > 1 {
-		mid := lo + (hi-lo)/2
-		o, err := older(mid)
-		if err != nil {
-			return held{}, err
-		}
-		if o {
-			lo = mid
-		} else {
-			hi = mid
-		}
+	for width := uint64(64); lo == 0 && hi > 1 && err == nil; width = min(width*4, at) {
+		err = probe(at - min(width, at-1))
+	}
+	for lo != 0 && hi-lo > 1 && err == nil {
+		err = probe(lo + (hi-lo)/2)
+	}
+	if err != nil {
+		return held{}, err
 	}
 	for from := hi; len(h.idx) < n; {
 		src, s, err := e.nextOn(ctx, subject, from)
