@@ -265,15 +265,7 @@ func TestEachOfACommitsMessagesIsLookedFor(t *testing.T) {
 	e, _, ctx := projectionShard(t)
 	const run, other = "looked-for", "filler"
 	subject := e.names.Out(run, "rejected")
-	put := func(subject string, src aggregate.Stamp) {
-		t.Helper()
-		m := nats.NewMsg(subject)
-		m.Data = []byte("x")
-		m.Header.Set(protocol.HeaderSource, formatStamp(src))
-		if _, err := e.js.PublishMsg(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
+	put := func(subject string, src aggregate.Stamp) { putStamped(t, ctx, e, subject, src) }
 	fill := func(n int) {
 		for i := range n {
 			put(e.names.Out(other, "rejected"), aggregate.Stamp{Seq: uint64(i + 1)})
@@ -342,17 +334,7 @@ func TestLookingForACommitsMessagesReadsLittle(t *testing.T) {
 	e, _, ctx := projectionShard(t)
 	const run = "busy-then-quiet"
 	subject := e.names.Out(run, "rejected")
-	var pubs []jetstream.PubAckFuture
-	put := func(subject string, src aggregate.Stamp) {
-		m := nats.NewMsg(subject)
-		m.Data = []byte("x")
-		m.Header.Set(protocol.HeaderSource, formatStamp(src))
-		f, err := e.js.PublishMsgAsync(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pubs = append(pubs, f)
-	}
+	put := func(subject string, src aggregate.Stamp) { putStamped(t, ctx, e, subject, src) }
 	for i := range 1000 { // the run's busy past
 		put(subject, aggregate.Stamp{Seq: uint64(i + 1)})
 	}
@@ -361,15 +343,6 @@ func TestLookingForACommitsMessagesReadsLittle(t *testing.T) {
 	}
 	put(subject, aggregate.Stamp{Seq: 5000, Idx: 0})
 	put(subject, aggregate.Stamp{Seq: 5000, Idx: 2}) // its second lost
-	for _, f := range pubs {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			t.Fatal(err)
-		case <-ctx.Done():
-			t.Fatal(ctx.Err())
-		}
-	}
 	counted := &countingStream{Stream: e.outStream}
 	e.outStream = counted
 	outs := make([]projector.Output, 3)
@@ -391,6 +364,18 @@ func TestLookingForACommitsMessagesReadsLittle(t *testing.T) {
 		t.Fatalf("%d reads of the out stream to find a commit's 2 messages", counted.gets)
 	}
 	t.Logf("%d reads", counted.gets)
+}
+
+// putStamped stores a message on an out subject as a projection would
+// have, with src as its source.
+func putStamped(t *testing.T, ctx context.Context, e *Engine, subject string, src aggregate.Stamp) {
+	t.Helper()
+	m := nats.NewMsg(subject)
+	m.Data = []byte("x")
+	m.Header.Set(protocol.HeaderSource, formatStamp(src))
+	if _, err := e.js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // countingStream counts the messages read from a stream one by one.
