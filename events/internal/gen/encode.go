@@ -46,7 +46,9 @@ var presentWhen = map[string]string{
 	"RawJSON":    "len(%s) != 0",
 }
 
-// encoder writes fastencode_gen.go.
+// encoder writes fastencode_gen.go. Its writes are named and queued as
+// the decoder's reads (methods): readValue writes a struct given a pointer
+// to it, readPointer a pointer that may be nil, readList a slice.
 type encoder struct {
 	src *source
 	buf bytes.Buffer
@@ -88,10 +90,6 @@ func generateEncoder(src *source) ([]byte, error) {
 }
 
 func (g *encoder) printf(format string, args ...any) { fmt.Fprintf(&g.buf, format, args...) }
-
-// The writes are named as the reads (methods): readValue writes a struct
-// given a pointer to it, readPointer a pointer that may be nil, readList
-// a slice.
 
 // encField is a field the library writes: its key, its Go name and type,
 // and whether it is left out when empty.
