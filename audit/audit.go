@@ -67,6 +67,10 @@ const (
 	headerEvent  = protocol.HeaderEvent
 	headerPrev   = protocol.HeaderPrev
 	headerSource = protocol.HeaderSource
+	// throttledSource is the source engines before protocol.OutThrottled
+	// gave the throttle refusals they published on a run's rejected
+	// subject.
+	throttledSource = "0/0"
 )
 
 // Auditor folds a stream and collects violations.
@@ -398,10 +402,16 @@ func (a *Auditor) compareOut() {
 		if !ok {
 			continue
 		}
-		if kind == protocol.OutRefused {
-			continue // refusals of resumes and controls change nothing and are not in the log
-		}
 		src := first(r.Headers[headerSource])
+		switch {
+		case kind == protocol.OutRefused:
+			continue // refusals of resumes and controls change nothing and are not in the log
+		case kind == protocol.OutThrottled, kind == protocol.OutRejected && src == throttledSource:
+			// Refusals of a client over its limits are not in the log
+			// either; engines before the throttled subject published them
+			// on rejected with the source 0/0.
+			continue
+		}
 		v := Violation{Run: runID, Seq: sourceSeq(src), Invariant: InvProjection}
 		ra := a.runs[runID]
 		if ra == nil {

@@ -118,6 +118,36 @@ func TestGoodStreamHasNoViolations(t *testing.T) {
 	}
 }
 
+// TestRefusalsOutsideTheLogAreSkipped: the intake's refusals are not
+// derived from commits (a throttled submission, a refused resume, also of
+// a run with no events), nor is a throttle refusal an engine before the
+// throttled subject published on rejected with the source 0/0; the audit
+// of a good stream with them finds nothing.
+func TestRefusalsOutsideTheLogAreSkipped(t *testing.T) {
+	s := build(t)
+	s.records()
+	throttled, err := events.Marshal(protocol.RejectedOut{BatchID: "r1/2", Code: events.CodeThrottled, Reason: "over its limits"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused, err := events.Marshal(protocol.RefusedOut{CorrelationID: "x", Code: events.CodeNotAwaiting, Reason: "no ticket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []audit.Record{
+		{Subject: "toolbatch.out.r1.throttled", Data: throttled},
+		{Subject: "toolbatch.out.r9.throttled", Data: throttled},
+		{Subject: "toolbatch.out.r1.rejected", Data: throttled, Headers: map[string][]string{"Toolbatch-Source": {"0/0"}}},
+		{Subject: "toolbatch.out.r9.refused", Data: refused},
+	} {
+		r.Seq = uint64(len(s.out) + 1)
+		s.out = append(s.out, r)
+	}
+	if got := s.audit(); got != "" {
+		t.Fatalf("violations in a good stream with the intake's refusals:\n%s", got)
+	}
+}
+
 func TestCorruptedStreams(t *testing.T) {
 	cases := []struct {
 		name    string

@@ -486,7 +486,7 @@ func (w *runWatch) awaitResults(ctx context.Context, batchID string, calls int) 
 				}
 			}
 			return nil
-		case client.KindRejected:
+		case client.KindRejected, client.KindThrottled:
 			var rej protocol.RejectedOut
 			_ = events.Unmarshal(m.Data(), &rej)
 			return fmt.Errorf("batch %s rejected: %s: %s", batchID, rej.Code, rej.Reason)

@@ -40,6 +40,7 @@ const (
 	KindRejected    = protocol.OutRejected    // protocol.RejectedOut: a submission refused
 	KindRefused     = protocol.OutRefused     // protocol.RefusedOut: a resume or control refused
 	KindEnded       = protocol.OutEnded       // protocol.EndedOut
+	KindThrottled   = protocol.OutThrottled   // protocol.RejectedOut: a submission refused by its client's limits (code throttled)
 )
 
 // Errors of the client. Domain refusals found before publishing are
@@ -156,8 +157,8 @@ func (c *Client) Limits() events.Limits { return c.limits }
 // the stream (and is not an error), a corrected one is not.
 //
 // A nil error means the engine will read the batch, not that it accepted
-// it: acceptance shows as dispositions and results, refusal on .rejected
-// (see WaitResults).
+// it: acceptance shows as dispositions and results, refusal on .rejected,
+// or on .throttled when its client is over its limits (see WaitResults).
 func (c *Client) Submit(ctx context.Context, s *protocol.Submit) error {
 	_, err := c.submit(ctx, s, "")
 	return err

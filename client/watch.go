@@ -14,7 +14,7 @@ import (
 )
 
 // Message is one out message of a run, decoded. Exactly one payload is
-// set: the one of its Kind.
+// set: the one of its Kind (Rejected for KindRejected and KindThrottled).
 type Message struct {
 	Kind    string // KindDisposition, KindResults, ...
 	Subject string // <prefix>.out.<run_id>.<kind>
@@ -182,7 +182,7 @@ func (w *Watch) decode(m jetstream.Msg) (Message, error) {
 	case KindAwaiting:
 		msg.Awaiting = new(protocol.AwaitingOut)
 		target = msg.Awaiting
-	case KindRejected:
+	case KindRejected, KindThrottled:
 		msg.Rejected = new(protocol.RejectedOut)
 		target = msg.Rejected
 	case KindRefused:
@@ -220,12 +220,12 @@ func (w *Watch) decode(m jetstream.Msg) (Message, error) {
 }
 
 // WaitResults watches the run until the results of batchID and returns
-// them. It reads the run's results, rejected and ended messages from the
-// first one the stream holds:
+// them. It reads the run's results, rejected, throttled and ended messages
+// from the first one the stream holds:
 //
 //   - results of batchID: returned, wherever they are in the stream;
-//   - rejected with batchID: an error wrapping ErrRejected and the
-//     *events.Refusal (Code, Reason);
+//   - rejected or throttled with batchID: an error wrapping ErrRejected and
+//     the *events.Refusal (Code, Reason);
 //   - ended: an *EndedError (wrapping ErrRunEnded).
 //
 // Because a rejected batch does not use up its step, a step can be rejected
@@ -275,14 +275,14 @@ func (c *Client) Answer(ctx context.Context, sent Sent) (*protocol.ResultsOut, e
 		func(r *protocol.RejectedOut) bool { return r.Submission.Names(msgID, sent.InboxSeq) }, false)
 }
 
-// await reads the run's results, rejected and ended messages from the
-// first one the stream holds until results match; a matching rejection
-// (or, with ended, the run's end) is the answer once the watch has caught
-// up.
+// await reads the run's results, rejected, throttled and ended messages
+// from the first one the stream holds until results match; a matching
+// rejection (or, with ended, the run's end) is the answer once the watch
+// has caught up.
 func (c *Client) await(ctx context.Context, runID, batchID string,
 	results func(*protocol.ResultsOut) bool, rejected func(*protocol.RejectedOut) bool, ended bool) (*protocol.ResultsOut, error) {
 	w, err := c.watch(ctx, runID,
-		c.outSubject(runID, KindResults), c.outSubject(runID, KindRejected), c.outSubject(runID, KindEnded))
+		c.outSubject(runID, KindResults), c.outSubject(runID, KindRejected), c.outSubject(runID, KindThrottled), c.outSubject(runID, KindEnded))
 	if err != nil {
 		return nil, err
 	}

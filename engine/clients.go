@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/toolbatch/toolbatch/aggregate"
 	"github.com/toolbatch/toolbatch/events"
 	"github.com/toolbatch/toolbatch/protocol"
 )
@@ -22,7 +21,7 @@ import (
 // prefix (up to its first '-' or '_'). Each client may have ClientMaxRuns
 // runs in flight and submit at ClientSubmitRate per second (bursts of
 // ClientSubmitBurst). A submission over either is refused before any run
-// work, with code throttled on the run's rejected subject, and nothing is
+// work, with code throttled on the run's throttled subject, and nothing is
 // recorded: a flood costs one check and one out message each.
 //
 // A run is in flight for its client while this engine works on it: from
@@ -159,7 +158,7 @@ func (l *clientLimits) committed(runID, client string, evs []events.Event) {
 }
 
 // throttle refuses a submission over its client's limits: it publishes the
-// refusal on the run's rejected subject, naming the batch when the body
+// refusal on the run's throttled subject, naming the batch when the body
 // says its step, and terminates the message. It reports whether it did.
 func (e *Engine) throttle(m jetstream.Msg, runID, attributed string) bool {
 	if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
@@ -188,11 +187,10 @@ func (e *Engine) throttle(m jetstream.Msg, runID, attributed string) bool {
 		out.BatchID = events.BatchID(runID, *head.Step)
 	}
 	if body, merr := events.Marshal(out); merr == nil {
-		msg := nats.NewMsg(e.names.Out(runID, protocol.OutRejected))
+		// Not derived from a commit: no Toolbatch-Source, and a subject the
+		// projection does not publish on (protocol.OutThrottled).
+		msg := nats.NewMsg(e.names.Out(runID, protocol.OutThrottled))
 		msg.Data = body
-		// Not derived from a commit: the source 0/0, before every commit's,
-		// so that the projection's later messages on the subject follow it.
-		msg.Header.Set(protocol.HeaderSource, formatStamp(aggregate.Stamp{}))
 		// A core publish, which the out stream stores like any other: a
 		// JetStream publish would wait for its acknowledgement (or, async,
 		// stall once too many are pending), and a flood must not hold the

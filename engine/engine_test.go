@@ -1346,18 +1346,19 @@ func TestFloodIsThrottled(t *testing.T) {
 		t.Fatalf("a client behind the flood: %v", err)
 	}
 	// The flood: its burst recorded, the rest refused, each on its run's
-	// rejected subject (as throttled) and without an event.
+	// throttled subject (none on the projection's rejected subject) and
+	// without an event.
 	out, err := js.Stream(ctx, "TOOLBATCH_OUT")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var accepted, refused int
+	var accepted, refused, rejected int
 	testwait.Until(t, ctx, "every flood submission answered", func() bool {
 		info, err := out.Info(ctx, jetstream.WithSubjectFilter("toolbatch.out.*.*"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		accepted, refused = 0, 0
+		accepted, refused, rejected = 0, 0, 0
 		for subj := range info.State.Subjects {
 			if !strings.HasPrefix(subj, "toolbatch.out.flood-") {
 				continue
@@ -1365,12 +1366,17 @@ func TestFloodIsThrottled(t *testing.T) {
 			switch {
 			case strings.HasSuffix(subj, ".results"):
 				accepted++
-			case strings.HasSuffix(subj, ".rejected"):
+			case strings.HasSuffix(subj, ".throttled"):
 				refused++
+			case strings.HasSuffix(subj, ".rejected"):
+				rejected++
 			}
 		}
-		return accepted+refused == flood
+		return accepted+refused+rejected >= flood
 	})
+	if rejected != 0 {
+		t.Fatalf("%d flood runs have rejected messages, want none: throttle refusals have a subject of their own", rejected)
+	}
 	ev, err := js.Stream(ctx, "TOOLBATCH_EVENTS")
 	if err != nil {
 		t.Fatal(err)
@@ -1388,13 +1394,16 @@ func TestFloodIsThrottled(t *testing.T) {
 	if recorded != burst {
 		t.Fatalf("%d flood runs have events, want the burst's %d", recorded, burst)
 	}
-	m, err := out.GetLastMsgForSubject(ctx, "toolbatch.out.flood-999.rejected")
+	m, err := out.GetLastMsgForSubject(ctx, "toolbatch.out.flood-999.throttled")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var rej protocol.RejectedOut
 	if err := events.Unmarshal(m.Data, &rej); err != nil || rej.Code != events.CodeThrottled || rej.BatchID != "flood-999/1" {
 		t.Fatalf("the last flood submission's rejection: %+v %v", rej, err)
+	}
+	if src := m.Header.Get(protocol.HeaderSource); src != "" {
+		t.Fatalf("a throttle refusal carries %s %q: it is derived from no commit", protocol.HeaderSource, src)
 	}
 	if accepted != burst || refused != flood-burst {
 		t.Fatalf("%d accepted and %d throttled, want %d and %d", accepted, refused, burst, flood-burst)

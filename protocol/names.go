@@ -119,6 +119,12 @@ const (
 	OutRejected    = "rejected"
 	OutRefused     = "refused"
 	OutEnded       = "ended"
+	// OutThrottled carries a submission refused by its client's limits
+	// before any work on its run (a RejectedOut, code throttled). It is
+	// not derived from a commit, so it has a subject of its own: the
+	// projection's subjects hold only what commits derive, and what the
+	// last message on one of them says is what the projection published.
+	OutThrottled = "throttled"
 )
 
 // Names derives stream names and subjects from the subject prefix.

@@ -76,7 +76,8 @@ export interface AwaitingOut {
 }
 
 export interface OutMessage {
-  kind: "disposition" | "results" | "awaiting" | "rejected" | "refused" | "ended";
+  /** throttled: a submission refused by its client's limits (the body is a rejected one, code throttled). */
+  kind: "disposition" | "results" | "awaiting" | "rejected" | "refused" | "ended" | "throttled";
   subject: string;
   seq: number;
   /** Messages of the watch still in the stream after this one: 0 means caught up. */

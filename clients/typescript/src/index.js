@@ -23,7 +23,7 @@ export const DEFAULT_LIMITS = Object.freeze({
 const RUN_ID = /^[A-Za-z0-9_-]{1,64}$/;
 const CALL_ID = /^[A-Za-z0-9_-]{1,128}$/;
 const FORBIDDEN = ["target", "kind", "pool", "recovery", "capability"];
-const OUT_KINDS = ["disposition", "results", "awaiting", "rejected", "refused", "ended"];
+const OUT_KINDS = ["disposition", "results", "awaiting", "rejected", "refused", "ended", "throttled"];
 
 /** A refusal by the engine (or by this client's checks, before publishing). */
 export class Refusal extends Error {
@@ -201,9 +201,10 @@ export class Client {
       ? m.submission.inbox_seq !== undefined && BigInt(m.submission.inbox_seq) === BigInt(sent.inboxSeq)
       : m.submission.msg_id === sent.msgID);
     let verdict;
-    for await (const m of this.watch(sent.runId, { ...opts, kinds: ["results", "rejected"] })) {
+    for await (const m of this.watch(sent.runId, { ...opts, kinds: ["results", "rejected", "throttled"] })) {
       if (m.kind === "results" && names(m.body)) return m.body;
-      if (m.kind === "rejected" && names(m.body)) {
+      // throttled: refused by the client's limits before any work on the run
+      if ((m.kind === "rejected" || m.kind === "throttled") && names(m.body)) {
         verdict = new Refusal(m.body.code, m.body.reason, { batchId: m.body.batch_id });
       }
       if (verdict && m.pending === 0) throw verdict;

@@ -133,6 +133,29 @@ test("integers beyond 2^53 are kept exactly (BigInt)", async () => {
   assert.equal(res.results[0].content[0].text, `{"big":${big},"huge":${huge},"neg":${-(2n ** 62n)},"small":7}`);
 });
 
+test("a submission over its client's rate is answered with its throttled refusal", async () => {
+  // An engine of its own: a burst of 1 that does not refill within the test.
+  const limited = await startEngine(join(repo, "clients/typescript/test/catalog.yaml"),
+    ["--client-submit-rate", "0.0001", "--client-submit-burst", "1"]);
+  const lc = await Client.connect({ servers: limited.url });
+  try {
+    const res = await lc.submit(batch("th-1", 1, call("c1", "echo", { n: 1 })), { signal: signal() });
+    assert.deepEqual(texts(res), ['c1 ok {"n":1}']);
+    const sent = await lc.send(batch("th-2", 1, call("c1", "echo", { n: 2 })));
+    await assert.rejects(lc.answer(sent, { signal: signal() }),
+      (e) => e instanceof Refusal && e.code === "throttled" && e.batchId === "th-2/1");
+    const kinds = [];
+    for await (const m of lc.watch("th-2", { signal: signal() })) {
+      kinds.push(m.kind);
+      if (m.pending === 0) break;
+    }
+    assert.deepEqual(kinds, ["throttled"]);
+  } finally {
+    await lc.close();
+    await limited.stop();
+  }
+});
+
 test("cancel ends the run; a submission refused locally publishes nothing", async () => {
   await c.send(batch("ts-6", 1, call("c1", "send_email", { to: "x@example.com" })));
   await nextTicket("ts-6");

@@ -31,12 +31,12 @@ function freePort() {
   });
 }
 
-/** Starts an engine with catalog (a path) and resolves once it is ready. */
-export async function startEngine(catalog) {
+/** Starts an engine with catalog (a path) and more flags, and resolves once it is ready. */
+export async function startEngine(catalog, flags = []) {
   const bin = engineBinary();
   const store = mkdtempSync(join(tmpdir(), "toolbatch-ts-store-"));
   const port = await freePort();
-  const proc = spawn(bin, ["--store", store, "--listen", `127.0.0.1:${port}`, "--catalog", catalog, "--log-format", "json"],
+  const proc = spawn(bin, ["--store", store, "--listen", `127.0.0.1:${port}`, "--catalog", catalog, "--log-format", "json", ...flags],
     { stdio: ["ignore", "ignore", "pipe"] });
   let log = "";
   await new Promise((ok, fail) => {
