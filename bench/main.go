@@ -726,6 +726,12 @@ func targets(r *Results) []TargetResult {
 				float64(r.W4.PrestartedOverBare), float64(r.W4.BackToBackPrestartedOverBare), fmtNum(r.W4.BwrapP50ms, ""), float64(r.W4.BwrapOverBare)),
 			met)
 	}
+	if def != nil && def.W1Noop != nil && def.W1Noop.Census != nil {
+		c := def.W1Noop.Census
+		add("at most 50 NATS messages per W1 noop batch (4 worker calls)",
+			fmt.Sprintf("%s messages a batch (%d batches counted)", fmtNum(c.Total, ""), c.Batches),
+			boolp(float64(c.Total) <= 50))
+	}
 	if x := r.W5; x != nil && x.Skipped == "" && def != nil && def.W1Noop != nil {
 		bound := float64(def.W1Noop.P50ms) + 4*1.5*float64(x.BareP50ms)
 		add("W5 p50 <= W1 noop p50 + 4 x 1.5 x a bare exec",
@@ -903,7 +909,7 @@ func printTable(w io.Writer, r *Results) {
 		printFailover(w, f)
 	}
 	printPairs(w, r.Pairs, r.PairMedians)
-	fmt.Fprintln(w, "== targets of issue 7 (default mode), of issue 16 (failover) and of issue 17 (observability, from the pairs)")
+	fmt.Fprintln(w, "== targets of issue 7 (default mode), of issue 16 (failover), of issue 17 (observability, from the pairs) and of issue 21 (messages, W5; W1 and W2 against DBOS: make bench-peers)")
 	for _, t := range r.Targets {
 		verdict := "not measurable"
 		if t.Met != nil {
