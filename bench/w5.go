@@ -15,8 +15,9 @@ import (
 // bubblewrap on a sandbox worker, each batch after an idle pause (a
 // model's turn), against the same calls with isolation none, the same
 // batches of the worker's builtin noop (no subprocess: what the pause
-// and the hops cost without any exec) and a bare fork+exec of the same
-// binary, measured in the same run.
+// and the hops cost without any exec) and bare fork+execs of the same
+// binary (back to back, and in batches after the same pause), measured in
+// the same run.
 type W5Result struct {
 	Calls      int    `json:"calls_per_batch"`
 	Pause      string `json:"pause_between_batches"`
