@@ -70,10 +70,6 @@ var (
 	ErrRunEnded = errors.New("client: run ended")
 )
 
-// principalPattern is the rule for the optional principal token of a
-// resume subject.
-var principalPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-
 // prefixPattern is the rule for a subject prefix: one or more plain tokens.
 var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 
@@ -313,7 +309,7 @@ func (c *Client) SendResume(ctx context.Context, r *protocol.Resume, principal s
 	}
 	subject := c.names.Resume(r.RunID)
 	if principal != "" {
-		if !principalPattern.MatchString(principal) {
+		if !events.ValidRunID(principal) { // the engine's rule for the principal token
 			return Sent{}, events.Refuse(events.CodeInvalidID, "resume: principal %q must match [A-Za-z0-9_-]{1,64}", principal)
 		}
 		subject = c.names.ResumeAs(r.RunID, principal)
