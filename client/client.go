@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"regexp"
 	"sync"
 
 	"github.com/nats-io/nats.go"
@@ -70,9 +69,6 @@ var (
 	ErrRunEnded = errors.New("client: run ended")
 )
 
-// prefixPattern is the rule for a subject prefix: one or more plain tokens.
-var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
-
 // Client talks to the toolbatch engine over NATS JetStream only. It is safe
 // for concurrent use.
 type Client struct {
@@ -123,7 +119,7 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	if nc == nil {
 		errs = append(errs, errors.New("nil NATS connection"))
 	}
-	if !prefixPattern.MatchString(o.prefix) {
+	if !protocol.ValidPrefix(o.prefix) {
 		errs = append(errs, fmt.Errorf("prefix %q must be dot-separated tokens of [A-Za-z0-9_-]", o.prefix))
 	}
 	if err := o.limits.Validate(); err != nil {

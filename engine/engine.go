@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -215,7 +214,7 @@ func (c *Config) defaults() {
 // Validate reports every problem of the configuration.
 func (c Config) Validate() error {
 	var errs []error
-	if !validPrefix(c.Prefix) {
+	if !protocol.ValidPrefix(c.Prefix) {
 		errs = append(errs, fmt.Errorf("prefix %q must be one or more NATS tokens of [A-Za-z0-9_-]", c.Prefix))
 	}
 	if err := c.Limits.Validate(); err != nil {
@@ -227,20 +226,6 @@ func (c Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func validPrefix(p string) bool {
-	for _, tok := range strings.Split(p, ".") {
-		if tok == "" {
-			return false
-		}
-		for _, r := range tok {
-			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // Engine serves runs. Create it with New and run it with Run.

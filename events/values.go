@@ -32,12 +32,16 @@ func ValidCallID(id string) bool { return validID(id, 128) }
 
 // validID reports whether id is 1 to limit characters of A-Z, a-z, 0-9, _
 // and - (checked for every message: a loop, not a regexp).
-func validID(id string, limit int) bool {
-	if len(id) == 0 || len(id) > limit {
+func validID(id string, limit int) bool { return len(id) <= limit && IDToken(id) }
+
+// IDToken reports whether s is one or more of A-Z, a-z, 0-9, _ and -: the
+// characters of every id, and of each token of a subject prefix.
+func IDToken(s string) bool {
+	if len(s) == 0 {
 		return false
 	}
-	for i := 0; i < len(id); i++ {
-		switch c := id[i]; {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
 		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '-':
 		default:
 			return false

@@ -5,10 +5,23 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/toolbatch/toolbatch/events"
 )
 
 // DefaultPrefix is the default subject prefix (the engine's --prefix).
 const DefaultPrefix = "toolbatch"
+
+// ValidPrefix reports whether p can be a subject prefix: one or more
+// dot-separated NATS tokens of A-Z, a-z, 0-9, _ and -.
+func ValidPrefix(p string) bool {
+	for tok := range strings.SplitSeq(p, ".") {
+		if !events.IDToken(tok) {
+			return false
+		}
+	}
+	return true
+}
 
 // Stream is the kind of one of toolbatch's JetStream streams: the part of
 // its name after the upper-cased prefix (TOOLBATCH_EVENTS for StreamEvents

@@ -1,6 +1,8 @@
 package protocol
 
 import (
+	"math/rand/v2"
+	"regexp"
 	"slices"
 	"testing"
 )
@@ -116,6 +118,28 @@ func TestParseWorkerKey(t *testing.T) {
 	for _, k := range []string{RegistryKey("render"), "sandbox.gpu.render", "sandbox.a.b.c.d", "other.a.b.c"} {
 		if _, _, _, ok := ParseWorkerKey(k); ok {
 			t.Errorf("%q read as a worker key", k)
+		}
+	}
+}
+
+// TestValidPrefix: the prefix rule (the engine's, the client's and the
+// CLI's, which each had their own copy) is the pattern the client used,
+// on its boundaries and 20,000 random strings.
+func TestValidPrefix(t *testing.T) {
+	re := regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
+	cases := []string{"", ".", "a", "a.", ".a", "a..b", "toolbatch", "acme.prod-1.tb_2", "a b", "a*", "a>", "é", "a\n", "a/b", "\x00"}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 20000 {
+		const alphabet = "abZ09_-.. *>\xc3"
+		b := make([]byte, rng.IntN(20))
+		for i := range b {
+			b[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		cases = append(cases, string(b))
+	}
+	for _, c := range cases {
+		if got, want := ValidPrefix(c), re.MatchString(c); got != want {
+			t.Fatalf("prefix %q: valid %v, the rule says %v", c, got, want)
 		}
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -31,9 +30,6 @@ const (
 	// messages anyway (1 MiB by default).
 	maxBody = 64 << 20
 )
-
-// prefixPattern is the client package's rule for a subject prefix.
-var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 
 // common holds the flags every command takes.
 type common struct {
@@ -106,7 +102,7 @@ func (c *common) parse(args []string, names ...string) ([]string, error) {
 		}
 		return nil, usageErrorf("%s: want %s, got %d argument(s) (toolbatch help)", c.fs.Name(), want, len(pos))
 	}
-	if !prefixPattern.MatchString(c.prefix) {
+	if !protocol.ValidPrefix(c.prefix) {
 		return nil, usageErrorf("--prefix %q must be dot-separated tokens of [A-Za-z0-9_-]", c.prefix)
 	}
 	if c.timeout < 0 {
