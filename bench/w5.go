@@ -126,15 +126,11 @@ func runW5(ctx context.Context, bins binaries, reps int, dur, pause time.Duratio
 	bareBatches := func(d time.Duration, to *[]time.Duration) error {
 		for until := time.Now().Add(d); time.Now().Before(until); {
 			time.Sleep(pause) // the pause is a length of time, not a condition
-			var execs []time.Duration
-			if err := bare(res.Calls, &execs); err != nil {
+			t := time.Now()
+			if err := bare(res.Calls, new([]time.Duration)); err != nil {
 				return err
 			}
-			var sum time.Duration
-			for _, e := range execs {
-				sum += e
-			}
-			*to = append(*to, sum)
+			*to = append(*to, time.Since(t))
 		}
 		return nil
 	}
